@@ -1,0 +1,249 @@
+"""The commit-log record: one message, its byte layout, encode and decode.
+
+Every record is self-describing so that readers (recovery, replication, Spark)
+can walk a segment with no index and stop at the last complete record::
+
+     0        1                 5                 9                 13
+     +--------+-----------------+-----------------+-----------------+
+     |version |  magic (u32)    | total_size (u32)| crc32c (u32)    |   header, 13 bytes
+     +--------+--------+--------+-----------------+-----------------+
+     | kind   | flags  | store_ts (u64, ms)       | born_ts (u64, ms)   ...
+     +--------+--------+--------------------------+-----------------+
+     | topic_len (u16) | topic (utf-8)                                 ...
+     | client_id_len (u16) | client_id (utf-8)                         ...
+     | props_len (u32) | props: count (u16), then count x              ...
+     |                 |   key_len (u16) key (utf-8) val_len (u32) val (utf-8)
+     | body_len (u32)  | body (bytes)                                  ...
+     +-----------------+-----------------------------------------------+
+
+- ``total_size`` counts the whole record, header included.
+- ``crc32c`` covers every byte after the crc field (offset 13 to the end).
+- ``flags``: bits 0-1 QoS, bit 2 retain.
+- All integers are big-endian.
+- The property ``QUEUES`` holds the names of the light queues the record was
+  dispatched to, joined by NUL (MQTT forbids U+0000 in topic filters), so that
+  replaying the log rebuilds exactly the same index.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from crc32c import crc32c
+
+VERSION = 1
+MAGIC = 0x7D15_7A11
+HEADER = struct.Struct(">BIII")  # version, magic, total_size, crc32c
+HEADER_SIZE = HEADER.size  # 13
+_FIXED = struct.Struct(">BBQQ")  # kind, flags, store_ts, born_ts
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+MIN_RECORD_SIZE = HEADER_SIZE + _FIXED.size + 2 + 2 + 4 + 2 + 4
+MAX_RECORD_SIZE = 256 * 1024 * 1024
+
+QUEUES_PROPERTY = "QUEUES"
+QUEUE_SEPARATOR = "\x00"
+
+
+class RecordKind(enum.IntEnum):
+    """What a record holds; readers such as Spark select on it."""
+
+    MQTT_PUBLISH = 1
+    NATIVE_MESSAGE = 2
+    TIMER = 3  # a message parked until its delivery time (timer topic)
+    SYSTEM = 4  # broker-internal bookkeeping (e.g. POP revive, acks)
+
+
+class RecordError(ValueError):
+    """Bytes that are not a valid record (the input is bad, not the caller)."""
+
+
+class TruncatedRecord(RecordError):
+    """The buffer ends before the record does: a torn tail."""
+
+
+class CorruptRecord(RecordError):
+    """The bytes are complete but wrong: bad magic, version, size or CRC."""
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A message as producers hand it to ``store.put()``.
+
+    ``topic`` is the MQTT topic for publishes and the queue name for native
+    messages; ``properties`` are free-form string pairs kept with the record.
+    """
+
+    topic: str
+    body: bytes
+    kind: RecordKind = RecordKind.MQTT_PUBLISH
+    qos: int = 0
+    retain: bool = False
+    client_id: str = ""
+    born_ts: int = 0
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A decoded record as read back from the commit log."""
+
+    offset: int  # physical commit-log offset of the first byte
+    size: int  # total_size
+    kind: RecordKind
+    qos: int
+    retain: bool
+    store_ts: int
+    born_ts: int
+    topic: str
+    client_id: str
+    properties: Mapping[str, str]
+    body: bytes
+
+    @property
+    def next_offset(self) -> int:
+        """The offset of the record that follows this one."""
+        return self.offset + self.size
+
+    @property
+    def queues(self) -> tuple[str, ...]:
+        """Names of the light queues this record was dispatched to."""
+        joined = self.properties.get(QUEUES_PROPERTY, "")
+        return tuple(joined.split(QUEUE_SEPARATOR)) if joined else ()
+
+
+def _utf8(text: str, what: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RecordError(f"{what} is not valid UTF-8: {exc}") from None
+
+
+def encode_properties(properties: Mapping[str, str]) -> bytes:
+    """Encode the property map (count, then length-prefixed key/value pairs)."""
+    parts = [_U16.pack(len(properties))]
+    for key, value in properties.items():
+        k = _utf8(key, "property key")
+        v = _utf8(value, f"property {key!r}")
+        if len(k) > 0xFFFF:
+            raise RecordError(f"property key too long: {len(k)} bytes")
+        parts.append(_U16.pack(len(k)))
+        parts.append(k)
+        parts.append(_U32.pack(len(v)))
+        parts.append(v)
+    return b"".join(parts)
+
+
+def decode_properties(data: bytes) -> dict[str, str]:
+    """Decode what ``encode_properties`` wrote; raise CorruptRecord on bad bytes."""
+    try:
+        (count,) = _U16.unpack_from(data, 0)
+        pos = 2
+        props: dict[str, str] = {}
+        for _ in range(count):
+            (klen,) = _U16.unpack_from(data, pos)
+            pos += 2
+            key = data[pos:pos + klen].decode("utf-8")
+            pos += klen
+            (vlen,) = _U32.unpack_from(data, pos)
+            pos += 4
+            if pos + vlen > len(data):
+                raise CorruptRecord("property value runs past the property block")
+            props[key] = data[pos:pos + vlen].decode("utf-8")
+            pos += vlen
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise CorruptRecord(f"bad property block: {exc}") from None
+    if pos != len(data):
+        raise CorruptRecord("trailing bytes after the property block")
+    return props
+
+
+def encode(message: Message, store_ts: int, queues: tuple[str, ...] = ()) -> bytes:
+    """Encode ``message`` as a complete record stamped with ``store_ts``."""
+    if not 0 <= message.qos <= 2:
+        raise RecordError(f"qos must be 0, 1 or 2, not {message.qos}")
+    topic = _utf8(message.topic, "topic")
+    client_id = _utf8(message.client_id, "client_id")
+    if len(topic) > 0xFFFF or len(client_id) > 0xFFFF:
+        raise RecordError("topic or client_id longer than 65535 bytes")
+    props = message.properties
+    if queues:
+        props = dict(props)
+        props[QUEUES_PROPERTY] = QUEUE_SEPARATOR.join(queues)
+    props_bytes = encode_properties(props) if props else b"\x00\x00"
+    flags = message.qos | (4 if message.retain else 0)
+    payload = b"".join((
+        _FIXED.pack(int(message.kind), flags, store_ts, message.born_ts or store_ts),
+        _U16.pack(len(topic)), topic,
+        _U16.pack(len(client_id)), client_id,
+        _U32.pack(len(props_bytes)), props_bytes,
+        _U32.pack(len(message.body)), message.body,
+    ))
+    total = HEADER_SIZE + len(payload)
+    if total > MAX_RECORD_SIZE:
+        raise RecordError(f"record of {total} bytes exceeds {MAX_RECORD_SIZE}")
+    return HEADER.pack(VERSION, MAGIC, total, crc32c(payload)) + payload
+
+
+def check_header(buf, pos: int = 0) -> int:
+    """Validate the header at ``pos`` and return the record's total size.
+
+    Raises TruncatedRecord if fewer than a header's bytes remain, CorruptRecord
+    if the version, magic or size is impossible.
+    """
+    if len(buf) - pos < HEADER_SIZE:
+        raise TruncatedRecord(f"{len(buf) - pos} bytes left, header needs {HEADER_SIZE}")
+    version, magic, total, _crc = HEADER.unpack_from(buf, pos)
+    if version != VERSION:
+        raise CorruptRecord(f"unknown record version {version}")
+    if magic != MAGIC:
+        raise CorruptRecord(f"bad magic 0x{magic:08x}")
+    if not MIN_RECORD_SIZE <= total <= MAX_RECORD_SIZE:
+        raise CorruptRecord(f"impossible record size {total}")
+    return total
+
+
+def decode(buf, pos: int = 0, offset: int | None = None) -> Record:
+    """Decode the record starting at ``buf[pos]``.
+
+    ``offset`` is the record's physical commit-log offset (defaults to ``pos``).
+    Raises TruncatedRecord when the buffer ends inside the record and
+    CorruptRecord when the bytes are wrong.
+    """
+    total = check_header(buf, pos)
+    if len(buf) - pos < total:
+        raise TruncatedRecord(f"record of {total} bytes, only {len(buf) - pos} present")
+    (crc,) = _U32.unpack_from(buf, pos + 9)
+    view = memoryview(buf)[pos + HEADER_SIZE:pos + total]
+    if crc32c(view) != crc:
+        raise CorruptRecord("CRC32C mismatch")
+    try:
+        kind, flags, store_ts, born_ts = _FIXED.unpack_from(view, 0)
+        p = _FIXED.size
+        (tlen,) = _U16.unpack_from(view, p)
+        topic = bytes(view[p + 2:p + 2 + tlen]).decode("utf-8")
+        p += 2 + tlen
+        (clen,) = _U16.unpack_from(view, p)
+        client_id = bytes(view[p + 2:p + 2 + clen]).decode("utf-8")
+        p += 2 + clen
+        (plen,) = _U32.unpack_from(view, p)
+        properties = decode_properties(bytes(view[p + 4:p + 4 + plen]))
+        p += 4 + plen
+        (blen,) = _U32.unpack_from(view, p)
+        body = bytes(view[p + 4:p + 4 + blen])
+        p += 4 + blen
+        record_kind = RecordKind(kind)
+    except (struct.error, UnicodeDecodeError, ValueError) as exc:
+        if isinstance(exc, CorruptRecord):
+            raise
+        raise CorruptRecord(f"bad record fields: {exc}") from None
+    if p != len(view):
+        raise CorruptRecord("record fields do not fill total_size")
+    return Record(
+        offset=pos if offset is None else offset, size=total, kind=record_kind,
+        qos=flags & 3, retain=bool(flags & 4), store_ts=store_ts, born_ts=born_ts,
+        topic=topic, client_id=client_id, properties=properties, body=body,
+    )
