@@ -1,0 +1,327 @@
+"""The light-queue index: queue entries in RocksDB (WAL off), derived from the commit log.
+
+Layout (all integers big-endian)::
+
+    column family "entries":  key = queue_id (u64) | queue_offset (u64)
+                              value = cl_offset (u64) | size (u32) | store_ts (u64)
+    column family "meta":     b"q" | queue_id (u64) -> min (u64) | max (u64) | last_ts (u64) | name (utf-8)
+                              b"checkpoint"         -> dispatched commit-log offset (u64)
+
+Each dispatch tick is one WriteBatch that also carries the new checkpoint, so
+whatever RocksDB holds after a crash is a state as of some tick together with
+the log offset it covers; replay from there rebuilds the rest. Queue state
+whose meta lags its entries (a crash between the two manual flushes) is
+checked against the entries on first touch during replay, so a replayed record
+is never indexed twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import struct
+from array import array
+from typing import Iterable, Sequence
+
+from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+
+from lightqueue.names import lmq_name, native_queue_name, topic_queue_name
+from lightqueue.topic_trie import TopicTrie
+from store import record as rec
+from store.message_store import DispatchRequest, MessageStore, QueueEntry
+
+log = logging.getLogger("twistmq.lightqueue")
+
+_KEY = struct.Struct(">QQ")
+_VALUE = struct.Struct(">QIQ")
+_META = struct.Struct(">QQQ")
+_U64 = struct.Struct(">Q")
+_CHECKPOINT = b"checkpoint"
+
+
+class LightQueueIndex:
+    """Queues, their entries and the topic-filter interest that decides what gets indexed."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._open_db()
+        self.trie = TopicTrie()
+        self._ids: dict[str, int] = {}
+        self._names: list[str | None] = []
+        self._min = array("q")
+        self._max = array("q")
+        self._last_ts = array("q")
+        self.dispatched_offset = 0
+        self._replay_bound = 0  # records below this offset may already be indexed (see module doc)
+        self._verified: set[int] = set()
+        self._replay_last_cl: dict[int, int] = {}
+        self._load()
+
+    def _open_db(self) -> None:
+        os.makedirs(self.path, exist_ok=True)
+        opts = Options(raw_mode=True)
+        opts.create_if_missing(True)
+        opts.create_missing_column_families(True)
+        opts.set_atomic_flush(True)
+        self._db = Rdict(self.path, opts, column_families={
+            "meta": Options(raw_mode=True), "entries": Options(raw_mode=True)})
+        self._meta_cf = self._db.get_column_family_handle("meta")
+        self._entries_cf = self._db.get_column_family_handle("entries")
+        self._meta = self._db.get_column_family("meta")
+        self._entries = self._db.get_column_family("entries")
+        self._wo = WriteOptions()
+        self._wo.disable_wal = True  # derived data: the commit log is the source of truth
+
+    def _load(self) -> None:
+        raw = self._meta.get(_CHECKPOINT)
+        self.dispatched_offset = _U64.unpack(raw)[0] if raw else 0
+        for key, value in self._meta.items(from_key=b"q"):
+            if not key.startswith(b"q"):
+                break
+            (qid,) = _U64.unpack_from(key, 1)
+            lo, hi, ts = _META.unpack_from(value, 0)
+            self._register(value[_META.size:].decode("utf-8"), qid, lo, hi, ts)
+        log.info("lightqueue_loaded queues=%d checkpoint=%d", len(self._ids), self.dispatched_offset)
+
+    def _register(self, name: str, qid: int, lo: int, hi: int, ts: int) -> None:
+        while len(self._names) <= qid:
+            self._names.append(None)
+            self._min.append(0)
+            self._max.append(0)
+            self._last_ts.append(0)
+        self._names[qid] = name
+        self._ids[name] = qid
+        self._min[qid], self._max[qid], self._last_ts[qid] = lo, hi, ts
+
+    # -- interest and resolution -------------------------------------------------------
+
+    def add_filter(self, topic_filter: str) -> str:
+        """Count one more subscriber of ``topic_filter``; create its light queue on first use."""
+        name = lmq_name(topic_filter)
+        self.trie.add(topic_filter)
+        if name not in self._ids:
+            self._create(name)
+        return name
+
+    def remove_filter(self, topic_filter: str) -> None:
+        """Count one subscriber fewer; the queue stays until garbage collection."""
+        self.trie.remove(topic_filter)
+
+    def resolve(self, message: rec.Message) -> tuple[str, ...]:
+        """The queues ``message`` goes to: its topic queue and one light queue per matching filter."""
+        if message.kind == rec.RecordKind.MQTT_PUBLISH:
+            matches = self.trie.match(message.topic)
+            head = topic_queue_name(message.topic)
+            if not matches:
+                return (head,)
+            return (head, *[lmq_name(f) for f in matches])
+        if message.kind == rec.RecordKind.NATIVE_MESSAGE:
+            explicit = message.properties.get("TARGETS")
+            if explicit:  # virtual queues: the native layer names the real queues
+                return tuple(native_queue_name(q) for q in explicit.split(","))
+            return (native_queue_name(message.topic),)
+        return ()
+
+    # -- dispatch -----------------------------------------------------------------------
+
+    def _create(self, name: str) -> int:
+        qid = len(self._names)
+        self._register(name, qid, 0, 0, 0)
+        self._verified.add(qid)  # new this run: nothing of it can be in RocksDB
+        self._meta.put(b"q" + _U64.pack(qid), _META.pack(0, 0, 0) + name.encode("utf-8"), self._wo)
+        return qid
+
+    def dispatch(self, requests: Sequence[DispatchRequest]) -> set[str]:
+        """Append one entry per (record, queue) in a single WriteBatch; return the queues touched."""
+        wb = WriteBatch(raw_mode=True)
+        wb.set_default_column_family(self._entries_cf)
+        touched: dict[int, str] = {}
+        ids, mx, last_ts = self._ids, self._max, self._last_ts
+        pack_key, pack_value = _KEY.pack, _VALUE.pack
+        bound = self._replay_bound
+        end = self.dispatched_offset
+        for req in requests:
+            value = pack_value(req.offset, req.size, req.store_ts)
+            for name in req.queues:
+                qid = ids.get(name)
+                if qid is None:
+                    qid = self._create(name)
+                if req.offset < bound and self._already_indexed(qid, req.offset):
+                    continue
+                off = mx[qid]
+                wb.put(pack_key(qid, off), value)
+                mx[qid] = off + 1
+                last_ts[qid] = req.store_ts
+                touched[qid] = name
+            end = req.offset + req.size
+        for qid in touched:
+            wb.put(b"q" + _U64.pack(qid),
+                   _META.pack(self._min[qid], mx[qid], last_ts[qid]) + self._names[qid].encode("utf-8"),
+                   self._meta_cf)
+        wb.put(_CHECKPOINT, _U64.pack(end), self._meta_cf)
+        self._db.write(wb, self._wo)
+        self.dispatched_offset = end
+        return set(touched.values())
+
+    def _already_indexed(self, qid: int, cl_offset: int) -> bool:
+        """During replay: is the record at ``cl_offset`` already in this queue?"""
+        if qid not in self._verified:
+            self._verified.add(qid)
+            last = self._last_entry(qid)
+            if last is not None:
+                qoff, last_cl = last
+                self._max[qid] = max(self._max[qid], qoff + 1)
+                self._replay_last_cl[qid] = last_cl
+        last_cl = self._replay_last_cl.get(qid)
+        if last_cl is None:
+            return False
+        if cl_offset <= last_cl:
+            return True
+        del self._replay_last_cl[qid]
+        return False
+
+    def _last_entry(self, qid: int) -> tuple[int, int] | None:
+        it = self._entries.iter()
+        try:
+            it.seek_for_prev(_KEY.pack(qid, (1 << 64) - 1))
+            if not it.valid():
+                return None
+            key = it.key()
+            kq, qoff = _KEY.unpack(key)
+            if kq != qid:
+                return None
+            return qoff, _VALUE.unpack(it.value())[0]
+        finally:
+            del it
+
+    def begin_replay(self, log_end: int) -> None:
+        """Records below ``log_end`` may already be indexed: check before appending."""
+        self._replay_bound = log_end
+
+    def reset(self) -> None:
+        """Drop the whole index (the log no longer holds what it points to)."""
+        self.close()
+        shutil.rmtree(self.path, ignore_errors=True)
+        self._open_db()
+        self._ids.clear()
+        self._names.clear()
+        for arr in (self._min, self._max, self._last_ts):
+            del arr[:]
+        self._verified.clear()
+        self._replay_last_cl.clear()
+        self.dispatched_offset = 0
+        for f in list(self.trie):
+            self._create(lmq_name(f))
+
+    # -- reading --------------------------------------------------------------------------
+
+    def entries(self, queue: str, offset: int, max_count: int) -> list[QueueEntry]:
+        """Up to ``max_count`` entries of ``queue`` from ``offset`` (an unknown queue is empty)."""
+        qid = self._ids.get(queue)
+        if qid is None or max_count <= 0:
+            return []
+        lo, hi = self._min[qid], self._max[qid]
+        start = max(offset, lo)
+        if start >= hi:
+            return []
+        stop = min(hi, start + max_count)
+        keys = [_KEY.pack(qid, o) for o in range(start, stop)]
+        values = self._entries.get(keys)
+        out = []
+        for o, v in zip(range(start, stop), values):
+            if v is None:
+                continue
+            cl, size, ts = _VALUE.unpack(v)
+            out.append(QueueEntry(o, cl, size, ts))
+        return out
+
+    def min_offset(self, queue: str) -> int:
+        qid = self._ids.get(queue)
+        return 0 if qid is None else self._min[qid]
+
+    def max_offset(self, queue: str) -> int:
+        qid = self._ids.get(queue)
+        return 0 if qid is None else self._max[qid]
+
+    def queue_names(self) -> list[str]:
+        """Every queue currently known."""
+        return list(self._ids)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    # -- housekeeping -----------------------------------------------------------------------
+
+    def log_truncated(self, min_cl_offset: int) -> None:
+        """Retention deleted log below ``min_cl_offset``: move each queue's minimum past it."""
+        wb = WriteBatch(raw_mode=True)
+        changed = 0
+        for name, qid in self._ids.items():
+            lo, hi = self._min[qid], self._max[qid]
+            new_lo = self._first_at_or_after(qid, lo, hi, min_cl_offset)
+            if new_lo != lo:
+                wb.delete_range(_KEY.pack(qid, lo), _KEY.pack(qid, new_lo), self._entries_cf)
+                self._min[qid] = new_lo
+                wb.put(b"q" + _U64.pack(qid), _META.pack(new_lo, hi, self._last_ts[qid]) + name.encode("utf-8"),
+                       self._meta_cf)
+                changed += 1
+        if changed:
+            self._db.write(wb, self._wo)
+        log.info("lightqueue_retention min_cl_offset=%d queues_moved=%d", min_cl_offset, changed)
+
+    def _first_at_or_after(self, qid: int, lo: int, hi: int, cl_offset: int) -> int:
+        """Binary search: the first queue offset whose entry is at or after ``cl_offset``."""
+        while lo < hi:
+            mid = (lo + hi) // 2
+            v = self._entries.get(_KEY.pack(qid, mid))
+            if v is None or _VALUE.unpack(v)[0] < cl_offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def collect_idle(self, older_than_ts: int) -> int:
+        """Delete queues with no interest and nothing stored since ``older_than_ts`` (ms).
+
+        Churning client ids would otherwise leave one queue per abandoned filter.
+        Topic and native queues are kept: they are not created by subscribers.
+        """
+        wb = WriteBatch(raw_mode=True)
+        dead = []
+        for name, qid in self._ids.items():
+            if not name.startswith("%LMQ%"):
+                continue
+            if name[5:] in self.trie or self._last_ts[qid] >= older_than_ts:
+                continue
+            dead.append((name, qid))
+        for name, qid in dead:
+            wb.delete_range(_KEY.pack(qid, 0), _KEY.pack(qid + 1, 0), self._entries_cf)
+            wb.delete(b"q" + _U64.pack(qid), self._meta_cf)
+            del self._ids[name]
+            self._names[qid] = None
+        if dead:
+            self._db.write(wb, self._wo)
+            log.info("lightqueue_gc removed=%d", len(dead))
+        return len(dead)
+
+    def flush(self) -> None:
+        """Persist memtables: entries first, then meta (whose checkpoint must never run ahead)."""
+        self._entries.flush(True)
+        self._meta.flush(True)
+
+    def close(self) -> None:
+        """Flush and close RocksDB."""
+        try:
+            self.flush()
+        finally:
+            del self._meta, self._entries, self._meta_cf, self._entries_cf
+            self._db.close()
+            del self._db
+
+
+def attach(store: MessageStore, data_dir: str | None = None) -> LightQueueIndex:
+    """Create the index under ``DATA_DIR/lightqueue`` and install it in ``store``."""
+    index = LightQueueIndex(os.path.join(data_dir or store.data_dir, "lightqueue"))
+    store.set_queue_index(index)
+    return index

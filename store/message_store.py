@@ -1,0 +1,404 @@
+"""The store's front door: ``put`` a message, ``get`` from a queue, hear about new entries.
+
+A put is encoded, appended to the commit log and dispatched to every
+registered dispatcher in the same reactor tick as the other puts of that tick
+(one ``os.write``, one index batch). The queue index (served by the
+``lightqueue`` package, registered through ``set_queue_index``) names each
+message's target queues before the append, so the record carries them and a
+replay after a crash rebuilds exactly the same index. Every call returns a
+Deferred, so the same interface can later sit behind an RPC.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import fcntl
+import logging
+import os
+from dataclasses import dataclass
+from typing import Callable, Iterable, NamedTuple, Protocol, Sequence
+
+from twisted.internet import defer, task
+
+from store import record as rec
+from store.commit_log import CommitLog, CommitLogError
+from store.config import StoreConfig
+from store.flush import make_flush_policy
+
+log = logging.getLogger("twistmq.store")
+
+MAX_GET_COUNT = 1000
+MAX_GET_BYTES = 4 * 1024 * 1024
+REPLAY_CHUNK = 2000
+
+
+class PutStatus(enum.Enum):
+    """Outcome of a put (RocketMQ's nouns)."""
+
+    PUT_OK = "PUT_OK"
+    MESSAGE_ILLEGAL = "MESSAGE_ILLEGAL"  # cannot be encoded (bad UTF-8, too big, bad qos)
+    OS_ERROR = "OS_ERROR"  # the write failed (disk full, I/O error); nothing was kept
+    FLUSH_DISK_FAILED = "FLUSH_DISK_FAILED"  # sync flush: written, but fsync failed
+    SERVICE_NOT_AVAILABLE = "SERVICE_NOT_AVAILABLE"  # the store is not open
+
+
+@dataclass(frozen=True, slots=True)
+class PutResult:
+    """What ``put`` resolves to: status, commit-log offset (-1 if none) and target queues."""
+
+    status: PutStatus
+    offset: int = -1
+    queues: tuple[str, ...] = ()
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status is PutStatus.PUT_OK
+
+
+class DispatchRequest(NamedTuple):
+    """One appended record as dispatchers see it (no body)."""
+
+    offset: int
+    size: int
+    store_ts: int
+    kind: rec.RecordKind
+    topic: str
+    queues: tuple[str, ...]
+    properties: dict
+
+
+class QueueEntry(NamedTuple):
+    """A light-queue entry: where its message sits in the commit log."""
+
+    queue_offset: int
+    cl_offset: int
+    size: int
+    store_ts: int
+
+
+class QueueMessage(NamedTuple):
+    """A message read from a queue: its offset in the queue and the record."""
+
+    queue_offset: int
+    record: rec.Record
+
+
+class Dispatcher(Protocol):
+    """Indexes appended records; the commit log never imports its dispatchers."""
+
+    dispatched_offset: int  # commit-log offset up to which this dispatcher's state is durable
+
+    def dispatch(self, requests: Sequence[DispatchRequest]) -> Iterable[str] | None:
+        """Index the requests; return the names of the queues that gained entries."""
+
+    def reset(self) -> None:
+        """Forget everything (the log lost data the index refers to): a full rebuild follows."""
+
+
+class QueueIndex(Dispatcher, Protocol):
+    """The dispatcher that also names target queues and serves queue reads."""
+
+    def resolve(self, message: rec.Message) -> tuple[str, ...]: ...
+
+    def entries(self, queue: str, offset: int, max_count: int) -> list[QueueEntry]: ...
+
+    def min_offset(self, queue: str) -> int: ...
+
+    def max_offset(self, queue: str) -> int: ...
+
+    def add_filter(self, topic_filter: str) -> str: ...
+
+    def remove_filter(self, topic_filter: str) -> None: ...
+
+    def log_truncated(self, min_cl_offset: int) -> None: ...
+
+    def collect_idle(self, older_than_ts: int) -> int: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class StoreLockedError(RuntimeError):
+    """Another process holds the data directory."""
+
+
+class MessageStore:
+    """Commit log + dispatchers + flush policy + retention, driven by one clock."""
+
+    def __init__(self, data_dir: str, config: StoreConfig, clock, executor) -> None:
+        self.data_dir = data_dir
+        self.config = config
+        self._clock = clock
+        self._executor = executor
+        self.commit_log = CommitLog(os.path.join(data_dir, "commitlog"), config.segment_size)
+        self.flush_policy = make_flush_policy(config.flush, self.commit_log.sync, executor, clock,
+                                              config.flush_interval_ms)
+        self._dispatchers: list[Dispatcher] = []
+        self._index: QueueIndex | None = None
+        self._listeners: list[Callable[[set[str]], None]] = []
+        self._pending: list[tuple[rec.Message, defer.Deferred]] = []
+        self._drain_call = None
+        self._loops: list[task.LoopingCall] = []
+        self._lock_fd: int | None = None
+        self.is_open = False
+        self.puts = 0
+        self.bytes_in = 0
+
+    # -- wiring ------------------------------------------------------------------
+
+    def register_dispatcher(self, dispatcher: Dispatcher) -> None:
+        """Add a consumer of appended records (call before ``open``)."""
+        self._dispatchers.append(dispatcher)
+
+    def set_queue_index(self, index: QueueIndex) -> None:
+        """Install the index that resolves target queues and serves reads; it is also a dispatcher."""
+        self._index = index
+        self.register_dispatcher(index)
+
+    def add_listener(self, callback: Callable[[set[str]], None]) -> None:
+        """``callback(queue_names)`` runs after each tick's dispatch with the queues that gained entries."""
+        self._listeners.append(callback)
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def open(self) -> None:
+        """Lock the data dir, recover the log and replay it into every dispatcher."""
+        os.makedirs(self.data_dir, exist_ok=True)
+        self._lock_data_dir()
+        self.commit_log.open()
+        self._replay()
+        self.flush_policy.start()
+        for interval, fn in ((self.config.retention_check_s, self.apply_retention),
+                             (self.config.index_flush_s, self._flush_index)):
+            loop = task.LoopingCall(fn)
+            loop.clock = self._clock
+            loop.start(interval, now=False)
+            self._loops.append(loop)
+        self.is_open = True
+
+    def _lock_data_dir(self) -> None:
+        path = os.path.join(self.data_dir, "LOCK")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                holder = open(path).read().strip() or "?"
+                raise StoreLockedError(
+                    f"data dir {self.data_dir} is in use by another process (pid {holder})") from None
+            raise
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock_fd = fd
+
+    def _replay(self) -> None:
+        """Feed each dispatcher the records it has not made durable yet."""
+        end = self.commit_log.max_offset
+        starts = []
+        for d in self._dispatchers:
+            start = d.dispatched_offset
+            if start > end or start < self.commit_log.min_offset and start != 0:
+                log.warning("index_rebuild dispatcher=%s checkpoint=%d log=[%d,%d)",
+                            type(d).__name__, start, self.commit_log.min_offset, end)
+                d.reset()
+                start = 0
+            starts.append(max(start, self.commit_log.min_offset))
+        if not starts or min(starts) >= end:
+            return
+        begin = min(starts)
+        for d in self._dispatchers:
+            begin_replay = getattr(d, "begin_replay", None)
+            if begin_replay is not None:
+                begin_replay(end)
+        count = 0
+        chunk: list[DispatchRequest] = []
+        for r in self.commit_log.iterate(begin, end):
+            chunk.append(DispatchRequest(r.offset, r.size, r.store_ts, r.kind, r.topic, r.queues,
+                                         dict(r.properties)))
+            if len(chunk) >= REPLAY_CHUNK:
+                self._replay_chunk(chunk, starts)
+                count += len(chunk)
+                chunk = []
+        if chunk:
+            self._replay_chunk(chunk, starts)
+            count += len(chunk)
+        log.info("dispatch_replayed from=%d to=%d records=%d", begin, end, count)
+
+    def _replay_chunk(self, chunk: list[DispatchRequest], starts: list[int]) -> None:
+        for d, start in zip(self._dispatchers, starts):
+            todo = [r for r in chunk if r.offset >= start] if chunk[0].offset < start else chunk
+            if todo:
+                d.dispatch(todo)
+
+    def close(self) -> defer.Deferred:
+        """Finish pending puts, fsync, close indexes and release the data dir."""
+        if not self.is_open:
+            return defer.succeed(None)
+        self._drain()
+        for loop in self._loops:
+            if loop.running:
+                loop.stop()
+        self._loops = []
+        self.is_open = False
+        d = self.flush_policy.stop()
+
+        def finish(_):
+            for disp in self._dispatchers:
+                close = getattr(disp, "close", None)
+                if close is not None:
+                    close()
+            self.commit_log.close()
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+
+        return d.addBoth(lambda r: finish(r))
+
+    # -- writing -----------------------------------------------------------------
+
+    def put(self, message: rec.Message) -> defer.Deferred:
+        """Store ``message`` once; fires with a PutResult when it is acknowledged."""
+        d: defer.Deferred = defer.Deferred()
+        if not self.is_open:
+            d.callback(PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason="store is not open"))
+            return d
+        self._pending.append((message, d))
+        if self._drain_call is None:
+            self._drain_call = self._clock.callLater(0, self._drain)
+        return d
+
+    def put_batch(self, messages: Sequence[rec.Message]) -> defer.Deferred:
+        """Store many messages in one write; fires with a list of PutResults in order."""
+        return defer.gatherResults([self.put(m) for m in messages])
+
+    def _drain(self) -> None:
+        if self._drain_call is not None and self._drain_call.active():
+            self._drain_call.cancel()
+        self._drain_call = None
+        batch, self._pending = self._pending, []
+        if not batch:
+            return
+        now = int(self._clock.seconds() * 1000)
+        resolve = self._index.resolve if self._index is not None else (lambda m: ())
+        encoded: list[bytes] = []
+        accepted: list[tuple[rec.Message, defer.Deferred, tuple[str, ...]]] = []
+        for message, d in batch:
+            try:
+                queues = resolve(message)
+                encoded.append(rec.encode(message, now, queues))
+            except (rec.RecordError, ValueError) as exc:
+                d.callback(PutResult(PutStatus.MESSAGE_ILLEGAL, reason=str(exc)))
+                continue
+            accepted.append((message, d, queues))
+        if not accepted:
+            return
+        try:
+            offsets = self.commit_log.append(encoded)
+        except CommitLogError as exc:
+            log.error("commitlog_append_failed messages=%d error=%s", len(accepted), exc)
+            for _, d, _q in accepted:
+                d.callback(PutResult(PutStatus.OS_ERROR, reason=str(exc)))
+            return
+        requests = [
+            DispatchRequest(off, len(data), now, m.kind, m.topic, queues, m.properties)
+            for off, data, (m, _d, queues) in zip(offsets, encoded, accepted)
+        ]
+        touched: set[str] = set()
+        for disp in self._dispatchers:
+            gained = disp.dispatch(requests)
+            if gained:
+                touched.update(gained)
+        self.puts += len(requests)
+        self.bytes_in += sum(r.size for r in requests)
+        results = [PutResult(PutStatus.PUT_OK, off, q) for off, (_m, _d, q) in zip(offsets, accepted)]
+        flushed = self.flush_policy.written(self.commit_log.max_offset)
+        waiters = [d for _m, d, _q in accepted]
+
+        def acknowledge(_):
+            for d, r in zip(waiters, results):
+                d.callback(r)
+
+        def fsync_failed(f):
+            for d, r in zip(waiters, results):
+                d.callback(PutResult(PutStatus.FLUSH_DISK_FAILED, r.offset, r.queues, f.getErrorMessage()))
+
+        flushed.addCallbacks(acknowledge, fsync_failed)
+        if touched:
+            for listener in self._listeners:
+                listener(touched)
+
+    # -- reading -----------------------------------------------------------------
+
+    def read(self, offset: int, size: int | None = None) -> defer.Deferred:
+        """The record at a commit-log offset."""
+        return defer.maybeDeferred(self.commit_log.read, offset, size)
+
+    def get(self, queue: str, offset: int, max_count: int = 32) -> defer.Deferred:
+        """Up to ``max_count`` messages of ``queue`` from ``offset``, as QueueMessages.
+
+        Reads are bounded (count and bytes) because they run on the caller's
+        thread from the page cache. Entries whose records retention deleted
+        are skipped.
+        """
+        return defer.maybeDeferred(self._get, queue, offset, max_count)
+
+    def _get(self, queue: str, offset: int, max_count: int) -> list[QueueMessage]:
+        index = self._require_index()
+        entries = index.entries(queue, offset, min(max_count, MAX_GET_COUNT))
+        out: list[QueueMessage] = []
+        budget = MAX_GET_BYTES
+        log_min = self.commit_log.min_offset
+        for e in entries:
+            if e.cl_offset < log_min:
+                continue
+            out.append(QueueMessage(e.queue_offset, self.commit_log.read(e.cl_offset, e.size)))
+            budget -= e.size
+            if budget <= 0:
+                break
+        return out
+
+    def min_offset(self, queue: str) -> defer.Deferred:
+        """The oldest queue offset still readable."""
+        return defer.maybeDeferred(self._require_index().min_offset, queue)
+
+    def max_offset(self, queue: str) -> defer.Deferred:
+        """The queue offset the next entry will get."""
+        return defer.maybeDeferred(self._require_index().max_offset, queue)
+
+    def add_filter(self, topic_filter: str) -> defer.Deferred:
+        """Register interest in a topic filter; fires with its light queue's name."""
+        return defer.maybeDeferred(self._require_index().add_filter, topic_filter)
+
+    def remove_filter(self, topic_filter: str) -> defer.Deferred:
+        """Drop one reference to a topic filter's interest."""
+        return defer.maybeDeferred(self._require_index().remove_filter, topic_filter)
+
+    def _require_index(self) -> QueueIndex:
+        if self._index is None:
+            raise RuntimeError("no queue index installed (see lightqueue.attach)")
+        return self._index
+
+    # -- housekeeping ------------------------------------------------------------
+
+    def apply_retention(self) -> list[str]:
+        """Delete segments by age and quota, then move queue minimums past them."""
+        cfg = self.config
+        quota = cfg.disk_quota_mb * 1024 * 1024 if cfg.disk_quota_mb else None
+        deleted = self.commit_log.delete_segments(self._clock.seconds(), cfg.retention_hours * 3600, quota)
+        if self._index is not None:
+            if deleted:
+                self._index.log_truncated(self.commit_log.min_offset)
+            self._index.collect_idle(int((self._clock.seconds() - cfg.retention_hours * 3600) * 1000))
+        return deleted
+
+    def _flush_index(self) -> None:
+        if self._index is not None:
+            self._index.flush()
+
+    def size_bytes(self) -> int:
+        """Bytes of commit log on disk."""
+        return sum(s.size for s in self.commit_log.segments())
