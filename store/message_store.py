@@ -143,6 +143,8 @@ class MessageStore:
         self._drain_call = None
         self._loops: list[task.LoopingCall] = []
         self._lock_fd: int | None = None
+        os.makedirs(data_dir, exist_ok=True)
+        self._lock_data_dir()  # first, before any index opens files in the directory
         self.is_open = False
         self.puts = 0
         self.bytes_in = 0
@@ -166,8 +168,6 @@ class MessageStore:
 
     def open(self) -> None:
         """Lock the data dir, recover the log and replay it into every dispatcher."""
-        os.makedirs(self.data_dir, exist_ok=True)
-        self._lock_data_dir()
         self.commit_log.open()
         self._replay()
         self.flush_policy.start()

@@ -1,0 +1,178 @@
+"""Unit tests of the message store with the light-queue index: put, dispatch, get, replay, GC."""
+
+import os
+
+import pytest
+from twisted.internet import task
+
+import lightqueue
+from store.config import StoreConfig
+from store.executor import DeferredExecutor, SynchronousExecutor
+from store.message_store import MessageStore, PutStatus, StoreLockedError
+from store.record import Message, RecordKind
+
+T0 = 1_800_000_000.0
+
+
+def _store(path, executor=None, **cfg):
+    clock = task.Clock()
+    clock.advance(T0)
+    store = MessageStore(str(path), StoreConfig(segment_size=64 * 1024, **cfg), clock, executor or SynchronousExecutor())
+    index = lightqueue.attach(store)
+    store.open()
+    return store, index, clock
+
+
+def _put_all(store, clock, messages):
+    results = [None] * len(messages)
+    for i, m in enumerate(messages):
+        store.put(m).addCallback(lambda r, i=i: results.__setitem__(i, r))
+    clock.advance(0)
+    return [r for r in results if r is not None]
+
+
+def _got(store, queue, offset=0, n=100):
+    out = []
+    store.get(queue, offset, n).addCallback(out.append)
+    return out[0]
+
+
+def test_one_tick_is_one_write_and_one_event(tmp_path):
+    """Puts made in one tick are appended together and raise one merged event per queue."""
+    store, index, clock = _store(tmp_path)
+    store.add_filter("dev/+/temp")
+    events = []
+    store.add_listener(events.append)
+    results = _put_all(store, clock, [Message(topic=f"dev/{i}/temp", body=b"%d" % i) for i in range(5)])
+    assert [r.status for r in results] == [PutStatus.PUT_OK] * 5
+    assert events == [{"%TOPIC%dev", "%LMQ%dev/+/temp"}]
+    assert [m.record.body for m in _got(store, "%LMQ%dev/+/temp")] == [b"0", b"1", b"2", b"3", b"4"]
+
+
+def test_message_is_stored_once_and_indexed_per_matching_filter(tmp_path):
+    """One record, one entry in each light queue whose filter matches, pointing at the same offset."""
+    store, index, clock = _store(tmp_path)
+    for f in ("dev/#", "dev/+/temp", "dev/1/temp", "other/#"):
+        store.add_filter(f)
+    (result,) = _put_all(store, clock, [Message(topic="dev/1/temp", body=b"x")])
+    assert len(list(store.commit_log.iterate(0))) == 1
+    assert set(result.queues) == {"%TOPIC%dev", "%LMQ%dev/#", "%LMQ%dev/+/temp", "%LMQ%dev/1/temp"}
+    for q in result.queues:
+        assert [m.record.offset for m in _got(store, q)] == [result.offset]
+    assert _got(store, "%LMQ%other/#") == []
+
+
+def test_no_filter_means_topic_queue_only(tmp_path):
+    """Without interest a publish lands only in its first-level topic queue."""
+    store, index, clock = _store(tmp_path)
+    (result,) = _put_all(store, clock, [Message(topic="a/b", body=b"x")])
+    assert result.queues == ("%TOPIC%a",)
+
+
+def test_illegal_message_fails_alone(tmp_path):
+    """A message that cannot be encoded gets MESSAGE_ILLEGAL; the rest of the tick is stored."""
+    store, index, clock = _store(tmp_path)
+    results = _put_all(store, clock, [Message(topic="a", body=b"1"), Message(topic="a", body=b"2", qos=7),
+                                      Message(topic="a", body=b"3")])
+    assert [r.status for r in results] == [PutStatus.PUT_OK, PutStatus.MESSAGE_ILLEGAL, PutStatus.PUT_OK]
+    assert "qos" in results[1].reason
+    assert [m.record.body for m in _got(store, "%TOPIC%a")] == [b"1", b"3"]
+
+
+def test_sync_flush_acknowledges_after_fsync(tmp_path):
+    """With flush=sync a put resolves only when the executor's fsync has run."""
+    ex = DeferredExecutor()
+    store, index, clock = _store(tmp_path, executor=ex, flush="sync")
+    results = []
+    store.put(Message(topic="a", body=b"1")).addCallback(results.append)
+    clock.advance(0)
+    assert results == []
+    ex.run_pending()
+    assert results[0].ok and store.commit_log.synced_offset == store.commit_log.max_offset
+
+
+def test_get_is_bounded_and_resumes_from_offset(tmp_path):
+    """get returns at most max_count messages from the given queue offset."""
+    store, index, clock = _store(tmp_path)
+    _put_all(store, clock, [Message(topic="q", body=b"%d" % i) for i in range(10)])
+    assert [m.queue_offset for m in _got(store, "%TOPIC%q", 4, 3)] == [4, 5, 6]
+    assert _got(store, "%TOPIC%q", 10, 3) == []
+    assert _got(store, "%TOPIC%nope", 0, 3) == []
+
+
+def test_restart_replays_from_checkpoint_without_duplicates(tmp_path):
+    """Killing the index's unflushed state and replaying yields each entry exactly once."""
+    store, index, clock = _store(tmp_path)
+    store.add_filter("s/#")
+    _put_all(store, clock, [Message(topic="s/1", body=b"a")])
+    index.flush()
+    _put_all(store, clock, [Message(topic="s/2", body=b"b"), Message(topic="s/3", body=b"c")])
+    store.close()
+    store, index, clock = _store(tmp_path)
+    assert [m.record.body for m in _got(store, "%LMQ%s/#")] == [b"a", b"b", b"c"]
+    assert index.max_offset("%LMQ%s/#") == 3
+
+
+def test_index_ahead_of_checkpoint_is_not_duplicated(tmp_path):
+    """If entries were flushed past the stored checkpoint, replay skips what is already there."""
+    store, index, clock = _store(tmp_path)
+    _put_all(store, clock, [Message(topic="s/%d" % i, body=b"%d" % i) for i in range(4)])
+    store.close()
+    # Pretend the meta checkpoint lagged: rewind it to 0 behind the index's back.
+    index2 = lightqueue.LightQueueIndex(os.path.join(tmp_path, "lightqueue"))
+    index2._meta.put(b"checkpoint", (0).to_bytes(8, "big"))
+    index2.close()
+    store, index, clock = _store(tmp_path)
+    assert [m.record.body for m in _got(store, "%TOPIC%s")] == [b"0", b"1", b"2", b"3"]
+
+
+def test_second_store_on_same_dir_is_refused(tmp_path):
+    """Two stores on one data dir: the second gets a clear error naming the directory."""
+    _store(tmp_path)
+    with pytest.raises(StoreLockedError, match=str(tmp_path)):
+        _store(tmp_path)
+
+
+def test_retention_moves_queue_minimum(tmp_path):
+    """Deleting old segments by quota moves queue minimum offsets past the deleted records."""
+    store, index, clock = _store(tmp_path, disk_quota_mb=0)
+    _put_all(store, clock, [Message(topic="r", body=bytes(2000)) for _ in range(100)])
+    assert len(store.commit_log.segments()) > 2
+    store.commit_log.delete_segments(clock.seconds(), None, 100_000)
+    index.log_truncated(store.commit_log.min_offset)
+    lo = index.min_offset("%TOPIC%r")
+    assert lo > 0
+    first = _got(store, "%TOPIC%r", 0, 1)[0]
+    assert first.queue_offset == lo and first.record.offset >= store.commit_log.min_offset
+
+
+def test_idle_light_queues_are_collected(tmp_path):
+    """A light queue with no subscriber and nothing recent is deleted; one with interest stays."""
+    store, index, clock = _store(tmp_path)
+    store.add_filter("gone/#")
+    store.add_filter("kept/#")
+    _put_all(store, clock, [Message(topic="gone/1", body=b"x"), Message(topic="kept/1", body=b"y")])
+    store.remove_filter("gone/#")
+    clock.advance(3600)
+    removed = index.collect_idle(int(clock.seconds() * 1000) - 1000)
+    assert removed == 1
+    assert "%LMQ%gone/#" not in index.queue_names() and "%LMQ%kept/#" in index.queue_names()
+
+
+def test_native_messages_go_to_their_queue(tmp_path):
+    """A native message lands in its named queue, or in each target of a virtual queue."""
+    store, index, clock = _store(tmp_path)
+    r1, r2 = _put_all(store, clock, [
+        Message(topic="jobs", body=b"1", kind=RecordKind.NATIVE_MESSAGE),
+        Message(topic="fan", body=b"2", kind=RecordKind.NATIVE_MESSAGE, properties={"TARGETS": "a,b"}),
+    ])
+    assert r1.queues == ("%QUEUE%jobs",) and r2.queues == ("%QUEUE%a", "%QUEUE%b")
+
+
+def test_queue_name_with_nul_is_refused(tmp_path):
+    """A hostile queue name is refused with a clear error and nothing else is lost."""
+    store, index, clock = _store(tmp_path)
+    results = _put_all(store, clock, [Message(topic="bad\x00q", body=b"1", kind=RecordKind.NATIVE_MESSAGE),
+                                      Message(topic="good", body=b"2", kind=RecordKind.NATIVE_MESSAGE)])
+    assert results[0].status is PutStatus.MESSAGE_ILLEGAL and "NUL" in results[0].reason
+    assert results[1].ok
