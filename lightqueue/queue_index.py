@@ -38,6 +38,7 @@ _VALUE = struct.Struct(">QIQ")
 _META = struct.Struct(">QQQ")
 _U64 = struct.Struct(">Q")
 _CHECKPOINT = b"checkpoint"
+RESOLVE_CACHE_SIZE = 65536
 
 
 class LightQueueIndex:
@@ -47,6 +48,7 @@ class LightQueueIndex:
         self.path = path
         self._open_db()
         self.trie = TopicTrie()
+        self._resolved: dict[str, tuple[str, ...]] = {}  # topic -> target queues
         self._ids: dict[str, int] = {}
         self._names: list[str | None] = []
         self._min = array("q")
@@ -99,23 +101,29 @@ class LightQueueIndex:
     def add_filter(self, topic_filter: str) -> str:
         """Count one more subscriber of ``topic_filter``; create its light queue on first use."""
         name = lmq_name(topic_filter)
-        self.trie.add(topic_filter)
+        if self.trie.add(topic_filter):
+            self._resolved.clear()
         if name not in self._ids:
             self._create(name)
         return name
 
     def remove_filter(self, topic_filter: str) -> None:
         """Count one subscriber fewer; the queue stays until garbage collection."""
-        self.trie.remove(topic_filter)
+        if self.trie.remove(topic_filter):
+            self._resolved.clear()
 
     def resolve(self, message: rec.Message) -> tuple[str, ...]:
         """The queues ``message`` goes to: its topic queue and one light queue per matching filter."""
         if message.kind == rec.RecordKind.MQTT_PUBLISH:
-            matches = self.trie.match(message.topic)
-            head = topic_queue_name(message.topic)
-            if not matches:
-                return (head,)
-            return (head, *[lmq_name(f) for f in matches])
+            # Devices publish to the same topics over and over: cache until the filter set changes.
+            queues = self._resolved.get(message.topic)
+            if queues is None:
+                if len(self._resolved) >= RESOLVE_CACHE_SIZE:
+                    self._resolved.clear()
+                matches = self.trie.match(message.topic)
+                queues = (topic_queue_name(message.topic), *[lmq_name(f) for f in matches])
+                self._resolved[message.topic] = queues
+            return queues
         if message.kind == rec.RecordKind.NATIVE_MESSAGE:
             explicit = message.properties.get("TARGETS")
             if explicit:  # virtual queues: the native layer names the real queues
@@ -210,6 +218,7 @@ class LightQueueIndex:
             del arr[:]
         self._verified.clear()
         self._replay_last_cl.clear()
+        self._resolved.clear()
         self.dispatched_offset = 0
         for f in list(self.trie):
             self._create(lmq_name(f))

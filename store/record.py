@@ -161,6 +161,20 @@ def decode_properties(data: bytes) -> dict[str, str]:
     return props
 
 
+_QUEUE_BLOBS: dict[tuple[str, ...], bytes] = {}
+_QUEUE_BLOBS_MAX = 16384
+
+
+def _queues_only_block(queues: tuple[str, ...]) -> bytes:
+    """The property block of a message whose only property is QUEUES (the common case), cached."""
+    blob = _QUEUE_BLOBS.get(queues)
+    if blob is None:
+        if len(_QUEUE_BLOBS) >= _QUEUE_BLOBS_MAX:
+            _QUEUE_BLOBS.clear()
+        blob = _QUEUE_BLOBS[queues] = encode_properties({QUEUES_PROPERTY: QUEUE_SEPARATOR.join(queues)})
+    return blob
+
+
 def encode(message: Message, store_ts: int, queues: tuple[str, ...] = ()) -> bytes:
     """Encode ``message`` as a complete record stamped with ``store_ts``."""
     if not 0 <= message.qos <= 2:
@@ -170,10 +184,13 @@ def encode(message: Message, store_ts: int, queues: tuple[str, ...] = ()) -> byt
     if len(topic) > 0xFFFF or len(client_id) > 0xFFFF:
         raise RecordError("topic or client_id longer than 65535 bytes")
     props = message.properties
-    if queues:
-        props = dict(props)
-        props[QUEUES_PROPERTY] = QUEUE_SEPARATOR.join(queues)
-    props_bytes = encode_properties(props) if props else b"\x00\x00"
+    if not props:
+        props_bytes = _queues_only_block(queues) if queues else b"\x00\x00"
+    else:
+        if queues:
+            props = dict(props)
+            props[QUEUES_PROPERTY] = QUEUE_SEPARATOR.join(queues)
+        props_bytes = encode_properties(props)
     flags = message.qos | (4 if message.retain else 0)
     payload = b"".join((
         _FIXED.pack(int(message.kind), flags, store_ts, message.born_ts or store_ts),
