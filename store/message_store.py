@@ -67,6 +67,8 @@ class DispatchRequest(NamedTuple):
     topic: str
     queues: tuple[str, ...]
     properties: dict
+    retain: bool = False
+    body_size: int = -1  # payload length (an empty retained payload clears the topic)
 
 
 class QueueEntry(NamedTuple):
@@ -218,7 +220,7 @@ class MessageStore:
         chunk: list[DispatchRequest] = []
         for r in self.commit_log.iterate(begin, end):
             chunk.append(DispatchRequest(r.offset, r.size, r.store_ts, r.kind, r.topic, r.queues,
-                                         dict(r.properties)))
+                                         dict(r.properties), r.retain, len(r.body)))
             if len(chunk) >= REPLAY_CHUNK:
                 self._replay_chunk(chunk, starts)
                 count += len(chunk)
@@ -304,7 +306,7 @@ class MessageStore:
                 d.callback(PutResult(PutStatus.OS_ERROR, reason=str(exc)))
             return
         requests = [
-            DispatchRequest(off, len(data), now, m.kind, m.topic, queues, m.properties)
+            DispatchRequest(off, len(data), now, m.kind, m.topic, queues, m.properties, m.retain, len(m.body))
             for off, data, (m, _d, queues) in zip(offsets, encoded, accepted)
         ]
         touched: set[str] = set()

@@ -50,11 +50,11 @@ import enum
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 from crc32c import crc32c
 
-from store.timer_log import DEFAULT_SEGMENT_UNITS, UNIT_SIZE, TimerLog, TimerUnit, UnitFlag
+from store.timer_log import DEFAULT_SEGMENT_UNITS, UNIT_SIZE, TimerLog, UnitFlag, encode_unit
 from store.timer_wheel import PREVIOUS_SUFFIX, WHEEL_FILE, TimerWheel, WheelFileError, WheelSnapshot
 
 log = logging.getLogger("twistmq.store.timer")
@@ -62,6 +62,7 @@ log = logging.getLogger("twistmq.store.timer")
 DEFAULT_PRECISION_MS = 100
 DEFAULT_SLOT_COUNT = 4 * 3600 * 10  # 4 hours at 100 ms: 4 MB of wheel; longer delays roll every 2 hours
 LOG_DIR = "log"
+_ROLL, _DELETE, _REQUEUE = int(UnitFlag.ROLL), int(UnitFlag.DELETE), int(UnitFlag.REQUEUE)
 
 
 class EnqueueStatus(enum.Enum):
@@ -135,6 +136,7 @@ class Timer:
         self.wheel = TimerWheel(slot_count, precision_ms)
         self._p = precision_ms
         self._half_ms = (slot_count // 2) * precision_ms
+        self._window_ms = self.wheel.window_ms
         os.makedirs(directory, exist_ok=True)
         self.log = TimerLog(os.path.join(directory, LOG_DIR), segment_units)
         self._read_time: int | None = None
@@ -206,7 +208,7 @@ class Timer:
         if cl_offset <= self._last_cl:
             return EnqueueStatus.DUPLICATE
         self._start(now_ms)
-        status = self._place(UnitFlag.NORMAL, deliver_at_ms, cl_offset, cl_size, topic_hash(topic))
+        status = self._place(0, deliver_at_ms, cl_offset, cl_size, topic_hash(topic))
         self._last_cl = cl_offset
         return status
 
@@ -216,7 +218,7 @@ class Timer:
         No effect if the entry has already been handed out.
         """
         self._start(now_ms)
-        return self._place(UnitFlag.DELETE, deliver_at_ms, cl_offset, 0, 0)
+        return self._place(_DELETE, deliver_at_ms, cl_offset, 0, 0)
 
     def advance(self, now_ms: int) -> list[TimerEntry]:
         """Consume every slot up to ``now_ms``; return the due entries, slot by slot, in time order."""
@@ -237,21 +239,22 @@ class Timer:
         if self._read_time is None:
             self._read_time = now_ms - now_ms % self._p
 
-    def _place(self, flags: UnitFlag, deliver_at: int, cl_offset: int, cl_size: int, thash: int) -> EnqueueStatus:
+    def _place(self, flags: int, deliver_at: int, cl_offset: int, cl_size: int, thash: int) -> EnqueueStatus:
         base = self._read_time
         slot_time = max(-(-deliver_at // self._p) * self._p, base)
         status = EnqueueStatus.PUT_OK
-        if slot_time - base >= self.wheel.window_ms:
-            flags |= UnitFlag.ROLL
+        if slot_time - base >= self._window_ms:
+            flags |= _ROLL
             slot_time = base + self._half_ms
             status = EnqueueStatus.PUT_ROLLED
-        slot = self.wheel.get_slot(slot_time)
-        pos = self.log.append(TimerUnit(slot.last_pos, flags, base, slot_time, deliver_at, cl_offset, cl_size, thash))
-        self.wheel.put_slot(slot_time, pos if slot.num == 0 else slot.first_pos, pos, slot.num + 1)
+        wheel = self.wheel
+        first, last, num = wheel.get_chain(slot_time)
+        pos = self.log.append_bytes(encode_unit(last, flags, base, slot_time, deliver_at, cl_offset, cl_size, thash))
+        wheel.put_slot(slot_time, pos if num == 0 else first, pos, num + 1)
         return status
 
     def _consume(self, slot_time: int, last_pos: int, num: int) -> list[TimerEntry]:
-        units: list[TimerUnit] = []
+        units = []
         pos = last_pos
         while pos != -1 and len(units) < num:
             unit = self.log.read(pos)
@@ -262,13 +265,12 @@ class Timer:
             pos = unit.prev_pos
         units.reverse()  # oldest first
         self.wheel.reset_slot(slot_time)
-        deleted = {u.cl_offset for u in units if u.flags & UnitFlag.DELETE and not u.flags & UnitFlag.ROLL}
+        deleted = {u.cl_offset for u in units if u.flags & (_DELETE | _ROLL) == _DELETE}
         due = []
         for u in units:
-            if u.flags & UnitFlag.ROLL:
-                self._place((u.flags & ~UnitFlag.ROLL) | UnitFlag.REQUEUE, u.deliver_at, u.cl_offset,
-                            u.cl_size, u.topic_hash)
-            elif not u.flags & UnitFlag.DELETE and u.cl_offset not in deleted:
+            if u.flags & _ROLL:
+                self._place((u.flags & ~_ROLL) | _REQUEUE, u.deliver_at, u.cl_offset, u.cl_size, u.topic_hash)
+            elif not u.flags & _DELETE and u.cl_offset not in deleted:
                 due.append(TimerEntry(u.cl_offset, u.cl_size, u.deliver_at, u.topic_hash))
         due.sort(key=lambda e: e.deliver_at_ms)  # stable: ties stay oldest first
         return due
@@ -309,7 +311,7 @@ class Timer:
                     continue  # consumed before the checkpoint
                 slot = self.wheel.get_slot(unit.slot_time)
                 if unit.prev_pos != slot.last_pos:
-                    self.log.rewrite(pos, replace(unit, prev_pos=slot.last_pos))
+                    self.log.rewrite(pos, unit._replace(prev_pos=slot.last_pos))
                     report.units_revised += 1
                 self.wheel.put_slot(unit.slot_time, pos if slot.num == 0 else slot.first_pos, pos, slot.num + 1)
                 report.units_rechained += 1
@@ -352,7 +354,7 @@ class Timer:
         pos = self.log.end - UNIT_SIZE
         while pos >= self.log.start:
             unit = self.log.read(pos)
-            if not unit.flags & (UnitFlag.REQUEUE | UnitFlag.DELETE):
+            if not unit.flags & (_REQUEUE | _DELETE):
                 return unit.cl_offset
             pos -= UNIT_SIZE
         return -1

@@ -19,8 +19,9 @@ import enum
 import logging
 import os
 import struct
+import mmap
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from crc32c import crc32c
 
@@ -49,8 +50,7 @@ class TimerLogError(Exception):
     """A unit cannot be read or written (bad position, corrupt bytes, closed log)."""
 
 
-@dataclass(frozen=True, slots=True)
-class TimerUnit:
+class TimerUnit(NamedTuple):
     """One fixed-size unit of the timer log (60 bytes, big-endian)::
 
          0       4                12      16                24
@@ -77,10 +77,13 @@ class TimerUnit:
     - ``cl_offset``/``cl_size``: the commit-log record to deliver.
     - ``topic_hash``: CRC32C of the topic (observability, filtering).
     - ``crc32c``: over bytes 0-55.
+
+    A ``NamedTuple`` rather than a frozen dataclass: it is built once per unit
+    read or written, and is twice as cheap to build.
     """
 
     prev_pos: int
-    flags: UnitFlag
+    flags: int  # UnitFlag bits, kept a plain int on the hot path
     write_time: int
     slot_time: int
     deliver_at: int
@@ -89,9 +92,15 @@ class TimerUnit:
     topic_hash: int = 0
 
     def encode(self) -> bytes:
-        body = _BODY.pack(UNIT_SIZE, self.prev_pos, MAGIC_BASE | int(self.flags), self.write_time,
-                          self.slot_time, self.deliver_at, self.cl_offset, self.cl_size, self.topic_hash)
-        return body + _CRC.pack(crc32c(body))
+        return encode_unit(*self)
+
+
+def encode_unit(prev_pos: int, flags: int, write_time: int, slot_time: int, deliver_at: int, cl_offset: int,
+                cl_size: int, topic_hash: int) -> bytes:
+    """The 60 bytes of a unit (``TimerUnit.encode`` without building the tuple)."""
+    body = _BODY.pack(UNIT_SIZE, prev_pos, MAGIC_BASE | flags, write_time, slot_time, deliver_at,
+                      cl_offset, cl_size, topic_hash)
+    return body + _CRC.pack(crc32c(body))
 
 
 def decode_unit(data: bytes | memoryview, offset: int = 0, pos: int = -1) -> TimerUnit:
@@ -103,10 +112,10 @@ def decode_unit(data: bytes | memoryview, offset: int = 0, pos: int = -1) -> Tim
     if size != UNIT_SIZE or magic & MAGIC_MASK != MAGIC_BASE:
         raise TimerLogError(f"unit at {pos}: bad size {size} or magic {magic:#x}")
     (crc,) = _CRC.unpack_from(data, offset + _BODY.size)
-    if crc != crc32c(bytes(data[offset:offset + _BODY.size])):
-        raise TimerLogError(f"unit at {pos}: CRC32C mismatch")
-    return TimerUnit(prev, UnitFlag(magic & ~MAGIC_MASK), write_time, slot_time, deliver_at,
-                     cl_offset, cl_size, topic_hash)
+    with memoryview(data) as view:
+        if crc != crc32c(view[offset:offset + _BODY.size]):
+            raise TimerLogError(f"unit at {pos}: CRC32C mismatch")
+    return TimerUnit(prev, magic & 0xFFFF, write_time, slot_time, deliver_at, cl_offset, cl_size, topic_hash)
 
 
 @dataclass
@@ -131,6 +140,7 @@ class TimerLog:
         self._buffer_limit = write_buffer_bytes
         self._bases: list[int] = []  # sorted segment bases; the last one is active
         self._read_fds: dict[int, int] = {}
+        self._maps: dict[int, mmap.mmap] = {}  # read-only maps of written data, for read()
         self._write_fd: int | None = None
         self._written = 0  # end of what the operating system holds
         self._pending = bytearray()  # appended, not yet written out
@@ -163,6 +173,7 @@ class TimerLog:
             self.flush()
             os.close(self._write_fd)
             self._write_fd = None
+        self._drop_maps()
         for fd in self._read_fds.values():
             os.close(fd)
         self._read_fds.clear()
@@ -262,7 +273,10 @@ class TimerLog:
         if pos >= self._written:
             return decode_unit(self._pending, pos - self._written, pos)
         base = self._base_for(pos)
-        return decode_unit(os.pread(self._read_fd(base), UNIT_SIZE, pos - base), 0, pos)
+        m = self._maps.get(base)
+        if m is None or pos - base + UNIT_SIZE > len(m):
+            m = self._map(base)
+        return decode_unit(m, pos - base, pos)
 
     def iter_units(self, start: int, end: int | None = None) -> Iterator[tuple[int, TimerUnit]]:
         """Yield ``(pos, unit)`` from ``start`` (inclusive) to ``end`` (exclusive), reading in chunks."""
@@ -297,6 +311,9 @@ class TimerLog:
         """Delete the oldest segment; it must not be the one being written."""
         if base != self._bases[0] or len(self._bases) == 1:
             raise TimerLogError(f"segment {base} is not the oldest sealed segment")
+        m = self._maps.pop(base, None)
+        if m is not None:
+            m.close()
         fd = self._read_fds.pop(base, None)
         if fd is not None:
             os.close(fd)
@@ -315,6 +332,21 @@ class TimerLog:
         if i < 0:
             raise TimerLogError(f"position {pos} is before the first segment")
         return self._bases[i]
+
+    def _map(self, base: int) -> mmap.mmap:
+        """Map the written part of a segment (again, if it grew since)."""
+        old = self._maps.pop(base, None)
+        if old is not None:
+            old.close()
+        i = self._bases.index(base)
+        seg_end = self._bases[i + 1] if i + 1 < len(self._bases) else self._written
+        m = self._maps[base] = mmap.mmap(self._read_fd(base), seg_end - base, access=mmap.ACCESS_READ)
+        return m
+
+    def _drop_maps(self) -> None:
+        for m in self._maps.values():
+            m.close()
+        self._maps.clear()
 
     def _read_fd(self, base: int) -> int:
         fd = self._read_fds.get(base)
@@ -351,6 +383,7 @@ class TimerLog:
 
     def _cut(self, pos: int) -> None:
         """Physically remove everything at or after ``pos`` (later segments are deleted)."""
+        self._drop_maps()  # a map past the end of a file faults
         while len(self._bases) > 1 and self._bases[-1] > pos:
             base = self._bases.pop()
             fd = self._read_fds.pop(base, None)

@@ -86,6 +86,14 @@ class TimerWheel:
             return Slot(tick * self.precision_ms, -1, -1, 0)
         return Slot(tick * self.precision_ms, first, last, num)
 
+    def get_chain(self, time_ms: int) -> tuple[int, int, int]:
+        """``(first_pos, last_pos, num)`` of ``get_slot(time_ms)`` without building a ``Slot``."""
+        tick = time_ms // self.precision_ms
+        stored, first, last, num = SLOT.unpack_from(self._slots, (tick % self.slot_count) * SLOT.size)
+        if stored != tick or num == 0:
+            return -1, -1, 0
+        return first, last, num
+
     def put_slot(self, time_ms: int, first_pos: int, last_pos: int, num: int) -> None:
         """Make the slot for ``time_ms`` hold that time with the given chain."""
         tick = time_ms // self.precision_ms
