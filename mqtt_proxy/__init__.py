@@ -1,0 +1,1 @@
+"""MQTT and native-protocol front end: codecs, sessions, servers."""
