@@ -66,6 +66,12 @@ class DurableKV:
             if v is not None:
                 yield k, v
 
+    def barrier(self) -> defer.Deferred:
+        """Fires once every write staged so far is durable."""
+        if not self._pending:
+            return defer.succeed(None)
+        return self._wait()
+
     def _wait(self) -> defer.Deferred:
         d: defer.Deferred = defer.Deferred()
         self._waiters.append(d)

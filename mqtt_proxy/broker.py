@@ -1,0 +1,386 @@
+"""The MQTT broker: sessions by client id, connect/takeover/expiry, will messages.
+
+One ``Broker`` per process, on the reactor thread. Connections (see
+``protocol.py``) hand it decoded packets; it answers through them. Inbound
+publishes are in ``publish.py`` and subscriptions in ``subscribe.py``; this
+module owns the life of a session: who holds a client id, when a session ends,
+and what is restored after a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import OrderedDict
+
+from twisted.internet import defer
+
+from mqtt_proxy import message_props
+from mqtt_proxy.codec import MQTT_5, ConnAck, Disconnect, Properties, ReasonCode
+from mqtt_proxy.config import LimitsConfig, MQTTConfig
+from mqtt_proxy.codec.encoder import encode_publish
+from mqtt_proxy.session import Outbound, Session, Subscription
+from mqtt_proxy.session_store import SessionStore
+from mqtt_proxy.shared import SharedGroup
+from mqtt_proxy.stats import BrokerStats
+from store import record as rec
+
+log = logging.getLogger("twistmq.mqtt.broker")
+
+NEVER_EXPIRES = 0xFFFFFFFF
+ENCODE_CACHE = 4096  # encoded PUBLISHes kept for fan-out (one encode serves every subscriber)
+
+
+class AllowAll:
+    """The authenticator and ACL used when none is configured: everyone may do everything."""
+
+    def authenticate(self, username, password, client_id, peer_host, cert_identity):
+        return defer.succeed((True, username, None))
+
+    def allowed(self, username, client_id, topic, access) -> bool:
+        return True
+
+    def may_subscribe(self, username, client_id, topic_filter) -> bool:
+        return True
+
+
+class Broker:
+    """Sessions, subscriptions and the wiring to the store, notifier and read cache."""
+
+    def __init__(self, store, sessions_db: SessionStore, notifier, read_cache, retained, clock,
+                 config: MQTTConfig, limits: LimitsConfig, timers=None, auth=None, acl=None) -> None:
+        self.store = store
+        self.sessions_db = sessions_db
+        self.notifier = notifier
+        self.read_cache = read_cache
+        self.retained = retained
+        self.clock = clock
+        self.config = config
+        self.limits = limits
+        self.timers = timers
+        self.auth = auth or AllowAll()
+        self.acl = acl or AllowAll()
+        self.stats = BrokerStats()
+        self.sessions: dict[str, Session] = {}
+        self.groups: dict[tuple[str, str], SharedGroup] = {}
+        self.connections: set = set()
+        self.started_at = clock.seconds()
+        self._encoded: OrderedDict[tuple, bytes] = OrderedDict()
+        self._rate: dict[str, tuple[int, int]] = {}  # address -> (second, connections in it)
+        self.closing = False
+
+    def now_ms(self) -> int:
+        return int(self.clock.seconds() * 1000)
+
+    # -- restore after a restart ---------------------------------------------------------
+
+    @defer.inlineCallbacks
+    def restore(self):
+        """Bring persistent sessions back from the session store (before listeners open)."""
+        stored = self.sessions_db.load_all()
+        now = self.now_ms()
+        restored = expired = 0
+        for cid, s in stored.items():
+            if s.disconnected_at is not None and s.expiry != NEVER_EXPIRES \
+                    and s.disconnected_at + s.expiry * 1000 <= now:
+                yield self.sessions_db.delete_session(cid)
+                expired += 1
+                continue
+            session = Session(self, cid, s.level, s.expiry)
+            for key, ss in s.subscriptions.items():
+                sub = yield self._restore_subscription(session, key, ss)
+                session.subs[key] = sub
+            for pid, (key, qoff, qos) in s.outbound.items():
+                session.outbound[pid] = Outbound(key, qoff, qos)
+                if key in session.subs:
+                    session.subs[key].inflight.add(qoff)
+            for pid in s.released:
+                session.outbound[pid] = Outbound(None, -1, 2, released=True)
+            session.inbound_qos2 = set(s.inbound_qos2)
+            self.sessions[cid] = session
+            self._schedule_expiry(session, s.disconnected_at or now)
+            restored += 1
+        log.info("sessions_restored sessions=%d expired=%d", restored, expired)
+
+    @defer.inlineCallbacks
+    def _restore_subscription(self, session: Session, key: str, ss):
+        queue = yield self.store.add_filter(ss.topic_filter)
+        sub = Subscription(key, ss.topic_filter, queue, ss.qos, ss.no_local, ss.retain_as_published, ss.sub_id,
+                           next_offset=ss.next_offset)
+        if ss.share_group is not None:
+            sub.share = yield self.shared_group(ss.share_group, ss.topic_filter, queue)
+            sub.share.subscribers += 1
+        return sub
+
+    @defer.inlineCallbacks
+    def shared_group(self, group: str, topic_filter: str, queue: str):
+        """The SharedGroup of ``$share/group/filter``, created at its committed offset."""
+        g = self.groups.get((group, topic_filter))
+        if g is None:
+            start = self.sessions_db.load_group_offset(group, topic_filter)
+            if start is None:
+                start = yield self.store.max_offset(queue)
+                self.sessions_db.save_group_offset(group, topic_filter, start)
+            g = self.groups.get((group, topic_filter))  # created meanwhile by another subscribe?
+            if g is None:
+                g = self.groups[(group, topic_filter)] = SharedGroup(self, group, topic_filter, queue, start)
+        return g
+
+    def drop_group_member(self, sub: Subscription) -> None:
+        g = sub.share
+        g.subscribers -= 1
+        if g.subscribers <= 0:
+            g.close()
+            self.groups.pop((g.group, g.topic_filter), None)
+
+    # -- connection admission ---------------------------------------------------------------
+
+    def admit(self, peer_host: str) -> int | None:
+        """None if a new connection from ``peer_host`` may proceed, else the reason code to refuse it."""
+        if self.closing:
+            return ReasonCode.SERVER_UNAVAILABLE
+        if len(self.connections) >= self.limits.max_connections:
+            return ReasonCode.QUOTA_EXCEEDED
+        rate = self.limits.max_connection_rate
+        if rate > 0:
+            second = int(self.clock.seconds())
+            start, count = self._rate.get(peer_host, (second, 0))
+            if start != second:
+                start, count = second, 0
+                if len(self._rate) > 10000:
+                    self._rate.clear()
+            count += 1
+            self._rate[peer_host] = (start, count)
+            if count > rate:
+                return ReasonCode.CONNECTION_RATE_EXCEEDED
+        return None
+
+    # -- CONNECT ------------------------------------------------------------------------------
+
+    @defer.inlineCallbacks
+    def connect(self, conn, packet):
+        """Authenticate, find or create the session, answer CONNACK, then resume delivery."""
+        level = packet.protocol_level
+        props = packet.properties
+        client_id = packet.client_id
+        assigned = None
+        if not client_id:
+            if level != MQTT_5 and not packet.clean_start:
+                conn.refuse(ReasonCode.CLIENT_IDENTIFIER_NOT_VALID)  # MQTT-3.1.3-8
+                return
+            client_id = assigned = "auto-" + uuid.uuid4().hex
+        if packet.will is not None and packet.will.retain and not self.config.retain_available:
+            conn.refuse(ReasonCode.RETAIN_NOT_SUPPORTED)
+            return
+        ok, username, reason = yield self.auth.authenticate(
+            packet.username, packet.password, client_id, conn.peer_host, conn.cert_identity())
+        if not conn.connected:
+            return
+        if not ok:
+            conn.refuse(reason or ReasonCode.BAD_USER_NAME_OR_PASSWORD)
+            return
+        conn.username = username
+        if level == MQTT_5:
+            expiry = props.session_expiry_interval or 0
+            if expiry != NEVER_EXPIRES:
+                expiry = min(expiry, self.config.session_expiry_max)
+        else:
+            expiry = 0 if packet.clean_start else self.config.session_expiry_max
+        if level == MQTT_5:
+            if props.receive_maximum is not None:
+                conn.client_receive_maximum = props.receive_maximum
+            conn.client_max_packet_size = props.maximum_packet_size or 0
+            conn.client_alias_maximum = props.topic_alias_maximum or 0
+
+        session = self.sessions.get(client_id)
+        if session is not None and session.conn is not None:
+            self._take_over(session)
+            session = self.sessions.get(client_id)  # a non-persistent session ended with the old link
+        session_present = False
+        if session is not None and packet.clean_start:
+            yield self.end_session(session)
+            session = None
+        if session is None:
+            session = Session(self, client_id, level, expiry)
+            self.sessions[client_id] = session
+        else:
+            session_present = True
+        if not conn.connected:
+            # The client left while we waited for the store: keep the session as it is.
+            self._schedule_expiry(session, self.now_ms())
+            return
+        session.expiry = expiry
+        if session.will_call is not None and session.will_call.active():
+            session.will_call.cancel()  # MQTT-3.1.3-9: a delayed will is cancelled by the return
+        session.will_call = None
+        session.will = packet.will
+        session.receive_maximum = conn.client_receive_maximum
+        session.max_packet_size = conn.client_max_packet_size
+        session.alias_maximum = conn.client_alias_maximum
+        if session.persistent:
+            yield self.sessions_db.save_session(client_id, expiry, level, None)
+        else:
+            yield self.sessions_db.delete_session(client_id)
+        if not conn.connected:
+            self._schedule_expiry(session, self.now_ms())
+            return
+
+        ack_props = None
+        if level == MQTT_5:
+            kw = {"receive_maximum": self.config.receive_maximum,
+                  "topic_alias_maximum": self.config.topic_alias_maximum,
+                  "maximum_packet_size": self.limits.max_packet_size}
+            if not self.config.retain_available:
+                kw["retain_available"] = 0
+            if assigned:
+                kw["assigned_client_identifier"] = assigned
+            if props.session_expiry_interval is not None and expiry != props.session_expiry_interval:
+                kw["session_expiry_interval"] = expiry
+            if conn.server_keep_alive is not None:
+                kw["server_keep_alive"] = conn.server_keep_alive
+            ack_props = Properties(**kw)
+        conn.client_id = client_id
+        conn.session = session
+        conn.send(ConnAck(session_present, ReasonCode.SUCCESS, ack_props or Properties()))
+        self.stats.clients_connected += 1
+        session.attach(conn)
+        session.resend_inflight()
+        session.pump()
+        log.info("client_connected client=%s level=%d clean=%s expiry=%d present=%s peer=%s",
+                 client_id, level, packet.clean_start, expiry, session_present, conn.peer_host)
+
+    def _take_over(self, session: Session) -> None:
+        old = session.conn
+        log.info("session_taken_over client=%s", session.client_id)
+        self._conn_gone(old, publish_will=True)
+        old.close(ReasonCode.SESSION_TAKEN_OVER)
+
+    # -- leaving ------------------------------------------------------------------------------
+
+    def disconnect(self, conn, packet) -> None:
+        """A DISCONNECT from the client: no will unless it asked for one (v5 0x04)."""
+        session = conn.session
+        if session is None:
+            conn.close(None)
+            return
+        props = packet.properties
+        if props.session_expiry_interval is not None:
+            if session.expiry == 0 and props.session_expiry_interval != 0:
+                # MQTT-3.14.2-2: cannot make a non-persistent session persistent at the end.
+                conn.close(ReasonCode.PROTOCOL_ERROR)
+                self._conn_gone(conn, publish_will=True)
+                return
+            session.expiry = min(props.session_expiry_interval, self.config.session_expiry_max) \
+                if props.session_expiry_interval != NEVER_EXPIRES else NEVER_EXPIRES
+        publish_will = packet.reason_code == ReasonCode.DISCONNECT_WITH_WILL_MESSAGE
+        self._conn_gone(conn, publish_will=publish_will)
+        conn.close(None)
+
+    def connection_lost(self, conn) -> None:
+        """The transport closed: without a DISCONNECT first, the will goes out."""
+        self.connections.discard(conn)
+        if conn.session is not None:
+            self._conn_gone(conn, publish_will=True)
+
+    def _conn_gone(self, conn, publish_will: bool) -> None:
+        session = conn.session
+        if session is None:
+            return
+        conn.session = None
+        if session.conn is not conn:
+            return
+        self.stats.clients_connected -= 1
+        session.detach()
+        will, session.will = session.will, None
+        if will is not None and publish_will:
+            delay = will.properties.will_delay_interval or 0
+            if delay and session.persistent:
+                delay = min(delay, session.expiry) if session.expiry != NEVER_EXPIRES else delay
+                session.will_call = self.clock.callLater(delay, self._publish_will, session.client_id, will)
+                session.pending_will = will
+            else:
+                self._publish_will(session.client_id, will)
+        if not session.persistent:
+            self.end_session(session)
+        else:
+            self.sessions_db.save_session(session.client_id, session.expiry, session.level, self.now_ms())
+            self._schedule_expiry(session, self.now_ms())
+        log.info("client_disconnected client=%s will=%s", session.client_id, bool(will and publish_will))
+
+    def _schedule_expiry(self, session: Session, since_ms: int) -> None:
+        if session.expiry == NEVER_EXPIRES or session.conn is not None:
+            return
+        if session.expiry_call is not None and session.expiry_call.active():
+            session.expiry_call.cancel()
+        delay = max(0.0, (since_ms + session.expiry * 1000 - self.now_ms()) / 1000)
+        session.expiry_call = self.clock.callLater(delay, self._expire, session)
+
+    def _expire(self, session: Session) -> None:
+        if session.conn is not None or self.sessions.get(session.client_id) is not session:
+            return
+        log.info("session_expired client=%s", session.client_id)
+        if session.will_call is not None and session.will_call.active():
+            session.will_call.cancel()
+            self._publish_will(session.client_id, session.pending_will)  # the session ends first
+        self.end_session(session)
+
+    def end_session(self, session: Session) -> defer.Deferred:
+        """Forget a session: its filters, its group memberships, its stored state."""
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+        if session.expiry_call is not None and session.expiry_call.active():
+            session.expiry_call.cancel()
+        for sub in session.subs.values():
+            self.store.remove_filter(sub.topic_filter)
+            if sub.share is not None:
+                self.drop_group_member(sub)
+        session.subs = {}
+        session.outbound = {}
+        return self.sessions_db.delete_session(session.client_id)
+
+    # -- will ---------------------------------------------------------------------------------
+
+    def _publish_will(self, client_id: str, will) -> None:
+        if will is None:
+            return
+        if not self.acl.allowed(None, client_id, will.topic, "write"):
+            log.info("will_denied client=%s topic=%s", client_id, will.topic)
+            return
+        message = rec.Message(will.topic, will.payload, rec.RecordKind.MQTT_PUBLISH, will.qos, will.retain,
+                              client_id, self.now_ms(), message_props.to_record(will.properties, self.now_ms()))
+        d = self.store.put(message)
+        d.addCallback(lambda r: log.info("will_published client=%s topic=%s status=%s",
+                                         client_id, will.topic, r.status.name))
+
+    # -- fan-out ---------------------------------------------------------------------------
+
+    def encoded_publish(self, record, qos: int, retain: bool, level: int) -> bytes:
+        """The PUBLISH for ``record`` without v5 properties, encoded once for all its subscribers."""
+        key = (record.offset, qos, retain, level)
+        data = self._encoded.get(key)
+        if data is None:
+            data = encode_publish(record.topic, record.body, qos, retain, False, 1 if qos else None, None, level)
+            self._encoded[key] = data
+            if len(self._encoded) > ENCODE_CACHE:
+                self._encoded.popitem(last=False)
+        return data
+
+    # -- shutdown --------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Tell v5 clients the server is going away, and close every connection."""
+        self.closing = True
+        for conn in list(self.connections):
+            if conn.session is not None:
+                self._conn_gone(conn, publish_will=False)
+            conn.close(ReasonCode.SERVER_SHUTTING_DOWN)
+
+    def server_disconnect(self, conn, reason: int, reason_string: str | None = None) -> None:
+        """Close one client with a reason (v5 DISCONNECT first); its will is published."""
+        self._conn_gone(conn, publish_will=True)
+        conn.close(reason, reason_string)
+
+
+def disconnect_packet(reason: int, reason_string: str | None = None) -> Disconnect:
+    props = Properties(reason_string=reason_string) if reason_string else Properties()
+    return Disconnect(reason, props)

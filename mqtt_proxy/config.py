@@ -1,0 +1,105 @@
+"""Configuration of the MQTT front end: the ``[mqtt]`` and ``[limits]`` sections."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from store.config import ConfigError
+
+
+@dataclass(frozen=True)
+class MQTTConfig:
+    """The ``[mqtt]`` section: protocol behaviour and server-side defaults."""
+
+    max_keep_alive: int = 0
+    """Server Keep Alive (v5): when > 0, clients asking for longer (or 0) are told this value instead."""
+    receive_maximum: int = 1024
+    """Inbound QoS 1/2 PUBLISHes a client may have unacknowledged (v5 Receive Maximum we announce)."""
+    max_inflight: int = 100
+    """Outbound QoS 1/2 messages in flight per session (further capped by the client's Receive Maximum)."""
+    session_expiry_max: int = 86400 * 7
+    """Longest session expiry (seconds) honoured; v3.1.1 persistent sessions get this too."""
+    topic_alias_maximum: int = 64
+    """Topic aliases a v5 client may use towards us (0 disables inbound aliases)."""
+    sys_interval: float = 10.0
+    """Seconds between $SYS/broker/... updates (0 disables them)."""
+    retain_available: bool = True
+    """Accept retained messages."""
+    allow_anonymous: bool = True
+    """Accept clients that send no username."""
+    password_file: str = ""
+    """Path of the password file (scrypt hashes, see twistmq-admin passwd); empty: no password check."""
+    acl_file: str = ""
+    """Path of the ACL file; empty: everything is allowed."""
+
+    def validate(self) -> None:
+        if not 1 <= self.receive_maximum <= 65535:
+            raise ConfigError("receive_maximum must be within 1..65535")
+        if not 1 <= self.max_inflight <= 65535:
+            raise ConfigError("max_inflight must be within 1..65535")
+        if not 0 <= self.topic_alias_maximum <= 65535:
+            raise ConfigError("topic_alias_maximum must be within 0..65535")
+        if self.max_keep_alive < 0 or self.session_expiry_max < 0 or self.sys_interval < 0:
+            raise ConfigError("max_keep_alive, session_expiry_max and sys_interval must be >= 0")
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    """The ``[limits]`` section: what any one client may cost the broker."""
+
+    max_connections: int = 100000
+    """Connections open at once; more are refused (CONNACK 0x97 in v5, closed in v3.1.1)."""
+    max_connection_rate: float = 0.0
+    """New connections per second from one address (0: unlimited)."""
+    max_packet_size: int = 1 << 20
+    """Largest packet accepted, in bytes (announced as Maximum Packet Size in v5)."""
+    max_topic_length: int = 1024
+    """Longest topic name or filter, in bytes."""
+    max_topic_levels: int = 32
+    """Most levels in a topic name or filter."""
+    max_subscriptions: int = 1000
+    """Subscriptions per client."""
+    max_queued_bytes: int = 1 << 20
+    """Bytes written to one client's socket and not yet sent before the broker stops pushing to it."""
+    max_retained_messages: int = 100000
+    """Retained messages kept (0: unlimited)."""
+    max_retained_bytes: int = 256 << 20
+    """Bytes of retained payloads kept (0: unlimited)."""
+    max_payload: int = 1 << 20
+    """Largest PUBLISH payload accepted, in bytes."""
+    max_pending_puts: int = 2000
+    """Publishes of one connection waiting on the store before the broker stops reading from it."""
+
+    def validate(self) -> None:
+        for name in ("max_connections", "max_packet_size", "max_topic_length", "max_topic_levels",
+                     "max_subscriptions", "max_queued_bytes", "max_payload", "max_pending_puts"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive")
+        if self.max_packet_size > 268435460:
+            raise ConfigError("max_packet_size must be at most 268435460 (the MQTT maximum)")
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """The ``[node]`` section: where the node keeps its data and what it listens on."""
+
+    data_dir: str = "../data"
+    """Data directory (commit log, indexes, sessions); relative paths start at the config file's directory (the default is the checkout's data/)."""
+    mqtt: tuple[str, ...] = ("tcp:1883",)
+    """MQTT over TCP listeners, as Twisted endpoint descriptions."""
+    mqtt_tls: tuple[str, ...] = ()
+    """MQTT over TLS listeners (``ssl:8883:privateKey=KEY:certKey=CERT``)."""
+    mqtt_tls_ca: str = ""
+    """CA file: when set, TLS clients must present a certificate it signed."""
+    mqtt_ws: tuple[str, ...] = ()
+    """MQTT over WebSocket listeners (``tcp:`` plain, ``ssl:`` secure)."""
+    ws_path: str = "/mqtt"
+    """URL path of the WebSocket endpoint."""
+    use_identity_as_username: bool = False
+    """With mutual TLS, the client certificate's CN (or first SAN) becomes the username."""
+    native: tuple[str, ...] = ()
+    """Native JSON protocol over TCP listeners."""
+    native_udp: tuple[str, ...] = ()
+    """Native JSON protocol over UDP, as ``[HOST:]PORT``."""
+    http: tuple[str, ...] = ("tcp:8080:interface=127.0.0.1",)
+    """HTTP listeners: /health and /metrics."""

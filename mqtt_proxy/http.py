@@ -1,0 +1,88 @@
+"""The node's HTTP listener: ``/health`` and ``/metrics`` (Prometheus text)."""
+
+from __future__ import annotations
+
+import json
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from twisted.web import resource, server
+
+
+class _BrokerCollector:
+    """Reads the live counters at scrape time (no copies to keep in sync)."""
+
+    def __init__(self, broker, store, extra) -> None:
+        self.broker = broker
+        self.store = store
+        self.extra = extra
+
+    def collect(self):
+        s = self.broker.stats
+        counters = {
+            "twistmq_messages_received": ("PUBLISH packets received", s.messages_received),
+            "twistmq_messages_sent": ("PUBLISH packets sent", s.messages_sent),
+            "twistmq_bytes_received": ("PUBLISH payload bytes received", s.bytes_received),
+            "twistmq_bytes_sent": ("PUBLISH bytes sent", s.bytes_sent),
+            "twistmq_connections": ("connections accepted", s.connections_total),
+            "twistmq_connections_refused": ("CONNECTs refused", s.connections_refused),
+            "twistmq_protocol_errors": ("connections closed for a protocol error", s.protocol_errors),
+            "twistmq_messages_dropped": ("publishes refused by ACL or quota", s.messages_dropped),
+            "twistmq_store_puts": ("records appended to the commit log", self.store.puts),
+        }
+        for name, (doc, value) in counters.items():
+            c = CounterMetricFamily(name, doc)
+            c.add_metric([], value)
+            yield c
+        gauges = {
+            "twistmq_clients_connected": ("clients connected now", s.clients_connected),
+            "twistmq_sessions": ("sessions held, connected or not", len(self.broker.sessions)),
+            "twistmq_store_bytes": ("bytes of commit log on disk", self.store.size_bytes()),
+        }
+        for name, (doc, value) in gauges.items():
+            g = GaugeMetricFamily(name, doc)
+            g.add_metric([], value)
+            yield g
+        for prefix, stats in self.extra():
+            for key, value in stats.items():
+                g = GaugeMetricFamily(f"twistmq_{prefix}_{key}", f"{prefix} {key}")
+                g.add_metric([], float(value))
+                yield g
+
+
+class Health(resource.Resource):
+    isLeaf = True
+
+    def __init__(self, store) -> None:
+        super().__init__()
+        self.store = store
+
+    def render_GET(self, request):
+        ok = self.store.is_open
+        request.setResponseCode(200 if ok else 503)
+        request.setHeader(b"content-type", b"application/json")
+        return json.dumps({"status": "ok" if ok else "starting"}).encode()
+
+
+class Metrics(resource.Resource):
+    isLeaf = True
+
+    def __init__(self, registry) -> None:
+        super().__init__()
+        self.registry = registry
+
+    def render_GET(self, request):
+        request.setHeader(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")
+        return generate_latest(self.registry)
+
+
+def http_site(broker, store, extra=lambda: ()) -> server.Site:
+    """A Site with /health and /metrics; ``extra()`` yields (prefix, {name: value}) for other services."""
+    registry = CollectorRegistry()
+    registry.register(_BrokerCollector(broker, store, extra))
+    root = resource.Resource()
+    root.putChild(b"health", Health(store))
+    root.putChild(b"metrics", Metrics(registry))
+    site = server.Site(root)
+    site.noisy = False
+    return site

@@ -1,0 +1,313 @@
+"""The Twisted side of an MQTT connection: bytes to the codec, packets to the broker.
+
+Thin on purpose: it owns the transport, the keep-alive and CONNECT timers and
+the two kinds of back-pressure. Writing: it is registered as the transport's
+producer, so when a client reads slower than we push, the transport pauses us
+and the session stops pulling (a slow consumer costs its offset, nothing
+more). Reading: when too many of this client's publishes wait on the store,
+we stop reading its socket until the store catches up.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from twisted.internet import protocol
+from zope.interface import implementer
+from twisted.internet.interfaces import IPushProducer
+
+from mqtt_proxy.codec import (
+    MQTT_5, ConnAck, Connect, Disconnect, MQTTParser, PingReq, ProtocolError, PubAck, PubComp, Publish, PubRec,
+    PubRel, ReasonCode, Subscribe, Unsubscribe, encode,
+)
+from mqtt_proxy.codec.errors import UnsupportedProtocolVersion
+from mqtt_proxy.codec.packets import PING_RESP, Auth, Properties
+from mqtt_proxy.publish import handle_publish, handle_pubrel
+from mqtt_proxy.subscribe import handle_subscribe, handle_unsubscribe
+
+log = logging.getLogger("twistmq.mqtt.protocol")
+
+CONNECT_TIMEOUT_S = 10.0
+MAX_BACKLOG = 1000  # packets received between CONNECT and CONNACK
+
+
+@implementer(IPushProducer)
+class MQTTServerProtocol(protocol.Protocol):
+    """One client connection."""
+
+    def __init__(self, broker, clock) -> None:
+        self.broker = broker
+        self.clock = clock
+        limits = broker.limits
+        self.parser = MQTTParser(max_packet_size=limits.max_packet_size)
+        self.level = 4
+        self.session = None
+        self.client_id = None
+        self.username = None
+        self.peer_host = "?"
+        self.paused = False  # the transport's write buffer is full
+        self.refusal = None
+        self.connect_seen = False
+        self.server_keep_alive = None
+        self.client_receive_maximum = 65535
+        self.client_max_packet_size = 0
+        self.client_alias_maximum = 0
+        self.inbound_aliases: dict[int, str] = {}
+        self.inbound_inflight = 0
+        self.pending_puts = 0
+        self._reading_paused = False
+        self._backlog: list = []
+        self._keep_alive = 0.0
+        self._last_rx = 0.0
+        self._timer = None
+        self._closing = False
+
+    # -- transport events -----------------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        peer = self.transport.getPeer()
+        self.peer_host = getattr(peer, "host", "?")
+        self.broker.stats.connections_total += 1
+        self.refusal = self.broker.admit(self.peer_host)
+        self.broker.connections.add(self)
+        if hasattr(self.transport, "bufferSize"):
+            self.transport.bufferSize = self.broker.limits.max_queued_bytes
+        self.transport.registerProducer(self, True)
+        self._timer = self.clock.callLater(CONNECT_TIMEOUT_S, self._connect_timeout)
+
+    def connectionLost(self, reason=None) -> None:
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        self.broker.connection_lost(self)
+
+    def dataReceived(self, data: bytes) -> None:
+        self._last_rx = self.clock.seconds()
+        try:
+            packets = self.parser.feed(data)
+        except ProtocolError as exc:
+            for packet in exc.parsed:
+                self._dispatch(packet)
+            self._parse_failed(exc)
+            return
+        for packet in packets:
+            if self._closing:
+                return
+            self._dispatch(packet)
+
+    def _parse_failed(self, exc: ProtocolError) -> None:
+        self.broker.stats.protocol_errors += 1
+        log.info("protocol_error peer=%s client=%s error=%s", self.peer_host, self.client_id, exc)
+        if not self.connect_seen:
+            if isinstance(exc, UnsupportedProtocolVersion):
+                self.level = 5 if exc.requested_level == 5 else 4
+                self.refuse(ReasonCode.UNSUPPORTED_PROTOCOL_VERSION)
+                return
+            if exc.protocol_level == MQTT_5:
+                self.level = 5
+                self.refuse(exc.reason_code)
+                return
+            self._abort()
+            return
+        self.protocol_violation(exc.reason_code, exc.message)
+
+    # -- packets -----------------------------------------------------------------------------
+
+    def _dispatch(self, packet) -> None:
+        if self._closing:
+            return
+        if not self.connect_seen:
+            if type(packet) is not Connect:
+                self._parse_failed(ProtocolError(ReasonCode.PROTOCOL_ERROR, "the first packet must be CONNECT"))
+                return
+            self._on_connect(packet)
+            return
+        if self.session is None:
+            if type(packet) is Connect:
+                self.protocol_violation(ReasonCode.PROTOCOL_ERROR, "a second CONNECT (MQTT-3.1.0-2)")
+                return
+            self._backlog.append(packet)  # CONNECT is still being answered
+            if len(self._backlog) > MAX_BACKLOG:
+                self._pause_reading()
+            return
+        self._handle(packet)
+
+    def _handle(self, packet) -> None:
+        kind = type(packet)
+        session = self.session
+        if kind is Publish:
+            handle_publish(self.broker, self, packet)
+        elif kind is PubAck:
+            session.on_puback(packet.packet_id)
+        elif kind is PubRec:
+            session.on_pubrec(packet.packet_id, packet.reason_code >= 0x80)
+        elif kind is PubRel:
+            handle_pubrel(self.broker, self, packet)
+        elif kind is PubComp:
+            session.on_pubcomp(packet.packet_id)
+        elif kind is Subscribe:
+            handle_subscribe(self.broker, self, packet).addErrback(self._handler_failed, "subscribe")
+        elif kind is Unsubscribe:
+            handle_unsubscribe(self.broker, self, packet).addErrback(self._handler_failed, "unsubscribe")
+        elif kind is PingReq:
+            self.transport.write(encode(PING_RESP, self.level))
+        elif kind is Disconnect:
+            self.broker.disconnect(self, packet)
+        elif kind is Auth:
+            self.protocol_violation(ReasonCode.BAD_AUTHENTICATION_METHOD, "extended authentication is not supported")
+        elif kind is Connect:
+            self.protocol_violation(ReasonCode.PROTOCOL_ERROR, "a second CONNECT (MQTT-3.1.0-2)")
+
+    def _handler_failed(self, failure, what: str) -> None:
+        log.error("handler_failed what=%s client=%s error=%s", what, self.client_id, failure.getTraceback())
+        self.protocol_violation(ReasonCode.UNSPECIFIED_ERROR, f"{what} failed")
+
+    def _on_connect(self, packet: Connect) -> None:
+        self.connect_seen = True
+        self.level = packet.protocol_level
+        if self.refusal is not None:
+            self.refuse(self.refusal)
+            return
+        if packet.properties.authentication_method is not None:
+            self.refuse(ReasonCode.BAD_AUTHENTICATION_METHOD)
+            return
+        keep_alive = packet.keep_alive
+        max_ka = self.broker.config.max_keep_alive
+        if max_ka and (keep_alive == 0 or keep_alive > max_ka) and self.level == MQTT_5:
+            keep_alive = self.server_keep_alive = max_ka
+        self._keep_alive = keep_alive
+        d = self.broker.connect(self, packet)
+        d.addCallback(self._connected)
+        d.addErrback(self._handler_failed, "connect")
+
+    def _connected(self, _=None) -> None:
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        if self.session is None or self._closing:
+            return
+        if self._keep_alive:
+            self._timer = self.clock.callLater(self._keep_alive * 1.5, self._check_keep_alive)
+        backlog, self._backlog = self._backlog, []
+        for packet in backlog:
+            if self._closing or self.session is None:
+                break
+            self._handle(packet)
+        if self._reading_paused and self.pending_puts <= self.broker.limits.max_pending_puts // 2:
+            self._resume_reading()
+
+    # -- timers -------------------------------------------------------------------------------
+
+    def _connect_timeout(self) -> None:
+        self._timer = None
+        log.info("connect_timeout peer=%s", self.peer_host)
+        self._abort()
+
+    def _check_keep_alive(self) -> None:
+        self._timer = None
+        idle = self.clock.seconds() - self._last_rx
+        limit = self._keep_alive * 1.5
+        if idle >= limit:
+            log.info("keep_alive_expired client=%s idle=%.1fs", self.client_id, idle)
+            self.broker.server_disconnect(self, ReasonCode.KEEP_ALIVE_TIMEOUT)
+            return
+        self._timer = self.clock.callLater(limit - idle, self._check_keep_alive)
+
+    # -- output -----------------------------------------------------------------------------
+
+    def send(self, packet) -> None:
+        if not self._closing:
+            self.transport.write(encode(packet, self.level))
+
+    def write(self, data: bytes) -> None:
+        if not self._closing:
+            self.transport.write(data)
+
+    def refuse(self, reason: int) -> None:
+        """Answer CONNECT with a failure CONNACK and close."""
+        self.broker.stats.connections_refused += 1
+        log.info("connect_refused peer=%s reason=0x%02X", self.peer_host, int(reason))
+        self.transport.write(encode(ConnAck(False, reason), self.level))
+        self._closing = True
+        self.transport.loseConnection()
+
+    def protocol_violation(self, reason: int, message: str) -> None:
+        """The client broke a rule: DISCONNECT with ``reason`` (v5), publish its will, close."""
+        log.info("protocol_violation client=%s peer=%s reason=0x%02X %s", self.client_id, self.peer_host,
+                 int(reason), message)
+        if self.session is not None:
+            self.broker.server_disconnect(self, reason, message)
+        else:
+            self.close(reason, message)
+
+    def close(self, reason: int | None, reason_string: str | None = None) -> None:
+        """Close the connection, telling a v5 client why when ``reason`` is given."""
+        if self._closing:
+            return
+        if reason is not None and self.level == MQTT_5 and self.connect_seen:
+            props = Properties(reason_string=reason_string[:200]) if reason_string else Properties()
+            self.transport.write(encode(Disconnect(reason, props), MQTT_5))
+        self._closing = True
+        self.transport.loseConnection()
+
+    def _abort(self) -> None:
+        self._closing = True
+        self.transport.abortConnection() if hasattr(self.transport, "abortConnection") \
+            else self.transport.loseConnection()
+
+    def cert_identity(self) -> str | None:
+        """The verified client-certificate identity, when the transport is mutual TLS."""
+        identity = getattr(self.factory, "cert_identity", None)
+        return identity(self.transport) if identity is not None else None
+
+    # -- back-pressure ----------------------------------------------------------------------
+
+    def pauseProducing(self) -> None:
+        self.paused = True
+
+    def resumeProducing(self) -> None:
+        self.paused = False
+        session = self.session
+        if session is not None:
+            session.pump()
+            for sub in list(session.subs.values()):
+                if sub.share is not None:
+                    sub.share.pump()
+
+    def stopProducing(self) -> None:
+        self.paused = True
+
+    def put_started(self) -> None:
+        self.pending_puts += 1
+        if self.pending_puts > self.broker.limits.max_pending_puts and not self._reading_paused:
+            self._pause_reading()
+
+    def put_finished(self) -> None:
+        self.pending_puts -= 1
+        if self._reading_paused and self.pending_puts <= self.broker.limits.max_pending_puts // 2:
+            self._resume_reading()
+
+    def _pause_reading(self) -> None:
+        self._reading_paused = True
+        self.transport.pauseProducing()
+
+    def _resume_reading(self) -> None:
+        self._reading_paused = False
+        if self.connected:
+            self.transport.resumeProducing()
+
+
+class MQTTServerFactory(protocol.Factory):
+    """Makes a protocol per connection, all sharing one broker."""
+
+    noisy = False
+
+    def __init__(self, broker, clock, cert_identity=None) -> None:
+        self.broker = broker
+        self.clock = clock
+        self.cert_identity = cert_identity
+
+    def buildProtocol(self, addr):
+        p = MQTTServerProtocol(self.broker, self.clock)
+        p.factory = self
+        return p

@@ -1,0 +1,173 @@
+"""Inbound PUBLISH and PUBREL: checks, storing once, and the acknowledgement after it is durable.
+
+A QoS 1 PUBACK and a QoS 2 PUBREC go out only after ``store.put`` resolved
+(the bytes reached the operating system, or the disk under sync flush). For
+QoS 2 the packet id is also made durable before PUBREC, so a duplicate that
+arrives after a restart is recognised and not stored twice (exactly once).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from lightqueue.topic import TopicError, validate_topic_name
+from mqtt_proxy import message_props
+from mqtt_proxy.codec import MQTT_5, PubAck, PubComp, PubRec, ReasonCode
+from store import record as rec
+from store.message_store import PutStatus
+
+log = logging.getLogger("twistmq.mqtt.publish")
+
+DELAYED_PREFIX = "$delayed/"
+MAX_DELAY_S = 40 * 24 * 3600
+
+
+def handle_publish(broker, conn, packet) -> None:
+    """One PUBLISH from a connected client."""
+    session = conn.session
+    level = conn.level
+    props = packet.properties
+    qos = packet.qos
+    topic = packet.topic
+    broker.stats.received(len(packet.payload))
+
+    if level == MQTT_5 and props.topic_alias is not None:
+        alias = props.topic_alias
+        if alias == 0 or alias > broker.config.topic_alias_maximum:
+            conn.protocol_violation(ReasonCode.TOPIC_ALIAS_INVALID, f"topic alias {alias} is out of range")
+            return
+        if topic:
+            conn.inbound_aliases[alias] = topic
+        else:
+            topic = conn.inbound_aliases.get(alias)
+            if topic is None:
+                conn.protocol_violation(ReasonCode.PROTOCOL_ERROR, f"topic alias {alias} is not set")
+                return
+    if qos:
+        if packet.packet_id in session.inbound_qos2 and qos == 2:
+            # A resend of a QoS 2 message already stored: acknowledge, do not store again.
+            conn.send(PubRec(packet.packet_id))
+            return
+        if conn.inbound_inflight >= broker.config.receive_maximum:
+            conn.protocol_violation(ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
+                                    f"more than {broker.config.receive_maximum} unacknowledged QoS 1/2 PUBLISHes")
+            return
+    limits = broker.limits
+    try:
+        validate_topic_name(topic, limits.max_topic_length, limits.max_topic_levels)
+    except TopicError as exc:
+        conn.protocol_violation(ReasonCode.TOPIC_NAME_INVALID, str(exc))
+        return
+    if len(packet.payload) > limits.max_payload:
+        conn.protocol_violation(ReasonCode.PACKET_TOO_LARGE,
+                                f"payload of {len(packet.payload)} bytes exceeds max_payload {limits.max_payload}")
+        return
+    if packet.retain and not broker.config.retain_available:
+        conn.protocol_violation(ReasonCode.RETAIN_NOT_SUPPORTED, "retained messages are not available")
+        return
+
+    refusal = None
+    if not broker.acl.allowed(conn.username, session.client_id, topic, "write"):
+        refusal = ReasonCode.NOT_AUTHORIZED
+        log.info("publish_denied client=%s user=%s topic=%s", session.client_id, conn.username, topic)
+    elif packet.retain and packet.payload and broker.retained is not None \
+            and broker.retained.would_exceed(topic, len(packet.payload)):
+        refusal = ReasonCode.QUOTA_EXCEEDED
+        log.info("retained_quota_exceeded client=%s topic=%s", session.client_id, topic)
+    if refusal is not None:
+        broker.stats.messages_dropped += 1
+        if level == MQTT_5 and qos:
+            _ack(conn, qos, packet.packet_id, refusal)
+        elif level != MQTT_5 and refusal == ReasonCode.QUOTA_EXCEEDED:
+            conn.close(None)  # 3.1.1 has no way to refuse a publish: a limit closes the link
+        elif qos:
+            _ack(conn, qos, packet.packet_id, ReasonCode.SUCCESS)  # 3.1.1 ACL deny: dropped, link stays up
+        return
+
+    now = broker.now_ms()
+    record_props = message_props.to_record(props, now) if level == MQTT_5 else {}
+    deliver_at = None
+    if topic.startswith(DELAYED_PREFIX) and broker.timers is not None:
+        seconds, _, real_topic = topic[len(DELAYED_PREFIX):].partition("/")
+        try:
+            delay = int(seconds)
+            if not 0 <= delay <= MAX_DELAY_S or not real_topic:
+                raise ValueError(seconds)
+            validate_topic_name(real_topic, limits.max_topic_length, limits.max_topic_levels)
+        except (ValueError, TopicError):
+            conn.protocol_violation(ReasonCode.TOPIC_NAME_INVALID,
+                                    f"{topic!r} is not $delayed/{{seconds}}/{{topic}}")
+            return
+        topic, deliver_at = real_topic, now + delay * 1000
+    message = rec.Message(topic, packet.payload, rec.RecordKind.MQTT_PUBLISH, qos, packet.retain,
+                          session.client_id, now, record_props)
+    if qos:
+        conn.inbound_inflight += 1
+    conn.put_started()
+    if deliver_at is not None:
+        d = broker.timers.schedule(message, deliver_at)
+    else:
+        d = broker.store.put(message)
+    d.addCallback(_stored, broker, conn, session, qos, packet.packet_id)
+    d.addErrback(_put_failed, conn, qos, packet.packet_id)
+
+
+def _stored(result, broker, conn, session, qos: int, packet_id) -> None:
+    conn.put_finished()
+    if result.status is not PutStatus.PUT_OK:
+        log.error("put_failed client=%s status=%s reason=%s", session.client_id, result.status.name, result.reason)
+        _refuse_after_store(conn, qos, packet_id)
+        return
+    if qos == 1:
+        conn.inbound_inflight -= 1
+        if conn.session is session:
+            conn.send(PubAck(packet_id))
+    elif qos == 2:
+        session.inbound_qos2.add(packet_id)
+        d = broker.sessions_db.save_inbound_qos2(session.client_id, packet_id) if session.persistent else None
+
+        def answer(_=None):
+            if conn.session is session:
+                conn.send(PubRec(packet_id))
+        if d is None:
+            answer()
+        else:
+            d.addCallback(answer)
+
+
+def _put_failed(failure, conn, qos: int, packet_id) -> None:
+    conn.put_finished()
+    log.error("put_failed error=%s", failure.getErrorMessage())
+    _refuse_after_store(conn, qos, packet_id)
+
+
+def _refuse_after_store(conn, qos: int, packet_id) -> None:
+    if qos:
+        conn.inbound_inflight -= 1
+    if conn.level == MQTT_5 and qos:
+        _ack(conn, qos, packet_id, ReasonCode.UNSPECIFIED_ERROR)
+    else:
+        conn.close(ReasonCode.UNSPECIFIED_ERROR)  # never acknowledge what was not stored
+
+
+def _ack(conn, qos: int, packet_id: int, reason: int) -> None:
+    conn.send(PubAck(packet_id, reason) if qos == 1 else PubRec(packet_id, reason))
+
+
+def handle_pubrel(broker, conn, packet) -> None:
+    """Second half of inbound QoS 2: forget the packet id (durably), then PUBCOMP."""
+    session = conn.session
+    pid = packet.packet_id
+    if pid not in session.inbound_qos2:
+        conn.send(PubComp(pid, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND if conn.level == MQTT_5 else 0))
+        return
+    session.inbound_qos2.discard(pid)
+    conn.inbound_inflight = max(0, conn.inbound_inflight - 1)
+
+    def answer(_=None):
+        if conn.session is session:
+            conn.send(PubComp(pid))
+    if session.persistent:
+        broker.sessions_db.delete_inbound_qos2(session.client_id, pid).addCallback(answer)
+    else:
+        answer()

@@ -1,0 +1,379 @@
+"""An MQTT session: subscriptions with their queue offsets, packet ids and in-flight messages.
+
+A subscription owns an offset into the light queue of its filter, never a copy
+of a message. ``pump`` pulls from each offset (through the read cache), within
+the session's in-flight window, and sends; acknowledgements free the window.
+A persistent session outlives its connection: while offline it costs its
+offsets, and on return it resends what was in flight (DUP set, same packet id)
+and carries on from its offsets.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from mqtt_proxy import message_props
+from mqtt_proxy.codec import NO_PROPERTIES, PubRel, encode, encode_properties, encode_publish, patch_publish
+from mqtt_proxy.codec.wire import PacketType
+from mqtt_proxy.session_store import StoredSubscription
+
+if TYPE_CHECKING:
+    from mqtt_proxy.broker import Broker
+
+log = logging.getLogger("twistmq.mqtt.session")
+
+PUMP_BATCH = 256  # messages read per subscription per pump: bounds one tick's work
+
+
+@dataclass
+class Subscription:
+    """One subscription of a session (``key`` is the filter as subscribed, $share prefix included)."""
+
+    key: str
+    topic_filter: str
+    queue: str
+    qos: int
+    no_local: bool = False
+    retain_as_published: bool = False
+    sub_id: int = 0
+    share: object | None = None  # the SharedGroup for $share subscriptions
+    next_offset: int = 0
+    inflight: set[int] = field(default_factory=set)  # queue offsets sent at QoS>0 and not yet acknowledged
+    reading: bool = False
+
+    def stored(self) -> StoredSubscription:
+        group = self.share.group if self.share is not None else None
+        return StoredSubscription(self.topic_filter, self.qos, self.no_local, self.retain_as_published,
+                                  self.sub_id, group, self.next_offset)
+
+
+@dataclass
+class Outbound:
+    """A QoS 1/2 PUBLISH sent and not yet completed."""
+
+    sub_key: str | None  # None: a retained message sent on subscribe (not tied to a queue offset)
+    queue_offset: int
+    qos: int
+    released: bool = False  # QoS 2: PUBREC seen, PUBREL sent, waiting for PUBCOMP
+    group: object | None = None
+
+
+class Session:
+    """State of one client id, connected or not."""
+
+    def __init__(self, broker: "Broker", client_id: str, level: int, expiry: int) -> None:
+        self.broker = broker
+        self.client_id = client_id
+        self.level = level
+        self.expiry = expiry
+        self.conn = None
+        self.subs: dict[str, Subscription] = {}
+        self.outbound: dict[int, Outbound] = {}
+        self.inbound_qos2: set[int] = set()
+        self._next_pid = 1
+        self.receive_maximum = 65535  # the client's, v5
+        self.max_packet_size = 0  # the client's, 0 = no limit
+        self.alias_maximum = 0  # topic aliases the client accepts from us
+        self._aliases: dict[str, int] = {}
+        self.will = None
+        self.will_call = None
+        self.pending_will = None  # the will a delayed will_call will publish
+        self.expiry_call = None
+        self._dirty_subs: set[str] = set()
+        self._pumping = False
+        self._pump_again = False
+
+    @property
+    def persistent(self) -> bool:
+        return self.expiry > 0
+
+    # -- connection ---------------------------------------------------------------------
+
+    def attach(self, conn) -> None:
+        """Bind a new connection (fresh or resumed) to this session."""
+        self.conn = conn
+        self.level = conn.level
+        self._aliases = {}
+        if self.expiry_call is not None and self.expiry_call.active():
+            self.expiry_call.cancel()
+        self.expiry_call = None
+        for sub in self.subs.values():
+            self.watch(sub)
+
+    def detach(self) -> None:
+        """The connection is gone: stop pushing; shared groups hand our messages to others."""
+        self.conn = None
+        for sub in self.subs.values():
+            self._unwatch(sub)
+            if sub.share is not None:
+                sub.share.member_left(self, sub)
+        for pid in [p for p, o in self.outbound.items() if o.group is not None or o.sub_key is None]:
+            del self.outbound[pid]
+
+    def watch(self, sub: Subscription) -> None:
+        """Be told when the subscription's queue (or shared group) has news."""
+        if sub.share is not None:
+            sub.share.member_joined(self, sub)
+        else:
+            self.broker.notifier.watch(sub.queue, id(self), self._on_news)
+
+    def _unwatch(self, sub: Subscription) -> None:
+        if sub.share is None:
+            self.broker.notifier.unwatch(sub.queue, id(self))
+
+    def _on_news(self, _queue: str) -> None:
+        self.pump()
+
+    # -- packet ids ---------------------------------------------------------------------------
+
+    def allocate_pid(self) -> int:
+        for _ in range(65535):
+            pid = self._next_pid
+            self._next_pid = pid % 65535 + 1
+            if pid not in self.outbound:
+                return pid
+        raise RuntimeError("no free packet identifier")
+
+    @property
+    def window(self) -> int:
+        """How many more QoS>0 messages may be in flight now."""
+        cap = min(self.receive_maximum, self.broker.config.max_inflight)
+        return cap - len(self.outbound)
+
+    # -- sending ------------------------------------------------------------------------------
+
+    def resend_inflight(self) -> None:
+        """After a reconnect: PUBREL for released messages, the PUBLISH again (DUP) for the rest."""
+        for pid, o in list(self.outbound.items()):
+            if o.released:
+                self.conn.write(encode(PubRel(pid), self.level))
+                continue
+            sub = self.subs.get(o.sub_key) if o.sub_key is not None else None
+            if sub is None:
+                self._complete(pid)
+                continue
+            d = self.broker.read_cache.get(sub.queue, o.queue_offset, 1)
+            d.addCallback(self._resend_one, pid, sub)
+            d.addErrback(lambda f: log.error("resend_failed client=%s error=%s", self.client_id, f.getErrorMessage()))
+
+    def _resend_one(self, messages, pid: int, sub: Subscription) -> None:
+        if self.conn is None or pid not in self.outbound:
+            return
+        if not messages or messages[0].queue_offset != self.outbound[pid].queue_offset:
+            self._complete(pid)  # the record is gone (retention): nothing to resend
+            return
+        o = self.outbound[pid]
+        self._send(messages[0].record, o.qos, pid, sub, dup=True)
+
+    def pump(self) -> None:
+        """Pull and send what the window allows from every subscription's offset."""
+        if self.conn is None:
+            return
+        if self._pumping:
+            self._pump_again = True
+            return
+        self._pumping = True
+        try:
+            while True:
+                self._pump_again = False
+                for sub in list(self.subs.values()):
+                    if sub.share is None and not sub.reading:
+                        self._pump_sub(sub)
+                if not self._pump_again or self.conn is None:
+                    break
+        finally:
+            self._pumping = False
+        self._persist_offsets()
+
+    def _pump_sub(self, sub: Subscription) -> None:
+        if self.conn is None or self.conn.paused:
+            return
+        if sub.qos > 0 and self.window <= 0:
+            return
+        sub.reading = True
+        d = self.broker.read_cache.get(sub.queue, sub.next_offset, PUMP_BATCH)
+        d.addCallback(self._deliver_batch, sub)
+        d.addErrback(self._read_failed, sub)
+
+    def _read_failed(self, failure, sub: Subscription) -> None:
+        sub.reading = False
+        log.error("read_failed client=%s queue=%s error=%s", self.client_id, sub.queue, failure.getErrorMessage())
+
+    def _deliver_batch(self, messages, sub: Subscription) -> None:
+        sub.reading = False
+        if self.conn is None or sub.key not in self.subs:
+            return
+        now = self.broker.now_ms()
+        advanced = False
+        more = len(messages) == PUMP_BATCH
+        for m in messages:
+            if m.queue_offset < sub.next_offset:
+                continue
+            record = m.record
+            qos = min(sub.qos, record.qos)
+            if qos and self.window <= 0:
+                more = False
+                break
+            if self.conn.paused:
+                more = False
+                break
+            sub.next_offset = m.queue_offset + 1
+            advanced = True
+            if sub.no_local and record.client_id == self.client_id:
+                continue
+            if record.properties and message_props.expired(record.properties, now):
+                continue
+            pid = None
+            if qos:
+                pid = self.allocate_pid()
+                self.outbound[pid] = Outbound(sub.key, m.queue_offset, qos)
+                sub.inflight.add(m.queue_offset)
+                if self.persistent:
+                    self.broker.sessions_db.save_outbound(self.client_id, pid, sub.key, m.queue_offset, qos)
+            self._send(record, qos, pid, sub)
+        if advanced:
+            self._dirty_subs.add(sub.key)
+        if more:
+            self._pump_again = True
+            if not self._pumping:
+                self.pump()
+        elif not self._pumping:
+            self._persist_offsets()
+
+    def send_retained(self, record, sub: Subscription) -> None:
+        """Send a retained message in answer to a subscribe (RETAIN set, not tied to an offset)."""
+        qos = min(sub.qos, record.qos)
+        pid = None
+        if qos:
+            if self.window <= 0:
+                return  # the window is full of live traffic: skip rather than overrun the client
+            pid = self.allocate_pid()
+            self.outbound[pid] = Outbound(None, -1, qos)
+        self._send(record, qos, pid, sub, retain=True)
+
+    def send_group_message(self, record, qos: int, sub: Subscription, group, queue_offset: int) -> int | None:
+        """Send one message of a shared group; return its packet id (None for QoS 0)."""
+        pid = None
+        if qos:
+            pid = self.allocate_pid()
+            self.outbound[pid] = Outbound(sub.key, queue_offset, qos, group=group)
+        self._send(record, qos, pid, sub)
+        return pid
+
+    def _send(self, record, qos: int, pid: int | None, sub: Subscription, dup: bool = False,
+              retain: bool | None = None) -> None:
+        if retain is None:
+            retain = record.retain and sub.retain_as_published
+        level = self.level
+        props_block = None
+        alias_topic = record.topic
+        if level == 5:
+            needs_props = (record.properties and message_props.has_v5_fields(record.properties)) or sub.sub_id \
+                or self.alias_maximum
+            if needs_props:
+                props = message_props.from_record(record.properties, self.broker.now_ms(),
+                                                  (sub.sub_id,) if sub.sub_id else ())
+                alias = self._alias_for(record.topic)
+                if alias is not None:
+                    alias_id, known = alias
+                    props = props.replace(topic_alias=alias_id)
+                    if known:
+                        alias_topic = ""
+                props_block = encode_properties(props, PacketType.PUBLISH)
+        if props_block is None and not dup:
+            data = self.broker.encoded_publish(record, qos, retain, level)
+            if pid is not None:
+                data = patch_publish(data, packet_id=pid)
+        else:
+            data = encode_publish(alias_topic, record.body, qos, retain, dup, pid, props_block, level)
+        if self.max_packet_size and len(data) > self.max_packet_size:
+            # MQTT-3.1.2-25: never send a client more than it can take; drop it instead.
+            if pid is not None:
+                self._complete(pid)
+            return
+        self.conn.write(data)
+        self.broker.stats.sent(len(data))
+
+    def _alias_for(self, topic: str) -> tuple[int, bool] | None:
+        if not self.alias_maximum:
+            return None
+        alias = self._aliases.get(topic)
+        if alias is not None:
+            return alias, True
+        if len(self._aliases) >= self.alias_maximum:
+            return None
+        alias = len(self._aliases) + 1
+        self._aliases[topic] = alias
+        return alias, False
+
+    # -- acknowledgements ------------------------------------------------------------------
+
+    def on_puback(self, pid: int) -> bool:
+        """QoS 1 completed; False if the packet id was not in flight."""
+        o = self.outbound.get(pid)
+        if o is None or o.qos != 1:
+            return False
+        self._complete(pid)
+        self.pump()
+        return True
+
+    def on_pubrec(self, pid: int, failed: bool) -> bool:
+        """QoS 2 received by the client: release it (or drop it if the client refused it)."""
+        o = self.outbound.get(pid)
+        if o is None or o.qos != 2:
+            return False
+        if failed:
+            self._complete(pid)
+            self.pump()
+            return True
+        if not o.released:
+            o.released = True
+            self._finish_offset(o)
+            if self.persistent and o.group is None and o.sub_key is not None:
+                self.broker.sessions_db.delete_outbound(self.client_id, pid)
+                self.broker.sessions_db.save_released(self.client_id, pid)
+        self.conn.write(encode(PubRel(pid), self.level))
+        return True
+
+    def on_pubcomp(self, pid: int) -> bool:
+        """QoS 2 finished."""
+        o = self.outbound.get(pid)
+        if o is None or not o.released:
+            return False
+        del self.outbound[pid]
+        if self.persistent:
+            self.broker.sessions_db.delete_released(self.client_id, pid)
+        self.pump()
+        return True
+
+    def _complete(self, pid: int) -> None:
+        o = self.outbound.pop(pid)
+        if not o.released:
+            self._finish_offset(o)
+        if self.persistent and o.group is None and o.sub_key is not None:
+            if o.released:
+                self.broker.sessions_db.delete_released(self.client_id, pid)
+            else:
+                self.broker.sessions_db.delete_outbound(self.client_id, pid)
+
+    def _finish_offset(self, o: Outbound) -> None:
+        if o.group is not None:
+            o.group.acked(o.queue_offset)
+            return
+        if o.sub_key is not None:
+            sub = self.subs.get(o.sub_key)
+            if sub is not None:
+                sub.inflight.discard(o.queue_offset)
+
+    def _persist_offsets(self) -> None:
+        if not self._dirty_subs:
+            return
+        dirty, self._dirty_subs = self._dirty_subs, set()
+        if not self.persistent:
+            return
+        for key in dirty:
+            sub = self.subs.get(key)
+            if sub is not None and sub.share is None:
+                self.broker.sessions_db.save_subscription(self.client_id, key, sub.stored())

@@ -1,0 +1,137 @@
+"""SUBSCRIBE and UNSUBSCRIBE: register interest in the store, persist, answer, send retained messages.
+
+A new subscription starts at the end of its filter's light queue (it gets what
+is published from now on); a repeated subscription keeps its offset and only
+changes its options. The subscription is durable before SUBACK goes out.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from twisted.internet import defer
+
+from lightqueue.topic import TopicError, parse_shared
+from mqtt_proxy import message_props
+from mqtt_proxy.codec import MQTT_5, RetainHandling, ReasonCode, SubAck, UnsubAck
+from mqtt_proxy.session import Subscription
+
+log = logging.getLogger("twistmq.mqtt.subscribe")
+
+
+@defer.inlineCallbacks
+def handle_subscribe(broker, conn, packet):
+    """Answer one SUBSCRIBE with a SUBACK holding a code per filter, then retained messages."""
+    session = conn.session
+    level = conn.level
+    limits = broker.limits
+    sub_ids = packet.properties.subscription_identifiers
+    sub_id = sub_ids[0] if sub_ids else 0
+    codes = []
+    retained_for: list[tuple[Subscription, bool]] = []
+    for topic_filter, opts in packet.subscriptions:
+        try:
+            group, real_filter = parse_shared(topic_filter, limits.max_topic_length, limits.max_topic_levels)
+        except TopicError as exc:
+            log.info("subscribe_invalid client=%s filter=%r error=%s", session.client_id, topic_filter, exc)
+            codes.append(ReasonCode.TOPIC_FILTER_INVALID)
+            continue
+        if group is not None and opts.no_local:
+            conn.protocol_violation(ReasonCode.PROTOCOL_ERROR, "no local on a shared subscription (MQTT-3.8.3-4)")
+            return
+        if not broker.acl.may_subscribe(conn.username, session.client_id, real_filter):
+            log.info("subscribe_denied client=%s user=%s filter=%s", session.client_id, conn.username, topic_filter)
+            codes.append(ReasonCode.NOT_AUTHORIZED)
+            continue
+        existing = session.subs.get(topic_filter)
+        if existing is None and len(session.subs) >= limits.max_subscriptions:
+            codes.append(ReasonCode.QUOTA_EXCEEDED)
+            continue
+        qos = min(opts.qos, 2)
+        if existing is not None:
+            existing.qos = qos
+            existing.no_local = opts.no_local
+            existing.retain_as_published = opts.retain_as_published
+            existing.sub_id = sub_id
+            sub = existing
+            is_new = False
+        else:
+            queue = yield broker.store.add_filter(real_filter)
+            sub = Subscription(topic_filter, real_filter, queue, qos, opts.no_local, opts.retain_as_published, sub_id)
+            if group is not None:
+                sub.share = yield broker.shared_group(group, real_filter, queue)
+                sub.share.subscribers += 1
+            else:
+                sub.next_offset = yield broker.store.max_offset(queue)
+            if conn.session is not session or topic_filter in session.subs:
+                broker.store.remove_filter(real_filter)  # lost a race with a disconnect or a twin SUBSCRIBE
+                if sub.share is not None:
+                    broker.drop_group_member(sub)
+                if conn.session is not session:
+                    return
+                sub = session.subs[topic_filter]
+            else:
+                session.subs[topic_filter] = sub
+            is_new = True
+        if session.persistent:
+            broker.sessions_db.save_subscription(session.client_id, topic_filter, sub.stored())
+        codes.append(qos)
+        if sub.share is None and opts.retain_handling != RetainHandling.DO_NOT_SEND \
+                and not (opts.retain_handling == RetainHandling.SEND_IF_NEW_SUBSCRIPTION and not is_new):
+            retained_for.append((sub, is_new))
+        if is_new and session.conn is not None:
+            session.watch(sub)
+    if session.persistent:
+        yield broker.sessions_db.kv_barrier()
+    if conn.session is not session:
+        return
+    conn.send(SubAck(packet.packet_id, tuple(codes)))
+    for sub, _ in retained_for:
+        yield send_retained(broker, conn, session, sub)
+    session.pump()
+
+
+@defer.inlineCallbacks
+def send_retained(broker, conn, session, sub: Subscription):
+    """Every retained message matching the subscription's filter that the client may read."""
+    if broker.retained is None:
+        return
+    now = broker.now_ms()
+    for topic, cl_offset, size in broker.retained.lookup(sub.topic_filter):
+        if not broker.acl.allowed(conn.username, session.client_id, topic, "read"):
+            continue
+        try:
+            record = yield broker.store.read(cl_offset, size)
+        except Exception as exc:  # noqa: BLE001 - retention may have removed it since the lookup
+            log.info("retained_unreadable topic=%s error=%s", topic, exc)
+            continue
+        if record.properties and message_props.expired(record.properties, now):
+            continue
+        if conn.session is not session:
+            return
+        session.send_retained(record, sub)
+
+
+@defer.inlineCallbacks
+def handle_unsubscribe(broker, conn, packet):
+    """Drop subscriptions; v5 says per filter whether one existed."""
+    session = conn.session
+    codes = []
+    for topic_filter in packet.topic_filters:
+        sub = session.subs.pop(topic_filter, None)
+        if sub is None:
+            codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
+            continue
+        if sub.share is not None:
+            sub.share.member_left(session, sub)
+            broker.drop_group_member(sub)
+        else:
+            broker.notifier.unwatch(sub.queue, id(session))
+        broker.store.remove_filter(sub.topic_filter)
+        if session.persistent:
+            broker.sessions_db.delete_subscription(session.client_id, sub.stored())
+        codes.append(ReasonCode.SUCCESS)
+    if session.persistent:
+        yield broker.sessions_db.kv_barrier()
+    if conn.session is session:
+        conn.send(UnsubAck(packet.packet_id, tuple(codes) if conn.level == MQTT_5 else ()))

@@ -1,0 +1,222 @@
+"""The composition root of the ``node`` role: ``twistd -n twistmq node [options]``.
+
+Builds the store, the light-queue and retained indexes, the session store, the
+notifier, the broker and the listeners, from ``conf/twistmq.toml`` (or
+``--config``) plus command-line flags. If any listener flag is given, exactly
+the listeners given open; otherwise those of the config file. Recovery runs
+before any listener opens; then one ``twistmq ready`` line names every bound
+address.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+
+from twisted.application import service
+from twisted.internet import defer, endpoints
+from twisted.python import usage
+
+from lightqueue import attach as attach_lightqueue
+from lightqueue.retained_index import RetainedIndex
+from mqtt_proxy.broker import Broker
+from mqtt_proxy.http import http_site
+from mqtt_proxy.node_config import load_config
+from mqtt_proxy.protocol import MQTTServerFactory
+from mqtt_proxy.session_store import SessionStore
+from mqtt_proxy.sys_topics import SysPublisher
+from push.notifier import Notifier
+from push.read_cache import ReadCache
+from store.config import ConfigError
+from store.executor import ThreadPoolExecutor
+from store.kv import DurableKV
+from store.message_store import MessageStore, StoreLockedError
+
+log = logging.getLogger("twistmq.node")
+
+LISTENER_FLAGS = ("mqtt", "mqtt-tls", "mqtt-ws", "native", "native-udp", "http")
+
+
+class NodeOptions(usage.Options):
+    """Options of ``twistmq node``."""
+
+    optParameters = [
+        ["config", "c", None, "TOML config file (default: conf/twistmq.toml of the checkout)"],
+        ["data-dir", "d", None, "data directory (overrides node.data_dir)"],
+        ["mqtt-tls-ca", None, None, "CA file: TLS clients must present a certificate it signed"],
+        ["ws-path", None, None, "URL path of the WebSocket endpoint (default /mqtt)"],
+    ]
+    optFlags = [["use-identity-as-username", None, "with mutual TLS, the certificate identity is the username"]]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.listeners: dict[str, list[str]] = {}
+
+    def _listener(self, kind: str, value: str) -> None:
+        self.listeners.setdefault(kind.replace("-", "_"), []).append(value)
+
+    def opt_mqtt(self, value):
+        """MQTT over TCP listener, a Twisted endpoint description (repeatable), e.g. tcp:1883"""
+        self._listener("mqtt", value)
+
+    def opt_mqtt_tls(self, value):
+        """MQTT over TLS listener, e.g. ssl:8883:privateKey=KEY:certKey=CERT (repeatable)"""
+        self._listener("mqtt-tls", value)
+
+    def opt_mqtt_ws(self, value):
+        """MQTT over WebSocket listener: tcp:8083, or ssl:... for secure WebSocket (repeatable)"""
+        self._listener("mqtt-ws", value)
+
+    def opt_native(self, value):
+        """native JSON protocol over TCP, e.g. tcp:9876 (repeatable)"""
+        self._listener("native", value)
+
+    def opt_native_udp(self, value):
+        """native JSON protocol over UDP, [HOST:]PORT (repeatable)"""
+        self._listener("native-udp", value)
+
+    def opt_http(self, value):
+        """HTTP listener for /health and /metrics, e.g. tcp:8080 (repeatable)"""
+        self._listener("http", value)
+
+
+def node_config(options: NodeOptions):
+    """The config file with the command line applied on top."""
+    cfg = load_config(options["config"])
+    node = cfg.node
+    changes = {}
+    if options.listeners:
+        for kind in LISTENER_FLAGS:
+            changes[kind.replace("-", "_")] = tuple(options.listeners.get(kind.replace("-", "_"), ()))
+    if options["data-dir"]:
+        changes["data_dir"] = options["data-dir"]
+    if options["mqtt-tls-ca"]:
+        changes["mqtt_tls_ca"] = options["mqtt-tls-ca"]
+    if options["ws-path"]:
+        changes["ws_path"] = options["ws-path"]
+    if options["use-identity-as-username"]:
+        changes["use_identity_as_username"] = True
+    node = dataclasses.replace(node, **changes)
+    data_dir = node.data_dir if os.path.isabs(node.data_dir) or options["data-dir"] \
+        else os.path.join(cfg.base_dir, node.data_dir)
+    node = dataclasses.replace(node, data_dir=os.path.abspath(data_dir))
+    return dataclasses.replace(cfg, node=node)
+
+
+class NodeService(service.MultiService):
+    """Opens the store, restores sessions, then binds every listener and says it is ready."""
+
+    def __init__(self, reactor, cfg) -> None:
+        super().__init__()
+        self.reactor = reactor
+        self.cfg = cfg
+        data_dir = cfg.node.data_dir
+        self.executor = ThreadPoolExecutor(reactor)
+        self.store = MessageStore(data_dir, cfg.store, reactor, self.executor)  # locks the data dir
+        self.index = attach_lightqueue(self.store)
+        self.retained = RetainedIndex(os.path.join(data_dir, "retained"), cfg.limits.max_retained_messages,
+                                      cfg.limits.max_retained_bytes)
+        self.store.register_dispatcher(self.retained)
+        self.kv = DurableKV(os.path.join(data_dir, "sessions"), reactor, sync=cfg.store.kv_sync)
+        self.notifier = Notifier(reactor)
+        self.store.add_listener(self.notifier.notify)
+        self.broker = Broker(self.store, SessionStore(self.kv), self.notifier, ReadCache(self.store), self.retained,
+                             reactor, cfg.mqtt, cfg.limits)
+        self.sys = SysPublisher(self.broker, self.store, reactor, cfg.mqtt.sys_interval)
+        self.ports: list = []
+        self.extra_stats = []
+
+    def _listeners(self):
+        """(name, endpoint, factory) for every stream listener, and (name, port, interface, protocol) for UDP."""
+        node = self.cfg.node
+        mqtt_factory = MQTTServerFactory(self.broker, self.reactor)
+        streams = [("mqtt", endpoints.serverFromString(self.reactor, d), mqtt_factory) for d in node.mqtt]
+        streams += [("http", endpoints.serverFromString(self.reactor, d), http_site(self.broker, self.store,
+                                                                                    self._extra_stats))
+                    for d in node.http]
+        return streams, []
+
+    def _extra_stats(self):
+        return [(prefix, fn()) for prefix, fn in self.extra_stats]
+
+    def startService(self) -> None:
+        super().startService()
+        d = defer.maybeDeferred(self._start)
+        d.addErrback(self._start_failed)
+
+    @defer.inlineCallbacks
+    def _start(self):
+        self.executor.start()
+        self.store.open()
+        yield self.broker.restore()
+        self.sys.start()
+        streams, datagrams = self._listeners()
+        bound = []
+        for name, endpoint, factory in streams:
+            port = yield endpoint.listen(factory)
+            self.ports.append(port)
+            bound.append(f"{name}={_address(port)}")
+        for name, port_number, interface, proto in datagrams:
+            port = self.reactor.listenUDP(port_number, proto, interface=interface)
+            self.ports.append(port)
+            bound.append(f"{name}={_address(port)}")
+        print("twistmq ready " + " ".join(bound), file=sys.__stdout__, flush=True)
+        log.info("node_ready data_dir=%s", self.cfg.node.data_dir)
+
+    def _start_failed(self, failure) -> None:
+        print(f"twistmq: cannot start: {failure.getErrorMessage()}", file=sys.__stderr__, flush=True)
+        log.error("start_failed %s", failure.getTraceback())
+        try:
+            self.store.close()
+            self.kv.close()
+        finally:
+            os._exit(1)
+
+    @defer.inlineCallbacks
+    def stopService(self):
+        self.sys.stop()
+        for port in self.ports:
+            yield port.stopListening()
+        self.broker.shutdown()
+        yield super().stopService()
+        yield self.store.close()
+        self.kv.close()
+        self.executor.stop()
+        log.info("node_stopped")
+
+
+def _address(port) -> str:
+    host = port.getHost()
+    return f"{getattr(host, 'host', '?')}:{getattr(host, 'port', '?')}"
+
+
+def make_node_service(options: NodeOptions, reactor=None) -> NodeService:
+    """Build the node; a bad config or a locked data dir exits with one line naming the cause."""
+    if reactor is None:
+        from twisted.internet import reactor  # the composition root is where the global reactor is used
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s",
+                        stream=sys.__stderr__)
+    try:
+        cfg = node_config(options)
+        return NodeService(reactor, cfg)
+    except (ConfigError, StoreLockedError) as exc:
+        print(f"twistmq: {exc}", file=sys.__stderr__, flush=True)
+        raise SystemExit(2)
+
+
+class Options(usage.Options):
+    """``twistd twistmq <role>``."""
+
+    subCommands = [["node", None, NodeOptions, "every role in one process (the embedded default)"]]
+
+    def postOptions(self) -> None:
+        if self.subCommand is None:
+            raise usage.UsageError("name a role: node")
+
+
+def makeService(options: Options):
+    if options.subCommand == "node":
+        return make_node_service(options.subOptions)
+    raise usage.UsageError(f"unknown role {options.subCommand}")

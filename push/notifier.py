@@ -1,0 +1,57 @@
+"""Tells consumers which queues have news.
+
+An event carries only a queue name. Events for one queue raised in the same
+reactor tick are merged, then every consumer that watches the queue is told
+once; it pulls from its own offset. The store's listener feeds ``notify``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Iterable
+
+log = logging.getLogger("twistmq.push")
+
+
+class Notifier:
+    """Queue name -> watchers; news merged per tick."""
+
+    def __init__(self, clock) -> None:
+        self._clock = clock
+        self._watchers: dict[str, dict[int, Callable[[str], None]]] = {}
+        self._dirty: set[str] = set()
+        self._call = None
+        self.events_in = 0
+        self.events_out = 0
+
+    def watch(self, queue: str, key: int, callback: Callable[[str], None]) -> None:
+        """Call ``callback(queue)`` when ``queue`` gains entries; ``key`` identifies the watcher."""
+        self._watchers.setdefault(queue, {})[key] = callback
+
+    def unwatch(self, queue: str, key: int) -> None:
+        """Stop telling watcher ``key`` about ``queue``."""
+        watchers = self._watchers.get(queue)
+        if watchers is not None:
+            watchers.pop(key, None)
+            if not watchers:
+                del self._watchers[queue]
+
+    def notify(self, queues: Iterable[str]) -> None:
+        """Record news for ``queues``; watchers hear about each once, at the end of the tick."""
+        for q in queues:
+            self.events_in += 1
+            if q in self._watchers:
+                self._dirty.add(q)
+        if self._dirty and self._call is None:
+            self._call = self._clock.callLater(0, self._fire)
+
+    def _fire(self) -> None:
+        self._call = None
+        dirty, self._dirty = self._dirty, set()
+        for q in dirty:
+            for callback in list(self._watchers.get(q, {}).values()):
+                self.events_out += 1
+                try:
+                    callback(q)
+                except Exception:  # noqa: BLE001 - one broken watcher must not starve the others
+                    log.exception("push_watcher_failed queue=%s", q)
