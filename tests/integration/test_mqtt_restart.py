@@ -1,0 +1,136 @@
+"""Session state that must survive kill -9 of the node: subscriptions, offsets, QoS 2 ids, PUBREL state."""
+
+from __future__ import annotations
+
+import pytest
+
+from mqtt_proxy.codec import (
+    Properties, PubAck, PubComp, Publish, PubRec, PubRel, SubAck, Subscribe, Subscription, SubscriptionOptions,
+)
+from tests.integration.mqtt_raw import RawClient
+from tests.integration.node import NodeProcess
+
+PERSIST = Properties(session_expiry_interval=3600)
+
+
+@pytest.fixture
+def node(tmp_path):
+    n = NodeProcess(str(tmp_path / "data")).start()
+    yield n
+    n.stop()
+
+
+def persistent(node, cid, level=5, clean=False):
+    c = RawClient(node.port(), level)
+    ack = c.connect(cid, clean_start=clean, properties=PERSIST if level == 5 else Properties())
+    assert ack.reason_code == 0
+    return c, ack
+
+
+def test_offline_messages_survive_kill(node):
+    """A persistent subscriber offline across a SIGKILL gets every acknowledged message from its offset."""
+    sub, _ = persistent(node, "r-sub", clean=True)
+    sub.send(Subscribe(1, (Subscription("r/+/temp", SubscriptionOptions(qos=1)),)))
+    sub.recv_until(SubAck)
+    sub.close()
+    pub = RawClient(node.port(), 5)
+    pub.connect("r-pub")
+    for i in range(50):
+        pub.send(Publish(f"r/{i % 3}/temp", b"%d" % i, qos=1, packet_id=i + 1))
+    acks = [pub.recv() for _ in range(50)]
+    assert all(isinstance(a, PubAck) for a in acks)
+    node.kill()
+    node.start()
+    sub, ack = persistent(node, "r-sub")
+    assert ack.session_present
+    got = []
+    while len(got) < 50:
+        p, _ = sub.recv_until(Publish)
+        got.append(int(p.payload))
+        sub.send(PubAck(p.packet_id))
+    assert sorted(set(got)) == list(range(50))
+
+
+def test_inbound_qos2_exactly_once_across_kill(node):
+    """A QoS 2 PUBLISH answered with PUBREC before a kill is recognised when resent after it: stored once."""
+    watcher, _ = persistent(node, "r-watch", clean=True)
+    watcher.send(Subscribe(1, (Subscription("r/once", SubscriptionOptions(qos=1)),)))
+    watcher.recv_until(SubAck)
+    watcher.close()
+    pub, _ = persistent(node, "r-q2pub", clean=True)
+    pub.send(Publish("r/once", b"exactly", qos=2, packet_id=77))
+    assert pub.recv() == PubRec(77)
+    node.kill()
+    node.start()
+    pub, ack = persistent(node, "r-q2pub")
+    assert ack.session_present
+    pub.send(Publish("r/once", b"exactly", qos=2, packet_id=77, dup=True))
+    assert pub.recv() == PubRec(77)
+    pub.send(PubRel(77))
+    assert pub.recv() == PubComp(77)
+    watcher, _ = persistent(node, "r-watch")
+    got = []
+    for p in watcher.recv_all(0.8):
+        if isinstance(p, Publish):
+            got.append(p.payload)
+            watcher.send(PubAck(p.packet_id))
+    assert got == [b"exactly"]
+
+
+def test_outbound_pubrel_state_survives_kill(node):
+    """After PUBREC a kill must not resend the PUBLISH: the returning client gets PUBREL for the same id."""
+    sub, _ = persistent(node, "r-rel", clean=True)
+    sub.send(Subscribe(1, (Subscription("r/rel", SubscriptionOptions(qos=2)),)))
+    sub.recv_until(SubAck)
+    pub = RawClient(node.port(), 5)
+    pub.connect("r-relpub")
+    pub.send(Publish("r/rel", b"two", qos=2, packet_id=1))
+    pub.recv()
+    pub.send(PubRel(1))
+    pub.recv()
+    msg, _ = sub.recv_until(Publish)
+    sub.send(PubRec(msg.packet_id))
+    assert sub.recv() == PubRel(msg.packet_id)
+    import time
+    time.sleep(0.3)  # let the released state reach the session store
+    node.kill()
+    node.start()
+    sub, ack = persistent(node, "r-rel")
+    assert ack.session_present
+    first = sub.recv()
+    assert first == PubRel(msg.packet_id)
+    sub.send(PubComp(msg.packet_id))
+    assert [p for p in sub.recv_all(0.5) if isinstance(p, Publish)] == []
+
+
+def test_v311_persistent_session_and_subscription_survive_kill(node):
+    """A 3.1.1 clean-session=0 subscription outlives a SIGKILL and delivers what arrived meanwhile."""
+    sub, _ = persistent(node, "r-v311", level=4, clean=False)
+    sub.send(Subscribe(1, (Subscription("r/v311/#", SubscriptionOptions(qos=1)),)))
+    sub.recv_until(SubAck)
+    sub.close()
+    node.kill()
+    node.start()
+    pub = RawClient(node.port(), 4)
+    pub.connect("r-v311-pub")
+    pub.send(Publish("r/v311/a", b"while away", qos=1, packet_id=1))
+    assert isinstance(pub.recv(), PubAck)
+    sub, ack = persistent(node, "r-v311", level=4, clean=False)
+    assert ack.session_present
+    p, _ = sub.recv_until(Publish)
+    assert p.payload == b"while away"
+
+
+def test_clean_start_discards_session(node):
+    """Clean start throws the stored session away: no session present, no old messages."""
+    sub, _ = persistent(node, "r-clean", clean=True)
+    sub.send(Subscribe(1, (Subscription("r/clean", SubscriptionOptions(qos=1)),)))
+    sub.recv_until(SubAck)
+    sub.close()
+    pub = RawClient(node.port(), 5)
+    pub.connect("r-clean-pub")
+    pub.send(Publish("r/clean", b"old", qos=1, packet_id=1))
+    pub.recv()
+    sub, ack = persistent(node, "r-clean", clean=True)
+    assert not ack.session_present
+    assert [p for p in sub.recv_all(0.5) if isinstance(p, Publish)] == []
