@@ -1,0 +1,234 @@
+"""Broker and protocol state machines driven by task.Clock and StringTransport over a real store."""
+
+from __future__ import annotations
+
+import pytest
+from twisted.internet import task
+from twisted.internet.address import IPv4Address
+from twisted.internet.testing import StringTransport
+
+from lightqueue import attach
+from lightqueue.retained_index import RetainedIndex
+from mqtt_proxy.broker import Broker
+from mqtt_proxy.codec import (
+    Connect, Disconnect, MQTTParser, Properties, PubAck, Publish, ReasonCode, Subscribe, Subscription,
+    SubscriptionOptions, encode,
+)
+from mqtt_proxy.codec.packets import ConnAck, SubAck, Will
+from mqtt_proxy.config import LimitsConfig, MQTTConfig
+from mqtt_proxy.protocol import MQTTServerFactory
+from mqtt_proxy.session_store import SessionStore
+from push.notifier import Notifier
+from push.read_cache import ReadCache
+from store.config import StoreConfig
+from store.executor import DeferredExecutor, SynchronousExecutor
+from store.kv import DurableKV
+from store.message_store import MessageStore
+
+
+class Harness:
+    """A broker over a real store in a temp dir, with a fake clock and in-memory transports."""
+
+    def __init__(self, path, limits=None, store_config=None, executor=None) -> None:
+        self.clock = task.Clock()
+        self.clock.advance(1_700_000_000)
+        self.executor = executor or SynchronousExecutor()
+        self.store = MessageStore(str(path), store_config or StoreConfig(), self.clock, self.executor)
+        attach(self.store)
+        self.retained = RetainedIndex(str(path / "retained"))
+        self.store.register_dispatcher(self.retained)
+        self.kv = DurableKV(str(path / "sessions"), self.clock)
+        self.notifier = Notifier(self.clock)
+        self.store.add_listener(self.notifier.notify)
+        self.store.open()
+        self.broker = Broker(self.store, SessionStore(self.kv), self.notifier, ReadCache(self.store), self.retained,
+                             self.clock, MQTTConfig(sys_interval=0), limits or LimitsConfig())
+        self.factory = MQTTServerFactory(self.broker, self.clock)
+
+    def connect(self, client_id, level=5, **kw):
+        proto = self.factory.buildProtocol(None)
+        transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 40000))
+        proto.makeConnection(transport)
+        conn = Conn(self, proto, transport, level)
+        conn.send(Connect(client_id=client_id, protocol_level=level, **kw))
+        return conn
+
+    def tick(self, seconds=0.0):
+        self.clock.advance(seconds)
+        for _ in range(5):
+            self.clock.advance(0)
+
+    def close(self):
+        self.store.close()
+        self.kv.close()
+
+
+class Conn:
+    def __init__(self, h, proto, transport, level):
+        self.h, self.proto, self.transport, self.level = h, proto, transport, level
+        self.parser = MQTTParser(server_side=False, protocol_level=level)
+
+    def send(self, packet):
+        self.proto.dataReceived(encode(packet, self.level))
+        self.h.tick()
+
+    def received(self):
+        data = self.transport.value()
+        self.transport.clear()
+        return self.parser.feed(data)
+
+    def lose(self):
+        self.proto.connectionLost(None)
+        self.h.tick()
+
+
+@pytest.fixture
+def h(tmp_path):
+    harness = Harness(tmp_path)
+    yield harness
+    harness.close()
+
+
+def published(conn):
+    return [p for p in conn.received() if isinstance(p, Publish)]
+
+
+def test_connect_timeout_aborts(h):
+    """A connection that sends no CONNECT within 10 s is dropped."""
+    proto = h.factory.buildProtocol(None)
+    transport = StringTransport()
+    proto.makeConnection(transport)
+    h.clock.advance(9)
+    assert not transport.disconnecting
+    h.clock.advance(1.5)
+    assert transport.disconnecting or getattr(transport, "disconnected", False)
+
+
+def test_keep_alive_one_and_a_half_times(h):
+    """Keep-alive 10 s: still open at 14 s, DISCONNECT 0x8D and the will at 15 s."""
+    watcher = h.connect("watcher")
+    watcher.send(Subscribe(1, (Subscription("will/ka"),)))
+    watcher.received()
+    c = h.connect("sleepy", keep_alive=10, will=Will("will/ka", b"bye"))
+    assert isinstance(c.received()[0], ConnAck)
+    h.tick(14)
+    assert not c.transport.disconnecting
+    h.tick(1.1)
+    assert c.received()[-1].reason_code == ReasonCode.KEEP_ALIVE_TIMEOUT
+    assert [p.payload for p in published(watcher)] == [b"bye"]
+
+
+def test_traffic_resets_keep_alive(h):
+    """Any packet from the client restarts the keep-alive clock."""
+    c = h.connect("chatty", keep_alive=10)
+    for _ in range(5):
+        h.tick(9)
+        c.send(Publish("t/x", b"."))
+    assert not c.transport.disconnecting
+
+
+def test_takeover_disconnects_old_connection_with_0x8e(h):
+    """A second connection with the same client id closes the first with SESSION_TAKEN_OVER."""
+    first = h.connect("twin")
+    first.received()
+    second = h.connect("twin")
+    assert isinstance(second.received()[0], ConnAck)
+    out = first.received()
+    assert out[-1] == Disconnect(ReasonCode.SESSION_TAKEN_OVER)
+    assert first.transport.disconnecting
+
+
+def test_normal_disconnect_sends_no_will_but_0x04_does(h):
+    """DISCONNECT 0x00 discards the will; DISCONNECT 0x04 publishes it."""
+    watcher = h.connect("w2")
+    watcher.send(Subscribe(1, (Subscription("will/+"),)))
+    watcher.received()
+    a = h.connect("polite", will=Will("will/a", b"a"))
+    a.send(Disconnect())
+    b = h.connect("asks", will=Will("will/b", b"b"))
+    b.send(Disconnect(ReasonCode.DISCONNECT_WITH_WILL_MESSAGE))
+    assert [p.payload for p in published(watcher)] == [b"b"]
+
+
+def test_will_delay_and_cancel_on_return(h):
+    """A delayed will waits its delay; a client returning in time cancels it."""
+    watcher = h.connect("w3")
+    watcher.send(Subscribe(1, (Subscription("will/d/+"),)))
+    watcher.received()
+    persist = Properties(session_expiry_interval=60)
+    will_props = Properties(will_delay_interval=5)
+    a = h.connect("late", properties=persist, will=Will("will/d/late", b"late", properties=will_props))
+    a.lose()
+    h.tick(4)
+    assert published(watcher) == []
+    h.tick(1.1)
+    assert [p.payload for p in published(watcher)] == [b"late"]
+    b = h.connect("back", properties=persist, will=Will("will/d/back", b"back", properties=will_props))
+    b.lose()
+    h.tick(2)
+    h.connect("back", clean_start=False, properties=persist)
+    h.tick(10)
+    assert published(watcher) == []
+
+
+def test_session_expiry_forgets_session(h):
+    """A session with expiry 10 s is gone 10 s after its client left, and kept before."""
+    c = h.connect("brief", properties=Properties(session_expiry_interval=10))
+    c.send(Subscribe(1, (Subscription("exp/x", SubscriptionOptions(qos=1)),)))
+    c.lose()
+    h.tick(9)
+    assert "brief" in h.broker.sessions
+    h.tick(1.5)
+    assert "brief" not in h.broker.sessions
+    again = h.connect("brief", clean_start=False, properties=Properties(session_expiry_interval=10))
+    assert again.received()[0].session_present is False
+
+
+def test_slow_consumer_is_paused_and_resumed(h):
+    """When the transport pauses the protocol, nothing more is pushed; resuming sends the rest."""
+    sub = h.connect("slow")
+    sub.send(Subscribe(1, (Subscription("slow/t"),)))
+    sub.received()
+    sub.proto.pauseProducing()
+    pub = h.connect("fast")
+    for i in range(10):
+        pub.send(Publish("slow/t", b"%d" % i))
+    assert published(sub) == []
+    sub.proto.resumeProducing()
+    h.tick()
+    assert [p.payload for p in published(sub)] == [b"%d" % i for i in range(10)]
+
+
+def test_publisher_reading_pauses_while_store_lags(tmp_path):
+    """With puts waiting on a slow fsync, the broker stops reading the publisher's socket, then resumes."""
+    executor = DeferredExecutor()
+    h = Harness(tmp_path, limits=LimitsConfig(max_pending_puts=4), store_config=StoreConfig(flush="sync"),
+                executor=executor)
+    try:
+        pub = h.connect("eager")
+        executor.run_pending()
+        h.tick()
+        pub.received()
+        for i in range(6):
+            pub.send(Publish("lag/t", b"x", qos=1, packet_id=i + 1))
+        assert pub.transport.producerState == "paused"
+        executor.run_pending()
+        h.tick()
+        assert pub.transport.producerState == "producing"
+        assert [type(p) for p in pub.received()] == [PubAck] * 6
+    finally:
+        h.close()
+
+
+def test_max_connections_refused_with_quota_exceeded(tmp_path):
+    """Over max_connections, a v5 CONNECT gets CONNACK 0x97 and the others keep working."""
+    h = Harness(tmp_path, limits=LimitsConfig(max_connections=1))
+    try:
+        ok = h.connect("one")
+        assert ok.received()[0].reason_code == 0
+        refused = h.connect("two")
+        assert refused.received()[0].reason_code == ReasonCode.QUOTA_EXCEEDED
+        ok.send(Subscribe(1, (Subscription("still/ok"),)))
+        assert isinstance(ok.received()[0], SubAck)
+    finally:
+        h.close()
