@@ -21,6 +21,7 @@ from mqtt_proxy.codec import (
     PubRel, ReasonCode, Subscribe, Unsubscribe, encode,
 )
 from mqtt_proxy.codec.errors import UnsupportedProtocolVersion
+from mqtt_proxy.codec.reason import DISCONNECT_CODES
 from mqtt_proxy.codec.packets import PING_RESP, Auth, Properties
 from mqtt_proxy.publish import handle_publish, handle_pubrel
 from mqtt_proxy.subscribe import handle_subscribe, handle_unsubscribe
@@ -154,7 +155,8 @@ class MQTTServerProtocol(protocol.Protocol):
         elif kind is Disconnect:
             self.broker.disconnect(self, packet)
         elif kind is Auth:
-            self.protocol_violation(ReasonCode.BAD_AUTHENTICATION_METHOD, "extended authentication is not supported")
+            # No authentication method was agreed in CONNECT, so an AUTH is a protocol error (MQTT-4.12.0-1).
+            self.protocol_violation(ReasonCode.PROTOCOL_ERROR, "AUTH without an authentication method")
         elif kind is Connect:
             self.protocol_violation(ReasonCode.PROTOCOL_ERROR, "a second CONNECT (MQTT-3.1.0-2)")
 
@@ -245,6 +247,8 @@ class MQTTServerProtocol(protocol.Protocol):
         if self._closing:
             return
         if reason is not None and self.level == MQTT_5 and self.connect_seen:
+            if reason not in DISCONNECT_CODES:
+                reason = ReasonCode.UNSPECIFIED_ERROR
             props = Properties(reason_string=reason_string[:200]) if reason_string else Properties()
             self.transport.write(encode(Disconnect(reason, props), MQTT_5))
         self._closing = True
