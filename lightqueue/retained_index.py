@@ -311,6 +311,10 @@ class RetainedIndex:
                  min_cl_offset, len(stale), len(self._entries))
         return len(stale)
 
+    def log_truncated(self, min_cl_offset: int) -> None:
+        """Retention deleted segments below ``min_cl_offset`` (the store calls this on every dispatcher)."""
+        self.drop_below(min_cl_offset)
+
     def flush(self) -> None:
         """Persist the memtable (entries and checkpoint together)."""
         self._db.flush(True)

@@ -391,15 +391,20 @@ class MessageStore:
         cfg = self.config
         quota = cfg.disk_quota_mb * 1024 * 1024 if cfg.disk_quota_mb else None
         deleted = self.commit_log.delete_segments(self._clock.seconds(), cfg.retention_hours * 3600, quota)
+        if deleted:
+            for disp in self._dispatchers:
+                truncated = getattr(disp, "log_truncated", None)
+                if truncated is not None:
+                    truncated(self.commit_log.min_offset)
         if self._index is not None:
-            if deleted:
-                self._index.log_truncated(self.commit_log.min_offset)
             self._index.collect_idle(int((self._clock.seconds() - cfg.retention_hours * 3600) * 1000))
         return deleted
 
     def _flush_index(self) -> None:
-        if self._index is not None:
-            self._index.flush()
+        for disp in self._dispatchers:
+            flush = getattr(disp, "flush", None)
+            if flush is not None:
+                flush()
 
     def size_bytes(self) -> int:
         """Bytes of commit log on disk."""
