@@ -330,7 +330,8 @@ class Session:
             return True
         if not o.released:
             o.released = True
-            self._finish_offset(o)
+            if o.group is None:
+                self._finish_offset(o)  # a shared group counts it delivered only at PUBCOMP
             if self.persistent and o.group is None and o.sub_key is not None:
                 self.broker.sessions_db.delete_outbound(self.client_id, pid)
                 self.broker.sessions_db.save_released(self.client_id, pid)
@@ -343,7 +344,9 @@ class Session:
         if o is None or not o.released:
             return False
         del self.outbound[pid]
-        if self.persistent:
+        if o.group is not None:
+            o.group.acked(o.queue_offset)
+        elif self.persistent:
             self.broker.sessions_db.delete_released(self.client_id, pid)
         self.pump()
         return True
@@ -352,10 +355,10 @@ class Session:
         o = self.outbound.pop(pid)
         if not o.released:
             self._finish_offset(o)
-        if self.persistent and o.group is None and o.sub_key is not None:
+        if self.persistent and o.group is None:
             if o.released:
                 self.broker.sessions_db.delete_released(self.client_id, pid)
-            else:
+            elif o.sub_key is not None:
                 self.broker.sessions_db.delete_outbound(self.client_id, pid)
 
     def _finish_offset(self, o: Outbound) -> None:
