@@ -33,7 +33,9 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 from twisted.internet import ssl
 from twisted.internet.endpoints import SSL4ServerEndpoint, serverFromString
+from twisted.internet.interfaces import IOpenSSLContextFactory
 from twisted.python.filepath import FilePath
+from zope.interface import implementer
 
 __all__ = [
     "TLSConfigError",
@@ -106,6 +108,7 @@ def _to_twisted(cert: x509.Certificate) -> ssl.Certificate:
     return ssl.Certificate.loadPEM(cert.public_bytes(Encoding.PEM))
 
 
+@implementer(IOpenSSLContextFactory)
 class _ServerContextFactory:
     """Wraps ``CertificateOptions`` to also announce the accepted client CAs in the CertificateRequest."""
 

@@ -1,0 +1,1 @@
+"""The ``twistmq-admin`` command: operator tools (dev certificates, password file, ...)."""

@@ -1,0 +1,309 @@
+"""The ACL file: which topics a client may publish to (write) and read, mosquitto style.
+
+Format (UTF-8; ``#`` starts a comment only at the start of a line, since ``#``
+is also a wildcard)::
+
+    # before any section
+    topic read public/#               # anonymous clients (no username) only
+    pattern readwrite devices/%c/#    # every client; %c = client id, %u = username
+
+    user alice                        # rules for the authenticated user "alice"
+    topic readwrite alice/#
+    topic deny alice/secret/#
+    pattern write audit/%u
+
+    client sensor-7                   # rules for the client id "sensor-7"
+    topic write sensors/7/#
+
+Lines:
+
+- ``user NAME`` / ``client ID`` open a section (the rest of the line is the
+  name); rules below it apply to that user / that client id, until the next
+  section.
+- ``topic [ACCESS] FILTER`` grants ACCESS on FILTER; ``pattern [ACCESS] FILTER``
+  does the same after replacing ``%u`` with the username and ``%c`` with the
+  client id. ACCESS is ``read``, ``write``, ``readwrite`` (the default when
+  omitted) or ``deny``.
+- Before any section, ``topic`` rules apply to anonymous clients only (as in
+  mosquitto) and ``pattern`` rules apply to every client, so a rule for
+  everybody is a ``pattern`` line even without ``%u``/``%c``.
+
+Decisions:
+
+- Once an ACL is configured, anything not granted is denied. ``deny`` rules win
+  over every grant.
+- A pattern whose substituted value is missing (``%u`` for an anonymous client)
+  or contains ``/``, ``+`` or ``#`` does not apply: a client id of ``#`` must
+  not turn ``devices/%c`` into a wildcard.
+- Publishing to a topic needs ``write`` on it; receiving a message (live or
+  retained) needs ``read`` on its topic.
+- Subscribing to a filter F needs ``read`` *on the filter itself*: some read
+  grant G must cover F (every topic F can match, G matches too) and no ``deny``
+  rule may overlap F (match any topic F matches). So ``sensors/#`` granted
+  allows subscribing to ``sensors/+/temp`` but not to ``#``, and a granted
+  subscription can never deliver a message its reader may not read; a
+  delivery-time ``can_read`` check is a cheap second line of defence, not a
+  necessity. For a shared subscription check the inner filter (after
+  ``$share/group/``).
+- The ``$`` rule of MQTT-4.7.2-1 holds: a grant on ``#`` or ``+/...`` does not
+  cover ``$SYS/...``; name ``$SYS`` explicitly.
+
+``ACL.for_client(username, client_id)`` resolves a client's rules once (at
+CONNECT) into a ``ClientACL`` whose checks cost one filter match per rule;
+``ACL.allowed``/``ACL.can_subscribe`` are one-shot conveniences over a small
+bounded cache of resolved clients. An ``ACL`` is immutable: reload by parsing
+a new one and swapping it in. ``ACL.allow_all()`` is what the
+broker uses when no ACL file is configured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lightqueue.topic import TopicError, filter_matches, validate_topic_filter
+
+__all__ = ["ACL", "ACLError", "ClientACL", "Rule", "filter_covers", "filters_overlap", "load_acl"]
+
+READ = "read"
+WRITE = "write"
+_ACCESS = {"read": frozenset({READ}), "write": frozenset({WRITE}),
+           "readwrite": frozenset({READ, WRITE}), "deny": frozenset()}
+_WILD = ("+", "#")
+_RESOLVED_CACHE = 4096  # (username, client id) pairs whose resolved rules ACL keeps for one-shot checks
+
+
+class ACLError(ValueError):
+    """The ACL file is malformed; the message starts with ``file:line:``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One ``topic`` or ``pattern`` line: the filter, the access it grants, whether it denies."""
+
+    topic_filter: str
+    access: frozenset[str]
+    deny: bool = False
+    pattern: bool = False
+    """True when the filter holds ``%u``/``%c`` still to be substituted."""
+
+    def resolve(self, username: str | None, client_id: str | None) -> Rule | None:
+        """Return the rule with ``%u``/``%c`` replaced, or None when it cannot apply to this client."""
+        if not self.pattern:
+            return self
+        text = self.topic_filter
+        for token, value in (("%u", username), ("%c", client_id)):
+            if token in text:
+                if not value or any(ch in value for ch in "/+#"):
+                    return None
+                text = text.replace(token, value)
+        return Rule(text, self.access, self.deny, False)
+
+
+def _first_is_dollar_literal(levels: list[str]) -> bool:
+    return levels[0].startswith("$")
+
+
+def filter_covers(grant: str, topic_filter: str) -> bool:
+    """Tell whether every topic *topic_filter* matches is matched by *grant* too (both valid filters)."""
+    g, f = grant.split("/"), topic_filter.split("/")
+    if g[0] in _WILD and _first_is_dollar_literal(f):
+        return False  # MQTT-4.7.2-1: a leading wildcard never matches $ topics
+    for index, level in enumerate(g):
+        if level == "#":
+            return True
+        if index >= len(f):
+            return False
+        other = f[index]
+        if other == "#":
+            # Only "+/#" matches everything "#" does (a topic has at least one level).
+            return index == 0 and level == "+" and g[1:] == ["#"]
+        if level == "+":
+            continue
+        if other == "+" or other != level:
+            return False
+    return len(f) == len(g)
+
+
+def filters_overlap(a: str, b: str) -> bool:
+    """Tell whether some topic name is matched by both filters *a* and *b*."""
+    la, lb = a.split("/"), b.split("/")
+    if (la[0] in _WILD and _first_is_dollar_literal(lb)) or (lb[0] in _WILD and _first_is_dollar_literal(la)):
+        return False
+    for index in range(max(len(la), len(lb))):
+        x = la[index] if index < len(la) else None
+        y = lb[index] if index < len(lb) else None
+        if x == "#" or y == "#":
+            return True
+        if x is None or y is None:
+            return False
+        if x == "+" or y == "+":
+            continue
+        if x != y:
+            return False
+    return True
+
+
+class ClientACL:
+    """The rules that apply to one connected client, patterns already substituted."""
+
+    __slots__ = ("_grants", "_denies")
+
+    def __init__(self, rules: list[Rule] | None) -> None:
+        # None means "no ACL configured": everything allowed.
+        self._grants = None if rules is None else [r for r in rules if not r.deny]
+        self._denies = [] if rules is None else [r.topic_filter for r in rules if r.deny]
+
+    def _denied(self, topic: str) -> bool:
+        return any(filter_matches(d, topic) for d in self._denies)
+
+    def can_publish(self, topic: str) -> bool:
+        """Tell whether the client may publish to the topic name *topic*."""
+        return self._allowed(topic, WRITE)
+
+    def can_read(self, topic: str) -> bool:
+        """Tell whether the client may receive a message (live or retained) published on *topic*."""
+        return self._allowed(topic, READ)
+
+    def _allowed(self, topic: str, access: str) -> bool:
+        if self._grants is None:
+            return True
+        if self._denied(topic):
+            return False
+        return any(access in r.access and filter_matches(r.topic_filter, topic) for r in self._grants)
+
+    def can_subscribe(self, topic_filter: str) -> bool:
+        """Tell whether the client may subscribe to *topic_filter* (plain filter, ``$share/g/`` stripped)."""
+        if self._grants is None:
+            return True
+        if any(filters_overlap(d, topic_filter) for d in self._denies):
+            return False
+        return any(READ in r.access and filter_covers(r.topic_filter, topic_filter) for r in self._grants)
+
+
+_ALLOW_ALL = ClientACL(None)
+
+
+class ACL:
+    """A parsed ACL file (or, from ``allow_all()``, no ACL at all)."""
+
+    def __init__(self, anonymous: list[Rule], everyone: list[Rule], users: dict[str, list[Rule]],
+                 clients: dict[str, list[Rule]], configured: bool = True, path: str | None = None) -> None:
+        self._anonymous = anonymous
+        self._everyone = everyone
+        self._users = users
+        self._clients = clients
+        self.configured = configured
+        """False for ``allow_all()``: every check passes."""
+        self.path = path
+        self._resolved: dict[tuple[str | None, str | None], ClientACL] = {}
+
+    @classmethod
+    def allow_all(cls) -> ACL:
+        """Return the ACL used when none is configured: everything is allowed."""
+        return cls([], [], {}, {}, configured=False)
+
+    @classmethod
+    def load(cls, path: str) -> ACL:
+        """Read and parse *path*; raise ``ACLError`` (``path:line: ...``) or ``OSError``."""
+        with open(path, encoding="utf-8") as handle:
+            return cls.parse(handle.read(), path)
+
+    @classmethod
+    def parse(cls, text: str, path: str = "<acl>") -> ACL:
+        """Parse the text of an ACL file; *path* only names it in error messages."""
+        anonymous: list[Rule] = []
+        everyone: list[Rule] = []
+        users: dict[str, list[Rule]] = {}
+        clients: dict[str, list[Rule]] = {}
+        section: list[Rule] | None = None
+        for lineno, raw in enumerate(text.splitlines(), 1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            keyword, _, rest = line.partition(" ")
+            rest = rest.strip()
+
+            def fail(message: str) -> ACLError:
+                return ACLError(f"{path}:{lineno}: {message}")
+
+            if keyword in ("user", "client"):
+                if not rest:
+                    raise fail(f"'{keyword}' needs a name")
+                table = users if keyword == "user" else clients
+                section = table.setdefault(rest, [])
+            elif keyword in ("topic", "pattern"):
+                rule = _parse_rule(keyword, rest, fail)
+                if section is not None:
+                    section.append(rule)
+                elif keyword == "topic":
+                    anonymous.append(rule)
+                else:
+                    everyone.append(rule)
+            else:
+                raise fail(f"unknown keyword {keyword!r} (expected user, client, topic or pattern)")
+        return cls(anonymous, everyone, users, clients, configured=True, path=path)
+
+    def rules_for(self, username: str | None, client_id: str | None) -> list[Rule]:
+        """Return the rules that apply to this client, patterns substituted, in no particular order."""
+        raw: list[Rule] = list(self._everyone)
+        if username is None:
+            raw.extend(self._anonymous)
+        else:
+            raw.extend(self._users.get(username, ()))
+        if client_id is not None:
+            raw.extend(self._clients.get(client_id, ()))
+        resolved = (rule.resolve(username, client_id) for rule in raw)
+        return [rule for rule in resolved if rule is not None]
+
+    def for_client(self, username: str | None, client_id: str | None) -> ClientACL:
+        """Resolve the rules of one client once; keep the result for the life of its connection."""
+        if not self.configured:
+            return _ALLOW_ALL
+        key = (username, client_id)
+        client = self._resolved.get(key)
+        if client is None:
+            if len(self._resolved) >= _RESOLVED_CACHE:
+                self._resolved.clear()
+            client = self._resolved[key] = ClientACL(self.rules_for(username, client_id))
+        return client
+
+    def allowed(self, username: str | None, client_id: str | None, topic: str, access: str) -> bool:
+        """Tell whether the client may ``"read"`` or ``"write"`` the topic name *topic*."""
+        if access not in (READ, WRITE):
+            raise ValueError(f"access must be 'read' or 'write', not {access!r}")
+        client = self.for_client(username, client_id)
+        return client.can_read(topic) if access == READ else client.can_publish(topic)
+
+    def can_subscribe(self, username: str | None, client_id: str | None, topic_filter: str) -> bool:
+        """Tell whether the client may subscribe to *topic_filter* (see the module docstring for the rule)."""
+        return self.for_client(username, client_id).can_subscribe(topic_filter)
+
+    def __repr__(self) -> str:
+        if not self.configured:
+            return "<ACL allow-all>"
+        return f"<ACL {self.path!r}: {len(self._users)} users, {len(self._clients)} clients>"
+
+
+def _parse_rule(keyword: str, rest: str, fail) -> Rule:
+    """Parse the part after ``topic``/``pattern``: ``[ACCESS] FILTER``."""
+    if not rest:
+        raise fail(f"'{keyword}' needs a topic filter")
+    first, _, after = rest.partition(" ")
+    if first in _ACCESS:
+        access_name, topic_filter = first, after.strip()
+        if not topic_filter:
+            raise fail(f"'{keyword} {first}' needs a topic filter")
+    else:
+        access_name, topic_filter = "readwrite", rest
+    pattern = keyword == "pattern" and ("%u" in topic_filter or "%c" in topic_filter)
+    probe = topic_filter.replace("%u", "u").replace("%c", "c")
+    try:
+        validate_topic_filter(probe)
+    except TopicError as exc:
+        raise fail(str(exc)) from None
+    return Rule(topic_filter, _ACCESS[access_name], deny=access_name == "deny", pattern=pattern)
+
+
+def load_acl(path: str | None) -> ACL:
+    """Load the ACL at *path*, or return ``ACL.allow_all()`` when *path* is empty or None."""
+    return ACL.load(path) if path else ACL.allow_all()
