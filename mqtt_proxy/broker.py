@@ -16,6 +16,8 @@ from collections import OrderedDict
 from twisted.internet import defer
 
 from mqtt_proxy import message_props
+from mqtt_proxy.auth.acl import ACL
+from mqtt_proxy.auth.authenticator import AuthResult
 from mqtt_proxy.codec import MQTT_5, ConnAck, Disconnect, Properties, ReasonCode
 from mqtt_proxy.config import LimitsConfig, MQTTConfig
 from mqtt_proxy.codec.encoder import encode_publish
@@ -32,16 +34,10 @@ ENCODE_CACHE = 4096  # encoded PUBLISHes kept for fan-out (one encode serves eve
 
 
 class AllowAll:
-    """The authenticator and ACL used when none is configured: everyone may do everything."""
+    """The authenticator used when none is given (unit tests): everyone is accepted, unverified."""
 
-    def authenticate(self, username, password, client_id, peer_host, cert_identity):
-        return defer.succeed((True, username, None))
-
-    def allowed(self, username, client_id, topic, access) -> bool:
-        return True
-
-    def may_subscribe(self, username, client_id, topic_filter) -> bool:
-        return True
+    def authenticate(self, username, password, client_id, peer_host, cert_identity=None):
+        return defer.succeed(AuthResult(True, username, "OK", False))
 
 
 class Broker:
@@ -59,7 +55,7 @@ class Broker:
         self.limits = limits
         self.timers = timers
         self.auth = auth or AllowAll()
-        self.acl = acl or AllowAll()
+        self.acl = acl or ACL.allow_all()
         self.stats = BrokerStats()
         self.sessions: dict[str, Session] = {}
         self.groups: dict[tuple[str, str], SharedGroup] = {}
@@ -172,14 +168,15 @@ class Broker:
         if packet.will is not None and packet.will.retain and not self.config.retain_available:
             conn.refuse(ReasonCode.RETAIN_NOT_SUPPORTED)
             return
-        ok, username, reason = yield self.auth.authenticate(
+        result = yield self.auth.authenticate(
             packet.username, packet.password, client_id, conn.peer_host, conn.cert_identity())
         if not conn.connected:
             return
-        if not ok:
-            conn.refuse(reason or ReasonCode.BAD_USER_NAME_OR_PASSWORD)
+        if not result.ok:
+            conn.refuse(ReasonCode(result.v5_reason_code))
             return
-        conn.username = username
+        conn.username = result.username
+        conn.acl_username = result.acl_username  # an unverified name never gets that user's rules
         if level == MQTT_5:
             expiry = props.session_expiry_interval or 0
             if expiry != NEVER_EXPIRES:
@@ -214,6 +211,7 @@ class Broker:
             session.will_call.cancel()  # MQTT-3.1.3-9: a delayed will is cancelled by the return
         session.will_call = None
         session.will = packet.will
+        session.acl_username = conn.acl_username
         session.receive_maximum = conn.client_receive_maximum
         session.max_packet_size = conn.client_max_packet_size
         session.alias_maximum = conn.client_alias_maximum
@@ -296,10 +294,11 @@ class Broker:
             delay = will.properties.will_delay_interval or 0
             if delay and session.persistent:
                 delay = min(delay, session.expiry) if session.expiry != NEVER_EXPIRES else delay
-                session.will_call = self.clock.callLater(delay, self._publish_will, session.client_id, will)
+                session.will_call = self.clock.callLater(delay, self._publish_will, session.client_id, will,
+                                                       session.acl_username)
                 session.pending_will = will
             else:
-                self._publish_will(session.client_id, will)
+                self._publish_will(session.client_id, will, session.acl_username)
         if not session.persistent:
             self.end_session(session)
         else:
@@ -321,7 +320,7 @@ class Broker:
         log.info("session_expired client=%s", session.client_id)
         if session.will_call is not None and session.will_call.active():
             session.will_call.cancel()
-            self._publish_will(session.client_id, session.pending_will)  # the session ends first
+            self._publish_will(session.client_id, session.pending_will, session.acl_username)  # the session ends first
         self.end_session(session)
 
     def end_session(self, session: Session) -> defer.Deferred:
@@ -340,10 +339,10 @@ class Broker:
 
     # -- will ---------------------------------------------------------------------------------
 
-    def _publish_will(self, client_id: str, will) -> None:
+    def _publish_will(self, client_id: str, will, acl_username: str | None = None) -> None:
         if will is None:
             return
-        if not self.acl.allowed(None, client_id, will.topic, "write"):
+        if not self.acl.allowed(acl_username, client_id, will.topic, "write"):
             log.info("will_denied client=%s topic=%s", client_id, will.topic)
             return
         message = rec.Message(will.topic, will.payload, rec.RecordKind.MQTT_PUBLISH, will.qos, will.retain,

@@ -30,7 +30,11 @@ class MQTTConfig:
     password_file: str = ""
     """Path of the password file (scrypt hashes, see twistmq-admin passwd); empty: no password check."""
     acl_file: str = ""
-    """Path of the ACL file; empty: everything is allowed."""
+    """Path of the ACL file; empty: everything is allowed. Once set, anything it does not allow is denied."""
+    auth_fail_delay: float = 1.0
+    """Seconds a failed login from an address waits before it is answered; doubles with each further failure."""
+    auth_fail_delay_max: float = 30.0
+    """Cap of that delay, in seconds."""
 
     def validate(self) -> None:
         if not 1 <= self.receive_maximum <= 65535:

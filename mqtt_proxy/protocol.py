@@ -45,6 +45,7 @@ class MQTTServerProtocol(protocol.Protocol):
         self.session = None
         self.client_id = None
         self.username = None
+        self.acl_username = None  # the username only if it was verified (password or certificate)
         self.peer_host = "?"
         self.paused = False  # the transport's write buffer is full
         self.refusal = None

@@ -67,7 +67,7 @@ def handle_publish(broker, conn, packet) -> None:
         return
 
     refusal = None
-    if not broker.acl.allowed(conn.username, session.client_id, topic, "write"):
+    if not broker.acl.allowed(conn.acl_username, session.client_id, topic, "write"):
         refusal = ReasonCode.NOT_AUTHORIZED
         log.info("publish_denied client=%s user=%s topic=%s", session.client_id, conn.username, topic)
     elif packet.retain and packet.payload and broker.retained is not None \

@@ -39,7 +39,7 @@ def handle_subscribe(broker, conn, packet):
         if group is not None and opts.no_local:
             conn.protocol_violation(ReasonCode.PROTOCOL_ERROR, "no local on a shared subscription (MQTT-3.8.3-4)")
             return
-        if not broker.acl.may_subscribe(conn.username, session.client_id, real_filter):
+        if not broker.acl.can_subscribe(conn.acl_username, session.client_id, real_filter):
             log.info("subscribe_denied client=%s user=%s filter=%s", session.client_id, conn.username, topic_filter)
             codes.append(ReasonCode.NOT_AUTHORIZED)
             continue
@@ -98,7 +98,7 @@ def send_retained(broker, conn, session, sub: Subscription):
         return
     now = broker.now_ms()
     for topic, cl_offset, size in broker.retained.lookup(sub.topic_filter):
-        if not broker.acl.allowed(conn.username, session.client_id, topic, "read"):
+        if not broker.acl.allowed(conn.acl_username, session.client_id, topic, "read"):
             continue
         try:
             record = yield broker.store.read(cl_offset, size)

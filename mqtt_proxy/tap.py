@@ -21,12 +21,17 @@ from twisted.python import usage
 
 from lightqueue import attach as attach_lightqueue
 from lightqueue.retained_index import RetainedIndex
+from mqtt_proxy import tls
+from mqtt_proxy.auth.acl import ACLError, load_acl
+from mqtt_proxy.auth.authenticator import Authenticator
+from mqtt_proxy.auth.passwords import PasswordFile, PasswordFileError
 from mqtt_proxy.broker import Broker
 from mqtt_proxy.http import http_site
 from mqtt_proxy.node_config import load_config
 from mqtt_proxy.protocol import MQTTServerFactory
 from mqtt_proxy.session_store import SessionStore
 from mqtt_proxy.sys_topics import SysPublisher
+from mqtt_proxy.websocket import websocket_factory
 from push.notifier import Notifier
 from push.read_cache import ReadCache
 from store.config import ConfigError
@@ -122,17 +127,29 @@ class NodeService(service.MultiService):
         self.kv = DurableKV(os.path.join(data_dir, "sessions"), reactor, sync=cfg.store.kv_sync)
         self.notifier = Notifier(reactor)
         self.store.add_listener(self.notifier.notify)
+        mqtt = cfg.mqtt
+        # scrypt runs on its own small pool so password checks never queue behind fsyncs.
+        self.auth_executor = ThreadPoolExecutor(reactor, max_threads=2, name="twistmq-auth")
+        auth = Authenticator(PasswordFile.load(mqtt.password_file) if mqtt.password_file else None,
+                             allow_anonymous=mqtt.allow_anonymous, clock=reactor, executor=self.auth_executor,
+                             use_identity_as_username=cfg.node.use_identity_as_username,
+                             base_delay=mqtt.auth_fail_delay, max_delay=mqtt.auth_fail_delay_max)
         self.broker = Broker(self.store, SessionStore(self.kv), self.notifier, ReadCache(self.store), self.retained,
-                             reactor, cfg.mqtt, cfg.limits)
+                             reactor, mqtt, cfg.limits, auth=auth, acl=load_acl(mqtt.acl_file or None))
         self.sys = SysPublisher(self.broker, self.store, reactor, cfg.mqtt.sys_interval)
         self.ports: list = []
         self.extra_stats = []
+        self.streams, self.datagrams = self._listeners()
 
     def _listeners(self):
         """(name, endpoint, factory) for every stream listener, and (name, port, interface, protocol) for UDP."""
         node = self.cfg.node
-        mqtt_factory = MQTTServerFactory(self.broker, self.reactor)
+        ca = node.mqtt_tls_ca or None
+        mqtt_factory = MQTTServerFactory(self.broker, self.reactor, cert_identity=tls.peer_identity)
         streams = [("mqtt", endpoints.serverFromString(self.reactor, d), mqtt_factory) for d in node.mqtt]
+        streams += [("mqtt-tls", tls.tls_server_endpoint(self.reactor, d, ca), mqtt_factory) for d in node.mqtt_tls]
+        ws_factory = websocket_factory(mqtt_factory, node.ws_path, self.reactor, self.cfg.limits.max_packet_size)
+        streams += [("mqtt-ws", tls.server_endpoint(self.reactor, d, ca), ws_factory) for d in node.mqtt_ws]
         streams += [("http", endpoints.serverFromString(self.reactor, d), http_site(self.broker, self.store,
                                                                                     self._extra_stats))
                     for d in node.http]
@@ -149,16 +166,16 @@ class NodeService(service.MultiService):
     @defer.inlineCallbacks
     def _start(self):
         self.executor.start()
+        self.auth_executor.start()
         self.store.open()
         yield self.broker.restore()
         self.sys.start()
-        streams, datagrams = self._listeners()
         bound = []
-        for name, endpoint, factory in streams:
+        for name, endpoint, factory in self.streams:
             port = yield endpoint.listen(factory)
             self.ports.append(port)
             bound.append(f"{name}={_address(port)}")
-        for name, port_number, interface, proto in datagrams:
+        for name, port_number, interface, proto in self.datagrams:
             port = self.reactor.listenUDP(port_number, proto, interface=interface)
             self.ports.append(port)
             bound.append(f"{name}={_address(port)}")
@@ -184,6 +201,7 @@ class NodeService(service.MultiService):
         yield self.store.close()
         self.kv.close()
         self.executor.stop()
+        self.auth_executor.stop()
         log.info("node_stopped")
 
 
@@ -201,7 +219,7 @@ def make_node_service(options: NodeOptions, reactor=None) -> NodeService:
     try:
         cfg = node_config(options)
         return NodeService(reactor, cfg)
-    except (ConfigError, StoreLockedError) as exc:
+    except (ConfigError, StoreLockedError, tls.TLSConfigError, PasswordFileError, ACLError, OSError) as exc:
         print(f"twistmq: {exc}", file=sys.__stderr__, flush=True)
         raise SystemExit(2)
 
