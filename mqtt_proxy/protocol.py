@@ -25,6 +25,7 @@ from mqtt_proxy.codec.reason import DISCONNECT_CODES
 from mqtt_proxy.codec.packets import PING_RESP, Auth, Properties
 from mqtt_proxy.publish import handle_publish, handle_pubrel
 from mqtt_proxy.subscribe import handle_subscribe, handle_unsubscribe
+from store.message_store import PutStatus
 
 log = logging.getLogger("twistmq.mqtt.protocol")
 
@@ -286,6 +287,12 @@ class MQTTServerProtocol(protocol.Protocol):
         self.pending_puts += 1
         if self.pending_puts > self.broker.limits.max_pending_puts and not self._reading_paused:
             self._pause_reading()
+
+    def qos0_stored(self, result) -> None:
+        """A QoS 0 publish reached the store (nothing to answer; a failure is only logged)."""
+        self.put_finished()
+        if result.status is not PutStatus.PUT_OK:
+            log.error("put_failed client=%s status=%s reason=%s", self.client_id, result.status.name, result.reason)
 
     def put_finished(self) -> None:
         self.pending_puts -= 1

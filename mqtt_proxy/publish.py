@@ -67,7 +67,7 @@ def handle_publish(broker, conn, packet) -> None:
         return
 
     refusal = None
-    if not broker.acl.allowed(conn.acl_username, session.client_id, topic, "write"):
+    if broker.acl.configured and not broker.acl.allowed(conn.acl_username, session.client_id, topic, "write"):
         refusal = ReasonCode.NOT_AUTHORIZED
         log.info("publish_denied client=%s user=%s topic=%s", session.client_id, conn.username, topic)
     elif packet.retain and packet.payload and broker.retained is not None \
@@ -104,12 +104,15 @@ def handle_publish(broker, conn, packet) -> None:
     if qos:
         conn.inbound_inflight += 1
     conn.put_started()
+    packet_id = packet.packet_id
     if deliver_at is not None:
         d = broker.timers.schedule(message, deliver_at)
+        d.addCallback(_stored, broker, conn, session, qos, packet_id)
+        d.addErrback(_put_failed, conn, qos, packet_id)
+    elif qos == 0:
+        broker.store.submit(message, conn.qos0_stored)
     else:
-        d = broker.store.put(message)
-    d.addCallback(_stored, broker, conn, session, qos, packet.packet_id)
-    d.addErrback(_put_failed, conn, qos, packet.packet_id)
+        broker.store.submit(message, lambda result: _stored(result, broker, conn, session, qos, packet_id))
 
 
 def _stored(result, broker, conn, session, qos: int, packet_id) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import errno
+import itertools
 import fcntl
 import logging
 import os
@@ -31,6 +32,7 @@ log = logging.getLogger("twistmq.store")
 MAX_GET_COUNT = 1000
 MAX_GET_BYTES = 4 * 1024 * 1024
 REPLAY_CHUNK = 2000
+RECENT_RECORDS = 32768  # records kept decoded after their append: readers of the log's tail skip read+decode
 
 
 class PutStatus(enum.Enum):
@@ -150,6 +152,7 @@ class MessageStore:
         self.is_open = False
         self.puts = 0
         self.bytes_in = 0
+        self._recent: dict[int, rec.Record] = {}  # commit-log offset -> Record, the newest appends
 
     # -- wiring ------------------------------------------------------------------
 
@@ -273,6 +276,19 @@ class MessageStore:
             self._drain_call = self._clock.callLater(0, self._drain)
         return d
 
+    def submit(self, message: rec.Message, on_done: Callable[[PutResult], None]) -> None:
+        """Like ``put`` without a Deferred: ``on_done(result)`` runs when it is acknowledged.
+
+        The MQTT hot path stores one message per PUBLISH; skipping the Deferred
+        and its callbacks is a measurable share of that path.
+        """
+        if not self.is_open:
+            on_done(PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason="store is not open"))
+            return
+        self._pending.append((message, on_done))
+        if self._drain_call is None:
+            self._drain_call = self._clock.callLater(0, self._drain)
+
     def put_batch(self, messages: Sequence[rec.Message]) -> defer.Deferred:
         """Store many messages in one write; fires with a list of PutResults in order."""
         return defer.gatherResults([self.put(m) for m in messages])
@@ -293,7 +309,7 @@ class MessageStore:
                 queues = resolve(message)
                 encoded.append(rec.encode(message, now, queues))
             except (rec.RecordError, ValueError) as exc:
-                d.callback(PutResult(PutStatus.MESSAGE_ILLEGAL, reason=str(exc)))
+                _resolve(d, PutResult(PutStatus.MESSAGE_ILLEGAL, reason=str(exc)))
                 continue
             accepted.append((message, d, queues))
         if not accepted:
@@ -303,7 +319,7 @@ class MessageStore:
         except CommitLogError as exc:
             log.error("commitlog_append_failed messages=%d error=%s", len(accepted), exc)
             for _, d, _q in accepted:
-                d.callback(PutResult(PutStatus.OS_ERROR, reason=str(exc)))
+                _resolve(d, PutResult(PutStatus.OS_ERROR, reason=str(exc)))
             return
         requests = [
             DispatchRequest(off, len(data), now, m.kind, m.topic, queues, m.properties, m.retain, len(m.body))
@@ -314,6 +330,17 @@ class MessageStore:
             gained = disp.dispatch(requests)
             if gained:
                 touched.update(gained)
+        recent = self._recent
+        for r, (m, _d, queues) in zip(requests, accepted):
+            props = dict(m.properties)
+            if queues:
+                props[rec.QUEUES_PROPERTY] = rec.QUEUE_SEPARATOR.join(queues)
+            recent[r.offset] = rec.Record(r.offset, r.size, m.kind, m.qos, m.retain, now, m.born_ts or now, m.topic,
+                                          m.client_id, props, m.body)
+        excess = len(recent) - RECENT_RECORDS
+        if excess > 0:
+            for off in list(itertools.islice(recent, excess)):
+                del recent[off]
         self.puts += len(requests)
         self.bytes_in += sum(r.size for r in requests)
         results = [PutResult(PutStatus.PUT_OK, off, q) for off, (_m, _d, q) in zip(offsets, accepted)]
@@ -322,11 +349,11 @@ class MessageStore:
 
         def acknowledge(_):
             for d, r in zip(waiters, results):
-                d.callback(r)
+                _resolve(d, r)
 
         def fsync_failed(f):
             for d, r in zip(waiters, results):
-                d.callback(PutResult(PutStatus.FLUSH_DISK_FAILED, r.offset, r.queues, f.getErrorMessage()))
+                _resolve(d, PutResult(PutStatus.FLUSH_DISK_FAILED, r.offset, r.queues, f.getErrorMessage()))
 
         flushed.addCallbacks(acknowledge, fsync_failed)
         if touched:
@@ -337,6 +364,9 @@ class MessageStore:
 
     def read(self, offset: int, size: int | None = None) -> defer.Deferred:
         """The record at a commit-log offset."""
+        record = self._recent.get(offset)
+        if record is not None:
+            return defer.succeed(record)
         return defer.maybeDeferred(self.commit_log.read, offset, size)
 
     def get(self, queue: str, offset: int, max_count: int = 32) -> defer.Deferred:
@@ -357,7 +387,10 @@ class MessageStore:
         for e in entries:
             if e.cl_offset < log_min:
                 continue
-            out.append(QueueMessage(e.queue_offset, self.commit_log.read(e.cl_offset, e.size)))
+            record = self._recent.get(e.cl_offset)
+            if record is None:
+                record = self.commit_log.read(e.cl_offset, e.size)
+            out.append(QueueMessage(e.queue_offset, record))
             budget -= e.size
             if budget <= 0:
                 break
@@ -409,3 +442,11 @@ class MessageStore:
     def size_bytes(self) -> int:
         """Bytes of commit log on disk."""
         return sum(s.size for s in self.commit_log.segments())
+
+
+def _resolve(waiter, result: PutResult) -> None:
+    """Fire a put's Deferred, or call a submit's callback."""
+    if type(waiter) is defer.Deferred:
+        waiter.callback(result)
+    else:
+        waiter(result)
