@@ -27,6 +27,8 @@ from mqtt_proxy.auth.authenticator import Authenticator
 from mqtt_proxy.auth.passwords import PasswordFile, PasswordFileError
 from mqtt_proxy.broker import Broker
 from mqtt_proxy.http import http_site
+from mqtt_proxy.native.config import NativeConfig
+from mqtt_proxy.native.service import NativeService
 from mqtt_proxy.node_config import load_config
 from mqtt_proxy.protocol import MQTTServerFactory
 from mqtt_proxy.session_store import SessionStore
@@ -34,10 +36,11 @@ from mqtt_proxy.sys_topics import SysPublisher
 from mqtt_proxy.websocket import websocket_factory
 from push.notifier import Notifier
 from push.read_cache import ReadCache
-from store.config import ConfigError
+from store.config import ConfigError, from_mapping
 from store.executor import ThreadPoolExecutor
 from store.kv import DurableKV
 from store.message_store import MessageStore, StoreLockedError
+from store.timer_service import TimerService
 
 log = logging.getLogger("twistmq.node")
 
@@ -124,6 +127,7 @@ class NodeService(service.MultiService):
         self.retained = RetainedIndex(os.path.join(data_dir, "retained"), cfg.limits.max_retained_messages,
                                       cfg.limits.max_retained_bytes)
         self.store.register_dispatcher(self.retained)
+        self.timers = TimerService(self.store, os.path.join(data_dir, "timer"), reactor)  # a dispatcher: before open
         self.kv = DurableKV(os.path.join(data_dir, "sessions"), reactor, sync=cfg.store.kv_sync)
         self.notifier = Notifier(reactor)
         self.store.add_listener(self.notifier.notify)
@@ -135,10 +139,13 @@ class NodeService(service.MultiService):
                              use_identity_as_username=cfg.node.use_identity_as_username,
                              base_delay=mqtt.auth_fail_delay, max_delay=mqtt.auth_fail_delay_max)
         self.broker = Broker(self.store, SessionStore(self.kv), self.notifier, ReadCache(self.store), self.retained,
-                             reactor, mqtt, cfg.limits, auth=auth, acl=load_acl(mqtt.acl_file or None))
+                             reactor, mqtt, cfg.limits, timers=self.timers, auth=auth,
+                             acl=load_acl(mqtt.acl_file or None))
+        self.native = NativeService(self.store, data_dir, from_mapping(NativeConfig, "native", cfg.native), reactor,
+                                    self.timers)
         self.sys = SysPublisher(self.broker, self.store, reactor, cfg.mqtt.sys_interval)
         self.ports: list = []
-        self.extra_stats = []
+        self.extra_stats = [("native", self.native.stats), ("timer", self.timers.stats)]
         self.streams, self.datagrams = self._listeners()
 
     def _listeners(self):
@@ -153,7 +160,17 @@ class NodeService(service.MultiService):
         streams += [("http", endpoints.serverFromString(self.reactor, d), http_site(self.broker, self.store,
                                                                                     self._extra_stats))
                     for d in node.http]
-        return streams, []
+        streams += [("native", endpoints.serverFromString(self.reactor, d), self.native.tcp_factory())
+                    for d in node.native]
+        datagrams = []
+        for spec in node.native_udp:
+            host, _, port = spec.rpartition(":")
+            try:
+                number = int(port)
+            except ValueError:
+                raise ConfigError(f"--native-udp wants [HOST:]PORT, not {spec!r}") from None
+            datagrams.append(("native-udp", number, host or "", self.native.udp_protocol()))
+        return streams, datagrams
 
     def _extra_stats(self):
         return [(prefix, fn()) for prefix, fn in self.extra_stats]
@@ -168,6 +185,8 @@ class NodeService(service.MultiService):
         self.executor.start()
         self.auth_executor.start()
         self.store.open()
+        self.timers.start()
+        yield self.native.open()
         yield self.broker.restore()
         self.sys.start()
         bound = []
@@ -188,6 +207,7 @@ class NodeService(service.MultiService):
         try:
             self.store.close()
             self.kv.close()
+            self.native.kv.close()
         finally:
             os._exit(1)
 
@@ -198,6 +218,8 @@ class NodeService(service.MultiService):
             yield port.stopListening()
         self.broker.shutdown()
         yield super().stopService()
+        yield self.native.stop()
+        yield self.timers.stop()
         yield self.store.close()
         self.kv.close()
         self.executor.stop()

@@ -1,0 +1,352 @@
+"""Sans-IO codec of the native protocol: bytes in, a checked ``Request`` (or a ``RequestError``) out.
+
+Nothing here does I/O or reads a clock. ``parse_request`` validates every field
+the action uses and names the first problem; ``encode_reply`` turns a reply dict
+into one line of JSON; ``LineBuffer`` splits a TCP byte stream into request
+lines, turning an over-long line into one ``LINE_TOO_LONG`` marker (the rest of
+that line is skipped, the connection stays usable).
+
+The action table and the field rules are documented in ``mqtt_proxy.native``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from lightqueue.topic import TopicError, validate_topic_name
+from mqtt_proxy.native.config import NativeConfig, check_queue_name
+
+PRODUCE, CONSUME, CONFIRM, MONITOR, QUEUE_LIST = 1, 2, 3, 4, 7
+POP, ACK, CHANGE_INVISIBLE_TIME = 11, 12, 13
+NODE_MONITOR, NODE_QUEUE_LIST = 104, 107
+
+ACTIONS: dict[int, str] = {
+    PRODUCE: "produce", CONSUME: "consume", CONFIRM: "confirm", MONITOR: "monitor", QUEUE_LIST: "queue_list",
+    POP: "pop", ACK: "ack", CHANGE_INVISIBLE_TIME: "change_invisible_time",
+    NODE_MONITOR: "node_monitor", NODE_QUEUE_LIST: "node_queue_list",
+}
+ACTION_CODES: dict[str, int] = {name: code for code, name in ACTIONS.items()}
+MAX_SEQ_CHARS = 256
+MAX_GROUP_BYTES = 255
+MAX_MSG_ID = (1 << 63) - 1
+ENCODINGS = ("utf-8", "base64")
+_QUEUE_ACTIONS = (PRODUCE, CONSUME, CONFIRM, MONITOR, POP, ACK, CHANGE_INVISIBLE_TIME)
+
+
+class RequestError(ValueError):
+    """A request that cannot be served: ``reason`` for the reply, ``echo`` the fields it can still echo."""
+
+    def __init__(self, reason: str, echo: dict | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.echo = echo or {}
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One message of a produce (a plain produce has one, a batch produce many)."""
+
+    data: bytes
+    delay: int = 0
+    ttl: int | None = None  # None: the default (queues) or no expiry (topics)
+    retry: int = 0
+    qos: int = 1
+    retain: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A validated request; ``echo`` holds the fields every reply repeats (action, queue, seq, ...)."""
+
+    action: int
+    echo: dict
+    queue: str | None = None
+    topic: str | None = None
+    group: str | None = None
+    items: tuple[Item, ...] = ()
+    batch: bool = False
+    msg_id: int | None = None
+    invisible_time: int | None = None
+    encoding: str = "utf-8"
+
+    @property
+    def name(self) -> str:
+        return ACTIONS[self.action]
+
+
+# -- replies -------------------------------------------------------------------------------------
+
+def encode_reply(reply: dict) -> bytes:
+    """One reply as compact JSON (no newline: the transport adds the framing)."""
+    try:
+        return json.dumps(reply, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(reply, separators=(",", ":")).encode("ascii")
+
+
+def error_reply(reason: str, echo: dict | None = None) -> dict:
+    """``{"code": -1, "reason": ...}`` plus the echoed fields."""
+    out = dict(echo or {})
+    out["code"] = -1
+    out["reason"] = reason
+    return out
+
+
+def encode_data(body: bytes) -> tuple[str, str | None]:
+    """A stored body as reply ``data``: text when it is UTF-8, else base64 (with ``encoding``)."""
+    try:
+        return body.decode("utf-8"), None
+    except UnicodeDecodeError:
+        return base64.b64encode(body).decode("ascii"), "base64"
+
+
+# -- requests ------------------------------------------------------------------------------------
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed in JSON")
+
+
+def _safe_str(value: Any, limit: int) -> bool:
+    if not isinstance(value, str) or len(value) > limit:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _echo_of(obj: dict) -> dict:
+    """The echo fields that are well-formed enough to repeat back."""
+    echo: dict = {}
+    action = obj.get("action")
+    if (isinstance(action, int) and not isinstance(action, bool) and abs(action) < 1 << 31) or \
+            (isinstance(action, str) and action in ACTION_CODES):
+        echo["action"] = action
+    for key in ("queue", "topic", "group"):
+        if key in obj and _safe_str(obj[key], 65535):
+            echo[key] = obj[key]
+    seq = obj.get("seq")
+    if (isinstance(seq, int) and not isinstance(seq, bool) and abs(seq) < 1 << 63) or _safe_str(seq, MAX_SEQ_CHARS):
+        echo["seq"] = seq
+    return echo
+
+
+def parse_json(raw: bytes | str) -> dict:
+    """Decode one request object; raise RequestError (with no echo) if it is not a JSON object."""
+    if isinstance(raw, (bytes, bytearray, memoryview)):
+        try:
+            raw = bytes(raw).decode("utf-8")
+        except UnicodeDecodeError:
+            raise RequestError("request is not valid UTF-8") from None
+    try:
+        obj = json.loads(raw, parse_constant=_reject_constant)
+    except RecursionError:
+        raise RequestError("malformed JSON: nested too deeply") from None
+    except ValueError as exc:
+        raise RequestError(f"malformed JSON: {str(exc)[:200]}") from None
+    if not isinstance(obj, dict):
+        raise RequestError("request must be a JSON object")
+    return obj
+
+
+def parse_request(raw: bytes | str | dict, config: NativeConfig) -> Request:
+    """Decode and validate one request; raise RequestError naming the first problem."""
+    obj = raw if isinstance(raw, dict) else parse_json(raw)
+    echo = _echo_of(obj)
+    try:
+        return _validate(obj, echo, config)
+    except RequestError as exc:
+        exc.echo = echo
+        raise
+
+
+def _int(obj: dict, key: str, default: int | None, lo: int, hi: int) -> int | None:
+    if key not in obj or obj[key] is None:
+        return default
+    value = obj[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(f"{key} must be an integer, not {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise RequestError(f"{key} must be between {lo} and {hi}, not {value}")
+    return value
+
+
+def _str(obj: dict, key: str, *, required: bool = False) -> str | None:
+    value = obj.get(key)
+    if value is None:
+        if required:
+            raise RequestError(f"missing field {key}")
+        return None
+    if not isinstance(value, str):
+        raise RequestError(f"{key} must be a string, not {type(value).__name__}")
+    return value
+
+
+def _validate(obj: dict, echo: dict, cfg: NativeConfig) -> Request:
+    if "action" not in obj:
+        raise RequestError("missing field action")
+    raw_action = obj["action"]
+    if isinstance(raw_action, str):
+        if raw_action not in ACTION_CODES:
+            raise RequestError(f"unknown action {raw_action[:64]!r}")
+        action = ACTION_CODES[raw_action]
+    elif isinstance(raw_action, int) and not isinstance(raw_action, bool):
+        if raw_action not in ACTIONS:
+            raise RequestError(f"unknown action {raw_action}")
+        action = raw_action
+    else:
+        raise RequestError(f"action must be an integer code or a name, not {type(raw_action).__name__}")
+    seq = obj.get("seq")
+    if seq is not None and "seq" not in echo:
+        raise RequestError(f"seq must be an integer or a string of at most {MAX_SEQ_CHARS} characters")
+    if action not in _QUEUE_ACTIONS:
+        return Request(action, echo)
+
+    queue, topic = _str(obj, "queue"), _str(obj, "topic")
+    if (queue is None) == (topic is None):
+        raise RequestError("exactly one of queue and topic is required")
+    if queue is not None:
+        problem = check_queue_name(queue)
+        if problem:
+            raise RequestError(problem)
+    else:
+        try:
+            validate_topic_name(topic)
+        except TopicError as exc:
+            raise RequestError(f"bad topic: {exc}") from None
+        except UnicodeEncodeError:
+            raise RequestError("topic is not valid UTF-8") from None
+    group = _str(obj, "group")
+    if group is not None and (check_queue_name(group) or len(group.encode("utf-8")) > MAX_GROUP_BYTES):
+        raise RequestError("group must be a non-empty name of at most 255 bytes without ',', NUL or line breaks")
+    encoding = _str(obj, "encoding") or "utf-8"
+    if encoding not in ENCODINGS:
+        raise RequestError(f"encoding must be one of {', '.join(ENCODINGS)}")
+
+    if action == PRODUCE:
+        if topic is not None and group is not None:
+            raise RequestError("group is not used by produce")
+        if "batch" in obj and obj["batch"] is not None:
+            if "data" in obj:
+                raise RequestError("give either data or batch, not both")
+            batch = obj["batch"]
+            if not isinstance(batch, list) or not batch:
+                raise RequestError("batch must be a non-empty list")
+            if len(batch) > cfg.max_batch:
+                raise RequestError(f"batch of {len(batch)} messages exceeds max_batch {cfg.max_batch}")
+            items = []
+            for i, entry in enumerate(batch):
+                if isinstance(entry, str):
+                    entry = {"data": entry}
+                if not isinstance(entry, dict):
+                    raise RequestError(f"batch[{i}] must be a string or an object")
+                unknown = set(entry) - {"data", "delay", "ttl", "retry", "qos", "retain"}
+                if unknown:
+                    raise RequestError(f"batch[{i}]: unknown field {sorted(unknown)[0]!r}")
+                merged = {k: obj[k] for k in ("delay", "ttl", "retry", "qos", "retain") if k in obj}
+                merged.update(entry)
+                try:
+                    items.append(_item(merged, topic is not None, encoding, cfg))
+                except RequestError as exc:
+                    raise RequestError(f"batch[{i}]: {exc.reason}") from None
+            return Request(action, echo, queue, topic, None, tuple(items), True, encoding=encoding)
+        return Request(action, echo, queue, topic, None, (_item(obj, topic is not None, encoding, cfg),),
+                       encoding=encoding)
+
+    msg_id = _int(obj, "msg_id", None, 0, MAX_MSG_ID)
+    if action in (CONFIRM, ACK, CHANGE_INVISIBLE_TIME) and msg_id is None:
+        raise RequestError("missing field msg_id")
+    invisible = None
+    if action in (POP, CHANGE_INVISIBLE_TIME):
+        default = cfg.default_invisible_time_s if action == POP else None
+        invisible = _int(obj, "invisible_time", default, 1, cfg.max_invisible_time_s)
+        if invisible is None:
+            raise RequestError("missing field invisible_time")
+    return Request(action, echo, queue, topic, group, (), False, msg_id, invisible, encoding)
+
+
+def _item(obj: dict, to_topic: bool, encoding: str, cfg: NativeConfig) -> Item:
+    data = obj.get("data")
+    if data is None:
+        raise RequestError("missing field data")
+    if not isinstance(data, str):
+        raise RequestError(f"data must be a string, not {type(data).__name__}")
+    if encoding == "base64":
+        try:
+            body = base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError):
+            raise RequestError("data is not valid base64") from None
+    else:
+        try:
+            body = data.encode("utf-8")
+        except UnicodeEncodeError:
+            raise RequestError("data is not valid UTF-8 (lone surrogate)") from None
+    delay = _int(obj, "delay", 0, 0, cfg.max_delay_s)
+    ttl = _int(obj, "ttl", None if to_topic else cfg.default_ttl_s, 1, cfg.max_ttl_s)
+    retry = _int(obj, "retry", 0, 0, cfg.max_retry_s)
+    if ttl is not None and ttl <= delay:
+        raise RequestError(f"ttl ({ttl}) must be greater than delay ({delay})")
+    qos, retain = 1, False
+    if to_topic:
+        if retry:
+            raise RequestError("retry is for queues; topic subscribers get MQTT delivery")
+        qos = _int(obj, "qos", 1, 0, 2)
+        retain = obj.get("retain", False)
+        if not isinstance(retain, bool):
+            raise RequestError("retain must be true or false")
+    else:
+        for key in ("qos", "retain"):
+            if obj.get(key) is not None:
+                raise RequestError(f"{key} is for topics, not queues")
+    return Item(body, delay, ttl, retry, qos, retain)
+
+
+class _LineTooLong:
+    def __repr__(self) -> str:
+        return "LINE_TOO_LONG"
+
+
+LINE_TOO_LONG = _LineTooLong()
+
+
+class LineBuffer:
+    """Splits a byte stream at ``\\n`` (a trailing ``\\r`` is dropped; blank lines are skipped)."""
+
+    def __init__(self, max_line: int) -> None:
+        self.max_line = max_line
+        self._buf = bytearray()
+        self._skipping = False
+
+    def feed(self, data: bytes) -> list:
+        """The complete lines in ``data`` (bytes), with ``LINE_TOO_LONG`` for each over-long line."""
+        out: list = []
+        buf = self._buf
+        buf += data
+        start = 0
+        while True:
+            nl = buf.find(b"\n", start)
+            if nl < 0:
+                break
+            if self._skipping:
+                self._skipping = False
+            else:
+                line = bytes(buf[start:nl])
+                if line.endswith(b"\r"):
+                    line = line[:-1]
+                if len(line) > self.max_line:
+                    out.append(LINE_TOO_LONG)
+                elif line.strip():
+                    out.append(line)
+            start = nl + 1
+        del buf[:start]
+        if len(buf) > self.max_line:
+            if not self._skipping:
+                out.append(LINE_TOO_LONG)
+                self._skipping = True
+            del buf[:]
+        return out

@@ -1,0 +1,490 @@
+"""The native queue engine: requests in, reply dicts out, on the store, a durable KV and the timer.
+
+Storage model:
+
+- a produce to queue ``q`` is one ``NATIVE_MESSAGE`` record (topic ``q``, body the
+  data) indexed in the light queue ``%QUEUE%q``; a virtual queue's record names its
+  real queues in the ``TARGETS`` property, so it is stored once and indexed in
+  each; ``delay`` goes through the TimerService (one TIMER record, the real one
+  when due); the expiry time is the record property ``exp`` (absolute ms, the
+  same one MQTT message expiry uses) and ``retry`` the property ``retry`` (s);
+- a produce to a topic is one ``MQTT_PUBLISH`` record, so MQTT subscribers get it;
+- ``msg_id`` is the commit-log offset of the record the produce wrote (for a
+  delayed message the TIMER record's, carried on as ``ORIGIN``);
+- consumers are ``Cursor``s (``state.py``) keyed by (store queue, group), kept in
+  a ``DurableKV`` under ``DATA_DIR/native``: ``o|queue NUL group`` -> offset and
+  ``f|queue NUL group NUL msg_id`` -> in-flight entry. Every reply that reports a change
+  of that state is sent after the KV batch holding it is durable.
+
+The engine reads the store in-process: the Deferreds of ``store.get``/``read``/
+``max_offset`` fire at once (``MessageStore`` serves them from the caller's
+thread), which is what keeps two consumes of one tick from taking one message.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import struct
+import time
+from typing import Any
+
+from twisted.internet import defer
+
+from lightqueue.names import native_queue_name, topic_queue_name
+from lightqueue.topic import first_level
+from mqtt_proxy.message_props import EXPIRES_AT
+from mqtt_proxy.native import codec
+from mqtt_proxy.native.codec import Item, Request
+from mqtt_proxy.native.config import NativeConfig
+from mqtt_proxy.native.state import NO_EXPIRY, Cursor, InFlight, decode_inflight, encode_inflight
+from store import record as rec
+from store.kv import DurableKV
+from store.message_store import MessageStore, PutResult, PutStatus
+
+log = logging.getLogger("twistmq.native")
+
+RETRY = "retry"
+TARGETS = "TARGETS"
+ORIGIN = "ORIGIN"  # set by store.timer_service on a delayed message
+QUEUE_GROUP = ""  # the group of plain consume/confirm on a queue: the queue's own cursor
+TOPIC_GROUP = "default"  # the group when a topic consume or a pop leaves it out
+PREFETCH = 32
+MAX_SKIP = 1000  # expired/duplicate entries skipped per request before answering "nothing ready"
+_U64 = struct.Struct(">Q")
+
+
+class EngineError(Exception):
+    """A request that fails for a reason the client should read."""
+
+
+def _now_result(d: defer.Deferred) -> Any:
+    """The result of an already-fired Deferred (in-process store reads)."""
+    out: list = []
+    d.addBoth(out.append)
+    if not out:
+        raise RuntimeError("the native engine needs an in-process store (a read did not complete at once)")
+    result = out[0]
+    if isinstance(result, Exception) or hasattr(result, "raiseException"):
+        result.raiseException()
+    return result
+
+
+def _msg_id(record: rec.Record) -> int:
+    origin = record.properties.get(ORIGIN)
+    if origin is not None:
+        try:
+            return int(origin)
+        except ValueError:
+            pass
+    return record.offset
+
+
+def _expire_at(record: rec.Record) -> int:
+    exp = record.properties.get(EXPIRES_AT)
+    try:
+        return int(exp) if exp is not None else NO_EXPIRY
+    except ValueError:
+        return NO_EXPIRY
+
+
+class NativeEngine:
+    """Serves validated requests; ``handle`` never fails (errors become ``code: -1`` replies)."""
+
+    def __init__(self, store: MessageStore, kv: DurableKV, config: NativeConfig, clock, timers=None) -> None:
+        self.store = store
+        self.kv = kv
+        self.config = config
+        self._clock = clock
+        self.timers = timers
+        self._cursors: dict[tuple[str, str], Cursor] = {}
+        self._buffers: dict[tuple[str, str], collections.deque] = {}
+        self._queues: set[str] = set()  # native queue names ever produced to (durable)
+        self._topics: set[str] = set()  # topic consume queues seen since start
+        self._unindexed: collections.Counter = collections.Counter()
+        self._virtual = {name: tuple(dict.fromkeys(targets)) for name, targets in config.virtual_queues.items()}
+        self._started = time.time()
+        self.counters = collections.Counter()
+
+    # -- durable state ---------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Load cursors, in-flight entries and queue names from the KV."""
+        for key, value in self.kv.scan(b"n|"):
+            self._queues.add(key[2:].decode("utf-8"))
+        for key, value in self.kv.scan(b"o|"):
+            queue, group = key[2:].decode("utf-8").split("\x00", 1)
+            self._cursor(queue, group).offset = _U64.unpack(value)[0]
+        restored = 0
+        for key, value in self.kv.scan(b"f|"):
+            head, msg_id = key[2:-9], _U64.unpack(key[-8:])[0]
+            queue, group = head.decode("utf-8").split("\x00", 1)
+            self._cursor(queue, group).restore(decode_inflight(msg_id, value))
+            restored += 1
+        for name in self._virtual:
+            self._queues.discard(name)
+        log.info("native_state_loaded queues=%d cursors=%d inflight=%d", len(self._queues), len(self._cursors),
+                 restored)
+
+    @staticmethod
+    def _ckey(prefix: bytes, queue: str, group: str) -> bytes:
+        return prefix + f"{queue}\x00{group}".encode("utf-8")
+
+    def _cursor(self, queue: str, group: str) -> Cursor:
+        c = self._cursors.get((queue, group))
+        if c is None:
+            c = self._cursors[(queue, group)] = Cursor(queue, group)
+        return c
+
+    def _save_offset(self, c: Cursor) -> defer.Deferred:
+        return self.kv.put(self._ckey(b"o|", c.queue, c.group), _U64.pack(c.offset))
+
+    def _save_inflight(self, c: Cursor, e: InFlight) -> defer.Deferred:
+        return self.kv.put(self._ckey(b"f|", c.queue, c.group) + b"\x00" + _U64.pack(e.msg_id), encode_inflight(e))
+
+    def _drop_inflight(self, c: Cursor, msg_id: int) -> defer.Deferred:
+        return self.kv.delete(self._ckey(b"f|", c.queue, c.group) + b"\x00" + _U64.pack(msg_id))
+
+    def note_queues(self, names: set[str]) -> None:
+        """Store listener: remember topic consume queues that gained entries (for the queue lists)."""
+        for n in names:
+            if n.startswith("%TOPIC%"):
+                self._topics.add(n)
+
+    # -- entry point ------------------------------------------------------------------------------
+
+    def now_ms(self) -> int:
+        return int(self._clock.seconds() * 1000)
+
+    def handle(self, req: Request, max_data_bytes: int | None = None) -> defer.Deferred:
+        """Serve one request; fires with the reply dict (echo fields included), never with a failure."""
+        self.counters["requests"] += 1
+        self.counters["requests_" + req.name] += 1
+        d = defer.maybeDeferred(self._dispatch, req, max_data_bytes)
+        return d.addCallbacks(lambda reply: self._finish(req, reply), lambda f: self._failed(req, f))
+
+    def _finish(self, req: Request, reply: dict) -> dict:
+        out = dict(req.echo)
+        out.update(reply)
+        if out.get("code", 0) != 0:
+            self.counters["errors"] += 1
+        return out
+
+    def _failed(self, req: Request, failure) -> dict:
+        self.counters["errors"] += 1
+        if failure.check(EngineError):
+            return codec.error_reply(str(failure.value), req.echo)
+        log.error("native_request_failed action=%s error=%s", req.name, failure.getTraceback())
+        return codec.error_reply(f"internal error: {failure.getErrorMessage()[:200]}", req.echo)
+
+    def _dispatch(self, req: Request, max_data_bytes: int | None):
+        a = req.action
+        if a == codec.PRODUCE:
+            return self._produce(req)
+        if a in (codec.CONSUME, codec.POP):
+            return self._consume(req, max_data_bytes)
+        if a in (codec.CONFIRM, codec.ACK):
+            return self._ack(req)
+        if a == codec.CHANGE_INVISIBLE_TIME:
+            return self._change_invisible(req)
+        if a == codec.MONITOR:
+            return self._monitor(req)
+        if a in (codec.QUEUE_LIST, codec.NODE_QUEUE_LIST):
+            return self._queue_list()
+        if a == codec.NODE_MONITOR:
+            return self._node_monitor()
+        raise EngineError(f"action {a} is not served")
+
+    # -- produce -----------------------------------------------------------------------------------
+
+    def _targets(self, queue: str) -> tuple[str, ...]:
+        return self._virtual.get(queue, (queue,))
+
+    def _size(self, queue: str) -> int:
+        """Messages in a native queue not yet consumed for good: ready + in flight + being written."""
+        qname = native_queue_name(queue)
+        c = self._cursors.get((qname, QUEUE_GROUP))
+        hi = _now_result(self.store.max_offset(qname))
+        if c is None:
+            return hi + self._unindexed[queue]
+        return max(0, hi - c.offset) + len(c.inflight) + self._unindexed[queue]
+
+    def _produce(self, req: Request) -> defer.Deferred:
+        now = self.now_ms()
+        if req.queue is not None:
+            targets = self._targets(req.queue)
+            n = len(req.items)
+            for t in targets:
+                size = self._size(t)
+                if size + n > self.config.max_queue_size:
+                    raise EngineError(f"queue {t} is full ({size} of max_size {self.config.max_queue_size})")
+            waits = [self._register_queue(t) for t in targets if t not in self._queues]
+            messages = [self._queue_message(req.queue, targets, item, now) for item in req.items]
+            for t in targets:
+                self._unindexed[t] += n
+        else:
+            targets, waits = (), []
+            messages = [self._topic_message(req.topic, item, now) for item in req.items]
+        puts = []
+        for item, m in zip(req.items, messages):
+            if item.delay and self.timers is not None:
+                puts.append(self.timers.schedule(m, now + item.delay * 1000))
+            else:
+                if item.delay:
+                    raise EngineError("delay is not available (no timer service)")
+                puts.append(self.store.put(m))
+        self.counters["produced"] += len(puts)
+        if len(puts) == 1 and not waits and not targets:
+            return puts[0].addCallback(lambda r: self._produced(req, [r]))
+        d = puts[0].addCallback(lambda r: [r]) if len(puts) == 1 else defer.gatherResults(puts, consumeErrors=True)
+
+        def done(results: list[PutResult]):
+            for t in targets:
+                self._unindexed[t] -= len(results)
+                if self._unindexed[t] <= 0:
+                    del self._unindexed[t]
+            if not waits:
+                return self._produced(req, results)
+            return defer.gatherResults(waits, consumeErrors=True).addCallback(lambda _: self._produced(req, results))
+
+        def failed(f):
+            for t in targets:
+                self._unindexed[t] -= len(puts)
+                if self._unindexed[t] <= 0:
+                    del self._unindexed[t]
+            return f
+
+        return d.addCallbacks(done, failed)
+
+    def _produced(self, req: Request, results: list[PutResult]) -> dict:
+        ids = [r.offset if r.status is PutStatus.PUT_OK else None for r in results]
+        bad = [r for r in results if r.status is not PutStatus.PUT_OK]
+        reply: dict = {"code": 0, "node_id": self.config.node_id}
+        if req.batch:
+            reply["msg_ids"] = ids
+            reply["count"] = len(ids) - len(bad)
+        elif not bad:
+            reply["msg_id"] = ids[0]
+        if bad:
+            reply["code"] = -1
+            reply["reason"] = f"not stored: {bad[0].status.value} {bad[0].reason}".strip()
+        return reply
+
+    def _register_queue(self, queue: str) -> defer.Deferred:
+        self._queues.add(queue)
+        return self.kv.put(b"n|" + queue.encode("utf-8"), b"")
+
+    def _queue_message(self, queue: str, targets: tuple[str, ...], item: Item, now: int) -> rec.Message:
+        props = {EXPIRES_AT: str(now + item.ttl * 1000)}
+        if item.retry:
+            props[RETRY] = str(item.retry)
+        if targets != (queue,):
+            props[TARGETS] = ",".join(targets)
+        return rec.Message(queue, item.data, rec.RecordKind.NATIVE_MESSAGE, 0, False, "", now, props)
+
+    def _topic_message(self, topic: str, item: Item, now: int) -> rec.Message:
+        props = {EXPIRES_AT: str(now + item.ttl * 1000)} if item.ttl is not None else {}
+        return rec.Message(topic, item.data, rec.RecordKind.MQTT_PUBLISH, item.qos, item.retain, "", now, props)
+
+    # -- consume / pop -----------------------------------------------------------------------------
+
+    def _source(self, req: Request) -> tuple[str, str]:
+        """(store queue name, group) of a consuming request."""
+        if req.queue is not None:
+            if req.queue in self._virtual:
+                raise EngineError(f"{req.queue} is a virtual queue: it only takes writes, "
+                                  f"read its real queues {', '.join(self._virtual[req.queue])}")
+            default = TOPIC_GROUP if req.action in (codec.POP, codec.ACK, codec.CHANGE_INVISIBLE_TIME) \
+                else QUEUE_GROUP
+            return native_queue_name(req.queue), req.group or default
+        return topic_queue_name(first_level(req.topic)), req.group or TOPIC_GROUP
+
+    def _consume(self, req: Request, max_data_bytes: int | None) -> defer.Deferred | dict:
+        qname, group = self._source(req)
+        c = self._cursor(qname, group)
+        now = self.now_ms()
+        pop = req.action == codec.POP
+        pop_ms = req.invisible_time * 1000 if pop else None
+        writes: list[defer.Deferred] = []
+        expired: list[InFlight] = []
+        # 1. a message in flight whose invisible time is over comes back first
+        e = c.due(now, expired)
+        for x in expired:
+            writes.append(self._drop_inflight(c, x.msg_id))
+            self.counters["expired"] += 1
+        if e is not None:
+            record = self._read(e.cl_offset, e.size)
+            if record is None:  # retention removed it
+                c.ack(e.msg_id)
+                writes.append(self._drop_inflight(c, e.msg_id))
+            elif self._too_big(record, max_data_bytes):
+                return self._after(writes, self._too_big_reply(e.msg_id, record))
+            else:
+                c.redeliver(e, now, pop_ms)
+                writes.append(self._save_inflight(c, e))
+                self.counters["redelivered"] += 1
+                return self._after(writes, self._message_reply(req, e.msg_id, record, e.attempts))
+        # 2. the next new message
+        key = (qname, group)
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = self._buffers[key] = collections.deque()
+        moved = False
+        for _ in range(MAX_SKIP):
+            while buf and buf[0].queue_offset < c.offset:
+                buf.popleft()
+            if not buf:
+                got = _now_result(self.store.get(qname, c.offset, PREFETCH))
+                if not got:
+                    break
+                buf.extend(got)
+                continue
+            qm = buf[0]
+            record = qm.record
+            msg_id = _msg_id(record)
+            expire_at = _expire_at(record)
+            if (expire_at != NO_EXPIRY and expire_at <= now) or c.is_inflight(msg_id):
+                c.skip(qm.queue_offset)
+                buf.popleft()
+                moved = True
+                self.counters["expired" if expire_at != NO_EXPIRY and expire_at <= now else "duplicates"] += 1
+                continue
+            if self._too_big(record, max_data_bytes):
+                if moved:
+                    writes.append(self._save_offset(c))
+                return self._after(writes, self._too_big_reply(msg_id, record))
+            if pop:
+                invisible = pop_ms
+            else:
+                try:
+                    invisible = int(record.properties.get(RETRY, "0")) * 1000
+                except ValueError:
+                    invisible = 0
+            buf.popleft()
+            entry = c.take(qm.queue_offset, msg_id, record.offset, record.size, expire_at, invisible, now)
+            writes.append(self._save_offset(c))
+            if entry is not None:
+                writes.append(self._save_inflight(c, entry))
+            self.counters["consumed"] += 1
+            return self._after(writes, self._message_reply(req, msg_id, record, 1))
+        if moved:
+            writes.append(self._save_offset(c))
+        return self._after(writes, {"code": 0})
+
+    def _read(self, cl_offset: int, size: int) -> rec.Record | None:
+        if cl_offset < self.store.commit_log.min_offset:
+            return None
+        try:
+            return _now_result(self.store.read(cl_offset, size))
+        except Exception as exc:  # noqa: BLE001 - an unreadable record is skipped, not fatal
+            log.error("native_read_failed offset=%d error=%s", cl_offset, exc)
+            return None
+
+    @staticmethod
+    def _too_big(record: rec.Record, max_data_bytes: int | None) -> bool:
+        return max_data_bytes is not None and len(record.body) * 4 // 3 + 4 > max_data_bytes
+
+    @staticmethod
+    def _too_big_reply(msg_id: int, record: rec.Record) -> dict:
+        return {"code": -1, "msg_id": msg_id,
+                "reason": f"message of {len(record.body)} bytes does not fit a UDP reply: consume it over TCP"}
+
+    def _message_reply(self, req: Request, msg_id: int, record: rec.Record, attempts: int) -> dict:
+        data, encoding = codec.encode_data(record.body)
+        reply: dict = {"code": 0, "msg_id": msg_id, "data": data}
+        if encoding:
+            reply["encoding"] = encoding
+        if attempts > 1:
+            reply["attempts"] = attempts
+        if record.kind == rec.RecordKind.MQTT_PUBLISH:
+            reply["msg_topic"] = record.topic
+            reply["qos"] = record.qos
+            reply["client_id"] = record.client_id
+        return reply
+
+    @staticmethod
+    def _after(writes: list[defer.Deferred], reply: dict) -> defer.Deferred | dict:
+        if not writes:
+            return reply
+        if len(writes) == 1:
+            return writes[0].addCallback(lambda _: reply)
+        return defer.gatherResults(writes, consumeErrors=True).addCallback(lambda _: reply)
+
+    # -- ack / change invisible time -------------------------------------------------------------
+
+    def _ack(self, req: Request) -> defer.Deferred:
+        qname, group = self._source(req)
+        c = self._cursors.get((qname, group))
+        e = c.ack(req.msg_id) if c is not None else None
+        if e is None:
+            raise EngineError(f"msg_id {req.msg_id} is not in flight for this consumer (already confirmed, "
+                              f"expired, or consumed at-most-once)")
+        self.counters["confirmed"] += 1
+        return self._after([self._drop_inflight(c, req.msg_id)], {"code": 0, "msg_id": req.msg_id})
+
+    def _change_invisible(self, req: Request) -> defer.Deferred:
+        qname, group = self._source(req)
+        c = self._cursors.get((qname, group))
+        now = self.now_ms()
+        e = c.change_invisible(req.msg_id, now, req.invisible_time * 1000) if c is not None else None
+        if e is None:
+            raise EngineError(f"msg_id {req.msg_id} is not in flight for this consumer")
+        return self._after([self._save_inflight(c, e)],
+                           {"code": 0, "msg_id": req.msg_id, "visible_at": e.visible_at})
+
+    # -- monitoring --------------------------------------------------------------------------------
+
+    def _wait_status(self, size: int) -> int:
+        mx = self.config.max_queue_size
+        return 2 if size >= mx else 1 if size * 5 >= mx * 4 else 0
+
+    def _queue_info(self, queue: str) -> dict:
+        qname = native_queue_name(queue)
+        hi = _now_result(self.store.max_offset(qname))
+        size = self._size(queue)
+        c = self._cursors.get((qname, QUEUE_GROUP))
+        max_id = -1
+        if hi:
+            last = _now_result(self.store.get(qname, hi - 1, 1))
+            if last:
+                max_id = _msg_id(last[0].record)
+        return {"queue": queue, "size": size, "max_size": self.config.max_queue_size, "max_id": max_id,
+                "inflight": len(c.inflight) if c is not None else 0, "wait_status": self._wait_status(size)}
+
+    def _monitor(self, req: Request) -> dict:
+        if req.queue is None:
+            qname = topic_queue_name(first_level(req.topic))
+            c = self._cursors.get((qname, req.group or TOPIC_GROUP))
+            hi = _now_result(self.store.max_offset(qname))
+            size = max(0, hi - (c.offset if c is not None else 0)) + (len(c.inflight) if c is not None else 0)
+            return {"code": 0, "size": size, "max_id": hi - 1, "node_id": self.config.node_id}
+        if req.queue in self._virtual:
+            infos = [self._queue_info(t) for t in self._virtual[req.queue]]
+            size = max(i["size"] for i in infos)
+            return {"code": 0, "size": size, "max_size": self.config.max_queue_size,
+                    "wait_status": self._wait_status(size), "node_id": self.config.node_id, "queues": infos}
+        info = self._queue_info(req.queue)
+        info.pop("queue")
+        info.update(code=0, node_id=self.config.node_id)
+        return info
+
+    def _queue_list(self) -> dict:
+        queues = [self._queue_info(q) for q in sorted(self._queues)]
+        topics = sorted(t[len("%TOPIC%"):] for t in self._topics)
+        return {"code": 0, "node_id": self.config.node_id, "queues": queues,
+                "virtual_queues": {k: list(v) for k, v in sorted(self._virtual.items())}, "topics": topics}
+
+    def _node_monitor(self) -> dict:
+        inflight = sum(len(c.inflight) for c in self._cursors.values())
+        return {"code": 0, "node_id": self.config.node_id, "queue_count": len(self._queues),
+                "consumer_count": len(self._cursors), "inflight": inflight,
+                "trans_id": self.store.commit_log.max_offset, "uptime_s": int(time.time() - self._started),
+                "requests": self.counters["requests"], "max_size": self.config.max_queue_size}
+
+    def stats(self) -> dict[str, float]:
+        """Counters for metrics."""
+        out = {f"native_{k}_total": float(v) for k, v in self.counters.items()}
+        out["native_queues"] = float(len(self._queues))
+        out["native_cursors"] = float(len(self._cursors))
+        out["native_inflight"] = float(sum(len(c.inflight) for c in self._cursors.values()))
+        return out

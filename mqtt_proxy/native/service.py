@@ -1,0 +1,70 @@
+"""The native protocol service the node composes: engine + durable state + TCP and UDP adapters."""
+
+from __future__ import annotations
+
+import os
+
+from twisted.internet import defer, protocol
+
+from mqtt_proxy.native.config import NativeConfig
+from mqtt_proxy.native.engine import NativeEngine
+from mqtt_proxy.native.protocol import NativeTCPFactory, NativeUDPProtocol
+from store.kv import DurableKV
+
+STATE_DIR = "native"
+
+
+class NativeService:
+    """``NativeService(store, data_dir, config, clock, timers)``; ``open()`` before listening, ``stop()`` before the store closes."""
+
+    def __init__(self, store, data_dir: str, config: NativeConfig, clock, timers=None) -> None:
+        self.store = store
+        self.config = config
+        self.clock = clock
+        self.timers = timers
+        sync = bool(getattr(getattr(store, "config", None), "kv_sync", False))
+        self.kv = DurableKV(os.path.join(data_dir, STATE_DIR), clock, sync=sync)
+        self.engine = NativeEngine(store, self.kv, config, clock, timers)
+        self.counters = self.engine.counters
+        self.connections: set = set()
+        self._udp: list[NativeUDPProtocol] = []
+        self._opened = False
+        self._stopped = False
+        store.add_listener(self.engine.note_queues)
+
+    def open(self) -> defer.Deferred:
+        """Load consumer offsets and in-flight state (call after ``store.open()``)."""
+        if not self._opened:
+            self.engine.open()
+            self._opened = True
+        return defer.succeed(None)
+
+    def tcp_factory(self) -> protocol.Factory:
+        """The factory to listen with on a TCP endpoint."""
+        return NativeTCPFactory(self)
+
+    def udp_protocol(self) -> protocol.DatagramProtocol:
+        """A protocol to pass to ``reactor.listenUDP``."""
+        p = NativeUDPProtocol(self)
+        self._udp.append(p)
+        return p
+
+    def stop(self) -> defer.Deferred:
+        """Drop client connections, make staged state durable and close the KV."""
+        if self._stopped:
+            return defer.succeed(None)
+        self._stopped = True
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.transport.loseConnection()
+        self.kv.close()
+        return defer.succeed(None)
+
+    def stats(self) -> dict[str, float]:
+        """Gauges and counters for Prometheus (names without the ``twistmq_`` prefix)."""
+        out = self.engine.stats()
+        out["native_tcp_connections"] = float(len(self.connections))
+        return out
+
+
+__all__ = ["NativeService", "NativeConfig"]

@@ -1,0 +1,344 @@
+"""Delayed messages on the store: TIMER records in, real messages out when they are due.
+
+``schedule(message, deliver_at_ms)`` appends ONE commit-log record of kind
+``TIMER`` that holds the real message (topic, body, qos, retain, client id and
+properties) plus two properties: ``TIMER_KIND`` (the real record kind) and
+``TIMER_AT`` (the delivery time, ms since the epoch). The service is a store
+dispatcher: every TIMER record dispatched (live or replayed after a crash) is
+enqueued in the ``Timer`` (timer log + wheel). A ``LoopingCall`` on the injected
+clock advances the timer every ``precision_ms``; each due entry is read back from
+the commit log and its real message is ``put`` into the store, where it is
+indexed and delivered like any other. The real message carries the property
+``ORIGIN``: the commit-log offset of the first TIMER record written for it, a
+stable id that the native protocol reports as ``msg_id``.
+
+Durability (what survives kill -9):
+
+- A scheduled message is acknowledged once its TIMER record is written (the
+  store's rule), so it survives by construction: the record is in the log.
+- The checkpoint file (``DIR/checkpoint.json``) holds the timer checkpoint and
+  ``dispatched_offset``, the commit-log offset up to which the timer has seen
+  every record. After a restart the store replays the log from there into the
+  timer, so TIMER records appended after the checkpoint are enqueued again.
+- A checkpoint is only taken when every entry handed out by the timer has been
+  put into the store and acknowledged (a barrier: advancing pauses until the
+  delivery puts in flight resolve). So a crash may deliver an entry twice (it
+  was put after the saved checkpoint, and the timer hands it out again), never
+  zero times: at-least-once.
+- Long delays hop: a TIMER record is parked at most ``hop_ms`` ahead; when that
+  comes due and the real time is still ahead, a fresh TIMER record (same
+  ``ORIGIN``) is appended, so commit-log retention never deletes the only copy
+  of a message that is still waiting.
+
+Only ``stop()``/``close()`` flush synchronously; per checkpoint the reactor pays
+one small timer-log fsync and one small file write, and the 28-bytes-per-slot
+wheel snapshot is written every ``wheel_snapshot_s`` (recovery re-chains the
+timer-log units written after the snapshot it finds).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import shutil
+from typing import Callable, Sequence
+
+from twisted.internet import defer, task
+
+from store import record as rec
+from store.message_store import DispatchRequest, MessageStore, PutResult, PutStatus
+from store.timer import EnqueueStatus, Timer, TimerCheckpoint, TimerEntry
+
+log = logging.getLogger("twistmq.store.timer_service")
+
+TIMER_KIND = "TIMER_KIND"
+TIMER_AT = "TIMER_AT"
+ORIGIN = "ORIGIN"
+CHECKPOINT_FILE = "checkpoint.json"
+WHEEL_SPAN_MS = 4 * 3600 * 1000  # the wheel covers 4 hours whatever the precision; longer delays roll
+DEFAULT_HOP_MS = 24 * 3600 * 1000
+MAX_CATCH_UP_MS = 600_000  # slots consumed per tick after a long stop (keeps the reactor responsive)
+_INTERNAL = (TIMER_KIND, TIMER_AT, rec.QUEUES_PROPERTY)
+
+
+class TimerService:
+    """The store's delayed-delivery service; one per store, shared by MQTT and the native protocol."""
+
+    def __init__(self, store: MessageStore, directory: str, clock, precision_ms: int = 100, *,
+                 slot_count: int | None = None, checkpoint_interval_s: float = 1.0,
+                 wheel_snapshot_s: float = 30.0, hop_ms: int | None = None, max_per_tick: int = 20_000) -> None:
+        if getattr(store, "is_open", False):
+            raise RuntimeError("TimerService must be created before store.open() (it replays as a dispatcher)")
+        self.store = store
+        self.directory = directory
+        self._clock = clock
+        self.precision_ms = precision_ms
+        self._slot_count = slot_count or max(2, WHEEL_SPAN_MS // precision_ms)
+        self._cp_interval_ms = int(checkpoint_interval_s * 1000)
+        self._wheel_interval_ms = int(wheel_snapshot_s * 1000)
+        if hop_ms is None:
+            retention_ms = int(getattr(store.config, "retention_hours", 72.0) * 3600 * 1000)
+            hop_ms = max(precision_ms, min(DEFAULT_HOP_MS, retention_ms // 2))
+        self.hop_ms = hop_ms
+        self.max_per_tick = max_per_tick
+        os.makedirs(directory, exist_ok=True)
+        saved = self._load_checkpoint()
+        self.dispatched_offset = saved[1] if saved else 0
+        self._dispatched_end = self.dispatched_offset
+        self.timer = self._make_timer(saved[0] if saved else None)
+        self._backlog: collections.deque[TimerEntry] = collections.deque()
+        self._outstanding = 0
+        self._cp_wanted = False
+        now = self._now()
+        self._last_cp_ms = now
+        self._last_wheel_ms = now
+        self._loop: task.LoopingCall | None = None
+        self._closed = False
+        self._drained: list[defer.Deferred] = []
+        self.on_deliver: Callable[[int, int], None] | None = None  # (deliver_at_ms, now_ms), for benches
+        self.enqueued = 0
+        self.delivered = 0
+        self.hops = 0
+        self.lost = 0
+        self.checkpoints = 0
+        self.lateness_max_ms = 0
+        store.register_dispatcher(self)
+
+    # -- files -------------------------------------------------------------------------------
+
+    def _make_timer(self, cp: TimerCheckpoint | None) -> Timer:
+        return Timer(os.path.join(self.directory, "timer"), cp, slot_count=self._slot_count,
+                     precision_ms=self.precision_ms)
+
+    def _load_checkpoint(self) -> tuple[TimerCheckpoint, int] | None:
+        path = os.path.join(self.directory, CHECKPOINT_FILE)
+        try:
+            with open(path) as f:
+                data = json.load(f)
+            return TimerCheckpoint(**data["timer"]), int(data["dispatched_offset"])
+        except FileNotFoundError:
+            return None
+
+    def _save_checkpoint(self, cp: TimerCheckpoint, dispatched: int) -> None:
+        path = os.path.join(self.directory, CHECKPOINT_FILE)
+        tmp = path + ".tmp"
+        body = json.dumps({"timer": json.loads(cp.to_json()), "dispatched_offset": dispatched}).encode()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, body)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        dfd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    # -- dispatcher --------------------------------------------------------------------------
+
+    def dispatch(self, requests: Sequence[DispatchRequest]) -> None:
+        """Enqueue every TIMER record (idempotent: offsets already enqueued are ignored)."""
+        if self._closed:
+            return None  # not advancing dispatched_end: a restart replays them
+        now = self._now()
+        timer = self.timer
+        for r in requests:
+            if r.kind == rec.RecordKind.TIMER:
+                try:
+                    at = int(r.properties[TIMER_AT])
+                except (KeyError, ValueError):
+                    log.error("timer_record_unusable offset=%d properties=%r", r.offset, r.properties)
+                else:
+                    status = timer.enqueue(min(at, r.store_ts + self.hop_ms), r.offset, r.size, r.topic, now)
+                    if status is not EnqueueStatus.DUPLICATE:
+                        self.enqueued += 1
+            self._dispatched_end = r.offset + r.size
+        return None
+
+    def reset(self) -> None:
+        """The log lost records the timer had seen: start empty and re-enqueue the whole log (duplicates possible)."""
+        log.warning("timer_reset directory=%s", self.directory)
+        self.timer.log.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+        os.makedirs(self.directory, exist_ok=True)
+        self.timer = self._make_timer(None)
+        self.dispatched_offset = self._dispatched_end = 0
+        self._backlog.clear()
+
+    # -- scheduling --------------------------------------------------------------------------
+
+    def schedule(self, message: rec.Message, deliver_at_ms: int) -> defer.Deferred:
+        """Park ``message`` until ``deliver_at_ms``; fires with the PutResult of its TIMER record."""
+        if message.kind == rec.RecordKind.TIMER:
+            return defer.succeed(PutResult(PutStatus.MESSAGE_ILLEGAL, reason="cannot schedule a TIMER record"))
+        props = dict(message.properties)
+        props[TIMER_KIND] = str(int(message.kind))
+        props[TIMER_AT] = str(int(deliver_at_ms))
+        timer_message = rec.Message(message.topic, message.body, rec.RecordKind.TIMER, message.qos, message.retain,
+                                    message.client_id, message.born_ts, props)
+        return self.store.put(timer_message)
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Advance the timer every ``precision_ms`` on the injected clock."""
+        if self._loop is not None:
+            return
+        self._loop = task.LoopingCall(self._tick)
+        self._loop.clock = self._clock
+        self._loop.start(self.precision_ms / 1000.0, now=True)
+
+    def _now(self) -> int:
+        return int(self._clock.seconds() * 1000)
+
+    def _tick(self) -> None:
+        try:
+            self._tick_inner()
+        except Exception:  # noqa: BLE001 - the timer must keep running; the error is logged
+            log.exception("timer_tick_failed")
+
+    def _tick_inner(self) -> None:
+        now = self._now()
+        if not self._cp_wanted and now - self._last_cp_ms >= self._cp_interval_ms:
+            self._cp_wanted = True
+        if not self._backlog and not self._cp_wanted:
+            read = self.timer.read_time_ms
+            target = now if read is None else min(now, read + MAX_CATCH_UP_MS)
+            self._backlog.extend(self.timer.advance(target))
+        n = 0
+        while self._backlog and n < self.max_per_tick:
+            self._deliver(self._backlog.popleft(), now)
+            n += 1
+        self._maybe_checkpoint()
+
+    def _deliver(self, entry: TimerEntry, now: int) -> None:
+        try:
+            record = self.store.commit_log.read(entry.cl_offset, entry.cl_size)
+        except Exception as exc:  # noqa: BLE001 - retention deleted it, or the disk failed: nothing to put
+            self.lost += 1
+            log.error("timer_record_unreadable offset=%d error=%s", entry.cl_offset, exc)
+            return
+        props = dict(record.properties)
+        try:
+            at = int(props[TIMER_AT])
+            kind = rec.RecordKind(int(props[TIMER_KIND]))
+        except (KeyError, ValueError):
+            self.lost += 1
+            log.error("timer_record_unusable offset=%d", entry.cl_offset)
+            return
+        props.setdefault(ORIGIN, str(entry.cl_offset))
+        if at > now + self.precision_ms:  # a hop: park a fresh copy, keeping the message's identity
+            self.hops += 1
+            props.pop(rec.QUEUES_PROPERTY, None)
+            message = rec.Message(record.topic, record.body, rec.RecordKind.TIMER, record.qos, record.retain,
+                                  record.client_id, record.born_ts, props)
+        else:
+            for key in _INTERNAL:
+                props.pop(key, None)
+            message = rec.Message(record.topic, record.body, kind, record.qos, record.retain, record.client_id,
+                                  record.born_ts, props)
+        self._outstanding += 1
+        d = self.store.put(message)
+        d.addCallbacks(self._put_done, self._put_failed, callbackArgs=(entry, at, message.kind),
+                       errbackArgs=(entry,))
+
+    def _put_done(self, result: PutResult, entry: TimerEntry, at: int, kind) -> None:
+        self._outstanding -= 1
+        if result.status is PutStatus.PUT_OK:
+            if kind != rec.RecordKind.TIMER:
+                self.delivered += 1
+                now = self._now()
+                self.lateness_max_ms = max(self.lateness_max_ms, now - at)
+                if self.on_deliver is not None:
+                    self.on_deliver(at, now)
+        elif result.status is PutStatus.MESSAGE_ILLEGAL:
+            self.lost += 1
+            log.error("timer_message_illegal offset=%d reason=%s", entry.cl_offset, result.reason)
+        else:  # the store could not take it now: retry, and hold checkpoints back until it does
+            log.warning("timer_put_retry offset=%d status=%s", entry.cl_offset, result.status.name)
+            self._backlog.appendleft(entry)
+        self._after_put()
+
+    def _put_failed(self, failure, entry: TimerEntry) -> None:
+        self._outstanding -= 1
+        log.error("timer_put_failed offset=%d error=%s", entry.cl_offset, failure.getErrorMessage())
+        self._backlog.appendleft(entry)
+        self._after_put()
+
+    def _after_put(self) -> None:
+        if self._outstanding == 0:
+            if not self._closed:
+                self._maybe_checkpoint()
+            drained, self._drained = self._drained, []
+            for d in drained:
+                d.callback(None)
+
+    def _maybe_checkpoint(self) -> None:
+        if self._cp_wanted and not self._backlog and self._outstanding == 0 and not self._closed:
+            self.checkpoint()
+
+    def checkpoint(self, wheel: bool | None = None) -> TimerCheckpoint:
+        """Persist the timer state now (callers must hold the barrier: nothing handed out and unput)."""
+        now = self._now()
+        cp = self.timer.checkpoint()
+        if wheel is None:
+            wheel = now - self._last_wheel_ms >= self._wheel_interval_ms
+        if wheel:
+            self.timer.flush()
+            self._last_wheel_ms = now
+        else:
+            self.timer.log.flush()
+        self._save_checkpoint(cp, self._dispatched_end)
+        self.dispatched_offset = self._dispatched_end
+        self.timer.checkpoint_saved(cp)
+        self._cp_wanted = False
+        self._last_cp_ms = now
+        self.checkpoints += 1
+        return cp
+
+    def _wait_drained(self) -> defer.Deferred:
+        if self._outstanding == 0:
+            return defer.succeed(None)
+        d: defer.Deferred = defer.Deferred()
+        self._drained.append(d)
+        return d
+
+    def stop(self) -> defer.Deferred:
+        """Stop advancing, wait for delivery puts in flight, save a final checkpoint and close the timer."""
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+        self._loop = None
+        if self._closed:
+            return defer.succeed(None)
+        return self._wait_drained().addCallback(lambda _: self.close())
+
+    def close(self) -> None:
+        """Synchronous close (the store calls it from ``close()``): final checkpoint if safe, then flush."""
+        if self._closed:
+            return
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+        self._loop = None
+        if not self._backlog and self._outstanding == 0:
+            self.checkpoint(wheel=True)
+        self._closed = True
+        self.timer.close()
+
+    # -- observation --------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, float]:
+        """Counters for metrics."""
+        return {
+            "timer_enqueued_total": float(self.enqueued),
+            "timer_delivered_total": float(self.delivered),
+            "timer_hops_total": float(self.hops),
+            "timer_lost_total": float(self.lost),
+            "timer_backlog": float(len(self._backlog)),
+            "timer_puts_in_flight": float(self._outstanding),
+            "timer_checkpoints_total": float(self.checkpoints),
+            "timer_lateness_max_ms": float(self.lateness_max_ms),
+        }

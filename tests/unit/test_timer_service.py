@@ -1,0 +1,252 @@
+"""Unit tests of the timer service: TIMER records in, real messages out, recovery after a crash.
+
+Time is a task.Clock; blocking work runs inline (SynchronousExecutor) or when the
+test says so (DeferredExecutor). A crash drops every object without closing it.
+"""
+
+import json
+import os
+
+import pytest
+from twisted.internet import task
+
+import lightqueue
+from store.config import StoreConfig
+from store.executor import DeferredExecutor, SynchronousExecutor
+from store.message_store import MessageStore, PutStatus
+from store.record import Message, RecordKind
+from store.timer_service import CHECKPOINT_FILE, ORIGIN, TimerService
+
+T0 = 1_800_000_000.0
+T0_MS = int(T0 * 1000)
+
+
+class Node:
+    """A store + light-queue index + timer service on one clock, restartable as after kill -9."""
+
+    def __init__(self, path, executor=None, clock=None, **kw):
+        self.path = str(path)
+        self.clock = clock or task.Clock()
+        if clock is None:
+            self.clock.advance(T0)
+        cfg = kw.pop("store_cfg", {})
+        self.store = MessageStore(self.path, StoreConfig(segment_size=256 * 1024, **cfg), self.clock,
+                                  executor or SynchronousExecutor())
+        self.index = lightqueue.attach(self.store)
+        kw.setdefault("slot_count", 600)
+        self.timers = TimerService(self.store, os.path.join(self.path, "timer"), self.clock, 100, **kw)
+        self.store.open()
+        self.timers.start()
+
+    def now_ms(self):
+        return int(self.clock.seconds() * 1000)
+
+    def put(self, message):
+        out = []
+        self.store.put(message).addCallback(out.append)
+        self.clock.advance(0)
+        return out[0]
+
+    def schedule(self, message, at_ms):
+        out = []
+        self.timers.schedule(message, at_ms).addCallback(out.append)
+        self.clock.advance(0)
+        return out[0]
+
+    def bodies(self, queue):
+        return [r.body for r in self.records(queue)]
+
+    def records(self, queue):
+        got = []
+        while True:
+            out = []
+            self.store.get(queue, len(got), 1000).addCallback(out.append)
+            if not out[0]:
+                return got
+            got.extend(m.record for m in out[0])
+
+    def run_for(self, seconds, step=0.1):
+        for _ in range(int(round(seconds / step))):
+            self.clock.advance(step)
+
+    def crash(self):
+        """Drop everything as kill -9 would: buffered timer units are lost, nothing is flushed or saved."""
+        tl = self.timers.timer.log
+        os.close(tl._write_fd)
+        for fd in tl._read_fds.values():
+            os.close(fd)
+        self.timers._closed = True
+        self.index.close()
+        self.store.commit_log.close()
+        os.close(self.store._lock_fd)
+
+    def restart(self, **kw):
+        self.crash()
+        clock = task.Clock()
+        clock.advance(self.clock.seconds())
+        return Node(self.path, clock=clock, **kw)
+
+
+def test_message_comes_out_at_its_time_and_not_before(tmp_path):
+    """A scheduled publish is invisible until due, then indexed in its topic queue with its ORIGIN."""
+    n = Node(tmp_path)
+    r = n.schedule(Message("dev/1/cmd", b"hello", qos=1, client_id="c1", properties={"k": "v"}), n.now_ms() + 1500)
+    assert r.status is PutStatus.PUT_OK and r.queues == ()
+    n.run_for(1.3)
+    assert n.bodies("%TOPIC%dev") == []
+    n.run_for(0.4)
+    (rec,) = n.records("%TOPIC%dev")
+    assert (rec.kind, rec.body, rec.qos, rec.client_id) == (RecordKind.MQTT_PUBLISH, b"hello", 1, "c1")
+    assert rec.properties["k"] == "v" and rec.properties[ORIGIN] == str(r.offset)
+    assert "TIMER_AT" not in rec.properties
+    n.run_for(2)
+    assert n.bodies("%TOPIC%dev") == [b"hello"]
+
+
+def test_native_message_with_targets_reaches_every_queue(tmp_path):
+    """A delayed native message keeps its TARGETS property, so a virtual queue fans out when due."""
+    n = Node(tmp_path)
+    n.schedule(Message("v", b"x", RecordKind.NATIVE_MESSAGE, properties={"TARGETS": "a,b"}), n.now_ms() + 200)
+    n.run_for(0.5)
+    assert n.bodies("%QUEUE%a") == [b"x"] and n.bodies("%QUEUE%b") == [b"x"]
+
+
+def test_order_follows_delivery_time(tmp_path):
+    """Messages come out in delivery-time order, whatever order they were scheduled in."""
+    n = Node(tmp_path)
+    now = n.now_ms()
+    for i, delay in enumerate([900, 300, 600, 100]):
+        n.schedule(Message("o", b"%d" % i), now + delay)
+    n.run_for(1.2)
+    assert n.bodies("%TOPIC%o") == [b"3", b"1", b"2", b"0"]
+
+
+def test_crash_before_checkpoint_loses_nothing(tmp_path):
+    """TIMER records written after the last checkpoint are replayed from the commit log after kill -9."""
+    n = Node(tmp_path, checkpoint_interval_s=1000)
+    for i in range(5):
+        n.schedule(Message("c", b"%d" % i), n.now_ms() + 3000 + i)
+    n = n.restart(checkpoint_interval_s=1000)
+    n.run_for(2.5)
+    assert n.bodies("%TOPIC%c") == []
+    n.run_for(1.0)
+    assert n.bodies("%TOPIC%c") == [b"0", b"1", b"2", b"3", b"4"]
+
+
+def test_crash_after_checkpoint_resumes_from_it(tmp_path):
+    """A checkpoint then more schedules then kill -9: every message comes out exactly once."""
+    n = Node(tmp_path, checkpoint_interval_s=0.5)
+    n.schedule(Message("c", b"early"), n.now_ms() + 5000)
+    n.run_for(1.0)
+    assert n.timers.checkpoints >= 1
+    n.schedule(Message("c", b"late"), n.now_ms() + 5000)
+    n = n.restart(checkpoint_interval_s=0.5)
+    n.run_for(6.0)
+    assert sorted(n.bodies("%TOPIC%c")) == [b"early", b"late"]
+
+
+def test_delivery_after_checkpoint_is_redelivered_not_lost(tmp_path):
+    """Delivered after the saved checkpoint, then kill -9: delivered again (at-least-once), never lost."""
+    n = Node(tmp_path, checkpoint_interval_s=1000)
+    n.schedule(Message("d", b"m"), n.now_ms() + 300)
+    n.run_for(0.5)
+    assert n.bodies("%TOPIC%d") == [b"m"]
+    n = n.restart(checkpoint_interval_s=1000)
+    n.run_for(0.5)
+    assert n.bodies("%TOPIC%d") == [b"m", b"m"]
+
+
+def test_delivery_before_saved_checkpoint_is_not_repeated(tmp_path):
+    """Once a checkpoint covers a delivery, a restart does not deliver it again."""
+    n = Node(tmp_path, checkpoint_interval_s=0.2)
+    n.schedule(Message("d", b"m"), n.now_ms() + 300)
+    n.run_for(1.0)
+    n = n.restart(checkpoint_interval_s=0.2)
+    n.run_for(1.0)
+    assert n.bodies("%TOPIC%d") == [b"m"]
+
+
+def test_clean_stop_saves_a_final_checkpoint(tmp_path):
+    """stop() then store.close(): a new service resumes with nothing lost and nothing repeated."""
+    n = Node(tmp_path, checkpoint_interval_s=1000)
+    n.schedule(Message("s", b"done"), n.now_ms() + 100)
+    n.schedule(Message("s", b"pending"), n.now_ms() + 5000)
+    n.run_for(0.5)
+    done = []
+    n.timers.stop().addCallback(done.append)
+    assert done == [None]
+    n.store.close()
+    with open(os.path.join(tmp_path, "timer", CHECKPOINT_FILE)) as f:
+        assert json.load(f)["dispatched_offset"] == n.store.commit_log.max_offset
+    clock = task.Clock()
+    clock.advance(n.clock.seconds())
+    n2 = Node(tmp_path, clock=clock)
+    n2.run_for(5.0)
+    assert n2.bodies("%TOPIC%s") == [b"done", b"pending"]
+
+
+def test_checkpoint_waits_for_delivery_puts(tmp_path):
+    """With sync flush, no checkpoint is saved while a delivered message's put is still unacknowledged."""
+    ex = DeferredExecutor()
+    n = Node(tmp_path, executor=ex, store_cfg={"flush": "sync"}, checkpoint_interval_s=0.1)
+    n.timers.schedule(Message("b", b"x"), n.now_ms() + 100)
+    n.clock.advance(0)
+    ex.run_pending()
+    n.run_for(0.3)
+    assert n.timers.stats()["timer_puts_in_flight"] == 1
+    before = n.timers.checkpoints
+    n.run_for(0.5)
+    assert n.timers.checkpoints == before
+    ex.run_pending()
+    assert n.timers.checkpoints == before + 1
+    assert n.timers.delivered == 1
+
+
+def test_long_delay_hops_and_keeps_its_identity(tmp_path):
+    """A delay longer than hop_ms re-parks a copy; the message comes out once, on time, with its first ORIGIN."""
+    n = Node(tmp_path, hop_ms=1000)
+    r = n.schedule(Message("h", b"far"), n.now_ms() + 3500)
+    n.run_for(3.3)
+    assert n.bodies("%TOPIC%h") == [] and n.timers.hops >= 2
+    n.run_for(0.4)
+    (rec,) = n.records("%TOPIC%h")
+    assert rec.properties[ORIGIN] == str(r.offset)
+
+
+def test_past_due_time_comes_out_at_once(tmp_path):
+    """A delivery time already in the past is delivered on the next tick."""
+    n = Node(tmp_path)
+    n.schedule(Message("p", b"x"), n.now_ms() - 10_000)
+    n.run_for(0.2)
+    assert n.bodies("%TOPIC%p") == [b"x"]
+
+
+def test_timer_record_cannot_be_scheduled(tmp_path):
+    """Scheduling a TIMER-kind message is refused as illegal."""
+    n = Node(tmp_path)
+    r = n.schedule(Message("x", b"", RecordKind.TIMER), n.now_ms())
+    assert r.status is PutStatus.MESSAGE_ILLEGAL
+
+
+def test_created_after_open_is_refused(tmp_path):
+    """The service must be registered before the store replays, so creating it late is an error."""
+    clock = task.Clock()
+    store = MessageStore(str(tmp_path), StoreConfig(), clock, SynchronousExecutor())
+    lightqueue.attach(store)
+    store.open()
+    with pytest.raises(RuntimeError, match="before store.open"):
+        TimerService(store, str(tmp_path / "timer"), clock)
+
+
+def test_many_messages_each_delivered_once(tmp_path):
+    """Two thousand messages over two seconds, with checkpoints along the way, each come out exactly once."""
+    n = Node(tmp_path, checkpoint_interval_s=0.3, max_per_tick=300)
+    now = n.now_ms()
+    msgs = [Message("m", b"%d" % i) for i in range(2000)]
+    for i, m in enumerate(msgs):
+        n.timers.schedule(m, now + (i * 7919) % 2000)
+    n.clock.advance(0)
+    n.run_for(3.0)
+    got = n.bodies("%TOPIC%m")
+    assert sorted(got) == sorted(m.body for m in msgs)
+    assert n.timers.stats()["timer_delivered_total"] == 2000
