@@ -1,0 +1,236 @@
+"""Native protocol benchmark: produce+consume TPS and latency at concurrency 8, and timer lateness.
+
+    .venv/bin/python -m bench.native_bench            # --quick (default): ~1-2 min
+    .venv/bin/python -m bench.native_bench --full     # 8 x 10,000 request pairs, 1,000,000 timer messages
+
+Part 1 starts a server process (store + light queues + timer + native service on
+the real reactor, like a node) and drives it from a client process with 8
+connections, each sending produce then consume, one request at a time (the
+queue_server test: 8 PHP clients x 10,000 requests, ~14,000 TPS at 0.6 ms).
+TPS counts requests (a produce and a consume are two). Part 2 schedules N timer
+messages over a window in-process and reports how late each one was put back
+into the store (lateness = put acknowledged - due time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+QUEUE_SERVER_TPS = 14_000
+QUEUE_SERVER_AVG_MS = 0.6
+
+
+def _percentile(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(len(values) * p))]
+
+
+# -- server ------------------------------------------------------------------------------------------
+
+def serve(data_dir: str, port: int) -> None:
+    """Run a native server on 127.0.0.1:port until killed (prints 'ready')."""
+    from twisted.internet import reactor
+
+    import lightqueue
+    from mqtt_proxy.native.config import NativeConfig
+    from mqtt_proxy.native.service import NativeService
+    from store.config import StoreConfig
+    from store.executor import ThreadPoolExecutor
+    from store.message_store import MessageStore
+    from store.timer_service import TimerService
+
+    executor = ThreadPoolExecutor(reactor)
+    executor.start()
+    store = MessageStore(data_dir, StoreConfig(), reactor, executor)
+    lightqueue.attach(store)
+    timers = TimerService(store, os.path.join(data_dir, "timer"), reactor)
+    store.open()
+    timers.start()
+    native = NativeService(store, data_dir, NativeConfig(), reactor, timers)
+    native.open()
+    reactor.listenTCP(port, native.tcp_factory(), interface="127.0.0.1")
+    print("ready", flush=True)
+    reactor.run()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- client ------------------------------------------------------------------------------------------
+
+def drive(port: int, concurrency: int, pairs: int) -> dict:
+    """Run the load from this process; returns TPS and latency figures."""
+    from twisted.internet import defer, reactor
+
+    from mqtt_proxy.native.client import connect
+
+    latencies: list[float] = []
+    errors = [0]
+    result: dict = {}
+
+    @defer.inlineCallbacks
+    def worker(i: int):
+        c = yield connect(reactor, "127.0.0.1", port)
+        queue = f"bench{i}"
+        for n in range(pairs):
+            t0 = time.perf_counter()
+            r = yield c.request({"action": 1, "queue": queue, "data": "x" * 64, "seq": n})
+            t1 = time.perf_counter()
+            r2 = yield c.request({"action": 2, "queue": queue, "seq": n})
+            t2 = time.perf_counter()
+            latencies.append(t1 - t0)
+            latencies.append(t2 - t1)
+            if r["code"] != 0 or r2.get("code") != 0 or "data" not in r2:
+                errors[0] += 1
+        c.transport.loseConnection()
+
+    @defer.inlineCallbacks
+    def main():
+        t0 = time.perf_counter()
+        yield defer.gatherResults([worker(i) for i in range(concurrency)])
+        elapsed = time.perf_counter() - t0
+        result.update(requests=len(latencies), seconds=elapsed, tps=len(latencies) / elapsed,
+                      avg_ms=1000 * sum(latencies) / len(latencies), p99_ms=1000 * _percentile(latencies, 0.99),
+                      max_ms=1000 * max(latencies), errors=errors[0])
+        reactor.stop()
+
+    reactor.callWhenRunning(main)
+    reactor.run()
+    return result
+
+
+def bench_queue(concurrency: int, pairs: int) -> dict:
+    data_dir = tempfile.mkdtemp(prefix="native-bench-")
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "bench.native_bench", "--serve", data_dir, str(port)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        if server.stdout.readline().strip() != "ready":
+            raise RuntimeError("server did not start")
+        client = subprocess.run([sys.executable, "-m", "bench.native_bench", "--drive", str(port),
+                                 str(concurrency), str(pairs)], capture_output=True, text=True, check=True)
+        return json.loads(client.stdout.strip().splitlines()[-1])
+    finally:
+        server.kill()
+        server.wait()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+# -- timer lateness ------------------------------------------------------------------------------------
+
+def bench_timer(count: int, window_s: float) -> dict:
+    """Schedule ``count`` messages due over ``window_s`` (starting after the scheduling); measure lateness."""
+    from twisted.internet import defer, reactor, task
+
+    import lightqueue
+    from store.config import StoreConfig
+    from store.executor import ThreadPoolExecutor
+    from store.message_store import MessageStore
+    from store.record import Message
+    from store.timer_service import TimerService
+
+    data_dir = tempfile.mkdtemp(prefix="timer-bench-")
+    executor = ThreadPoolExecutor(reactor)
+    executor.start()
+    store = MessageStore(data_dir, StoreConfig(), reactor, executor)
+    lightqueue.attach(store)
+    timers = TimerService(store, os.path.join(data_dir, "timer"), reactor)
+    store.open()
+    timers.start()
+    lateness: list[int] = []
+    timers.on_deliver = lambda at, now: lateness.append(now - at)
+    out: dict = {}
+    rng = random.Random(7)
+
+    @defer.inlineCallbacks
+    def main():
+        lead_ms = max(5000, count // 5)  # due times start after scheduling (~5,000/s worst case) is done
+        out["lead_s"] = lead_ms / 1000
+        base = int(reactor.seconds() * 1000) + lead_ms
+        t0 = time.perf_counter()
+        chunk = 5000
+        for start in range(0, count, chunk):
+            ds = [timers.schedule(Message(f"timer/{i % 100}", b"t" * 32, qos=1),
+                                  base + rng.randrange(int(window_s * 1000)))
+                  for i in range(start, min(count, start + chunk))]
+            yield defer.gatherResults(ds)
+        out["schedule_s"] = time.perf_counter() - t0
+        out["schedule_rate"] = count / out["schedule_s"]
+        out["overlapped"] = out["schedule_s"] > out["lead_s"]
+        deadline = time.perf_counter() + window_s + 120
+        while len(lateness) < count and time.perf_counter() < deadline:
+            yield task.deferLater(reactor, 0.5, lambda: None)
+        out.update(count=count, delivered=len(lateness), p50_ms=_percentile(lateness, 0.5),
+                   p99_ms=_percentile(lateness, 0.99), max_ms=max(lateness) if lateness else float("nan"),
+                   stats=timers.stats())
+        yield timers.stop()
+        yield store.close()
+        executor.stop()
+        reactor.stop()
+
+    reactor.callWhenRunning(main)
+    reactor.run()
+    shutil.rmtree(data_dir, ignore_errors=True)
+    return out
+
+
+def _timer_child(count: int, window_s: float) -> dict:
+    child = subprocess.run([sys.executable, "-m", "bench.native_bench", "--timer-child", str(count), str(window_s)],
+                           capture_output=True, text=True, check=True)
+    return json.loads(child.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--full", action="store_true", help="8 x 10,000 pairs and 1,000,000 timer messages")
+    ap.add_argument("--quick", action="store_true", help="the default: 8 x 3,000 pairs and 100,000 timer messages")
+    ap.add_argument("--pairs", type=int, help="produce+consume pairs per connection")
+    ap.add_argument("--timer-count", type=int, help="timer messages to schedule")
+    ap.add_argument("--timer-window", type=float, help="seconds over which they are due")
+    ap.add_argument("--serve", nargs=2, metavar=("DIR", "PORT"), help=argparse.SUPPRESS)
+    ap.add_argument("--drive", nargs=3, metavar=("PORT", "CONC", "PAIRS"), help=argparse.SUPPRESS)
+    ap.add_argument("--timer-child", nargs=2, metavar=("COUNT", "WINDOW"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.serve:
+        return serve(args.serve[0], int(args.serve[1]))
+    if args.drive:
+        print(json.dumps(drive(int(args.drive[0]), int(args.drive[1]), int(args.drive[2]))))
+        return None
+    if args.timer_child:
+        print(json.dumps(bench_timer(int(args.timer_child[0]), float(args.timer_child[1]))))
+        return None
+    pairs = args.pairs or (10_000 if args.full else 3_000)
+    count = args.timer_count or (1_000_000 if args.full else 100_000)
+    window = args.timer_window or (120.0 if args.full else 20.0)
+    q = bench_queue(8, pairs)
+    t = _timer_child(count, window)
+    print()
+    print("| metric | twistmq | queue_server |")
+    print("| --- | --- | --- |")
+    print(f"| produce+consume TPS, concurrency 8 ({q['requests']:,} requests) | {q['tps']:,.0f} | ~{QUEUE_SERVER_TPS:,} |")
+    print(f"| average latency | {q['avg_ms']:.2f} ms | {QUEUE_SERVER_AVG_MS} ms |")
+    print(f"| p99 latency | {q['p99_ms']:.2f} ms | - |")
+    print(f"| errors | {q['errors']} | 0 |")
+    print(f"| timer: scheduled (rate) | {t['count']:,} ({t['schedule_rate']:,.0f}/s) | - |")
+    print(f"| timer: delivered | {t['delivered']:,} | - |")
+    print(f"| timer lateness p50 / p99 / max | {t['p50_ms']:.0f} / {t['p99_ms']:.0f} / {t['max_ms']:.0f} ms "
+          f"(window {window:.0f} s{', overlapping the scheduling' if t['overlapped'] else ''}) | - |")
+    return None
+
+
+if __name__ == "__main__":
+    main()
