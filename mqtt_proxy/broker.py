@@ -93,6 +93,7 @@ class Broker:
             for pid in s.released:
                 session.outbound[pid] = Outbound(None, -1, 2, released=True)
             session.inbound_qos2 = set(s.inbound_qos2)
+            session.stored = True
             self.sessions[cid] = session
             self._schedule_expiry(session, s.disconnected_at or now)
             restored += 1
@@ -217,7 +218,10 @@ class Broker:
         session.alias_maximum = conn.client_alias_maximum
         if session.persistent:
             yield self.sessions_db.save_session(client_id, expiry, level, None)
-        else:
+            session.stored = True
+        elif session.stored:
+            # Scans of a RocksDB range full of tombstones get slow: only delete what was written.
+            session.stored = False
             yield self.sessions_db.delete_session(client_id)
         if not conn.connected:
             self._schedule_expiry(session, self.now_ms())
@@ -303,6 +307,7 @@ class Broker:
             self.end_session(session)
         else:
             self.sessions_db.save_session(session.client_id, session.expiry, session.level, self.now_ms())
+            session.stored = True
             self._schedule_expiry(session, self.now_ms())
         log.info("client_disconnected client=%s will=%s", session.client_id, bool(will and publish_will))
 
@@ -335,6 +340,9 @@ class Broker:
                 self.drop_group_member(sub)
         session.subs = {}
         session.outbound = {}
+        if not session.stored:
+            return defer.succeed(None)
+        session.stored = False
         return self.sessions_db.delete_session(session.client_id)
 
     # -- will ---------------------------------------------------------------------------------

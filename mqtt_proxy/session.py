@@ -79,6 +79,7 @@ class Session:
         self._aliases: dict[str, int] = {}
         self.will = None
         self.will_call = None
+        self.stored = False  # something of this session was written to the session store
         self.acl_username = None  # whose ACL rules the will is checked against
         self.pending_will = None  # the will a delayed will_call will publish
         self.expiry_call = None

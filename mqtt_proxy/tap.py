@@ -44,6 +44,7 @@ from store.timer_service import TimerService
 
 log = logging.getLogger("twistmq.node")
 
+LISTEN_BACKLOG = 4096
 LISTENER_FLAGS = ("mqtt", "mqtt-tls", "mqtt-ws", "native", "native-udp", "http")
 
 
@@ -153,8 +154,9 @@ class NodeService(service.MultiService):
         node = self.cfg.node
         ca = node.mqtt_tls_ca or None
         mqtt_factory = MQTTServerFactory(self.broker, self.reactor, cert_identity=tls.peer_identity)
-        streams = [("mqtt", endpoints.serverFromString(self.reactor, d), mqtt_factory) for d in node.mqtt]
-        streams += [("mqtt-tls", tls.tls_server_endpoint(self.reactor, d, ca), mqtt_factory) for d in node.mqtt_tls]
+        streams = [("mqtt", endpoints.serverFromString(self.reactor, _backlog(d)), mqtt_factory) for d in node.mqtt]
+        streams += [("mqtt-tls", tls.tls_server_endpoint(self.reactor, _backlog(d), ca), mqtt_factory)
+                    for d in node.mqtt_tls]
         ws_factory = websocket_factory(mqtt_factory, node.ws_path, self.reactor, self.cfg.limits.max_packet_size)
         streams += [("mqtt-ws", tls.server_endpoint(self.reactor, d, ca), ws_factory) for d in node.mqtt_ws]
         streams += [("http", endpoints.serverFromString(self.reactor, d), http_site(self.broker, self.store,
@@ -225,6 +227,14 @@ class NodeService(service.MultiService):
         self.executor.stop()
         self.auth_executor.stop()
         log.info("node_stopped")
+
+
+def _backlog(description: str) -> str:
+    """Twisted listens with a backlog of 50: a burst of device reconnects overflows it and each
+    dropped SYN costs the device a one-second retry, so MQTT listeners ask for more unless told."""
+    if description.split(":", 1)[0] in ("tcp", "ssl") and "backlog=" not in description:
+        return description + ":backlog=" + str(LISTEN_BACKLOG)
+    return description
 
 
 def _address(port) -> str:
