@@ -18,6 +18,7 @@ from typing import Iterator
 
 from store import reader
 from store import record as rec
+from store.files import fsync_dir
 
 log = logging.getLogger("twistmq.store.commit_log")
 
@@ -184,7 +185,7 @@ class CommitLog:
         self._write_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._segments.append(reader.Segment(base, path))
         self._write_base, self._write_pos = base, 0
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
 
     def _undo_to(self, base: int, pos: int) -> None:
         """Cut the log back to (base, pos) after a failed append."""
@@ -322,12 +323,3 @@ class CommitLog:
             log.info("commitlog_segment_deleted path=%s bytes=%d reason=%s",
                      seg.path, size, "age" if too_old else "quota")
         return deleted
-
-
-def _fsync_dir(directory: str) -> None:
-    """Make a new file's directory entry durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

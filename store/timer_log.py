@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Iterator, NamedTuple
 
 from crc32c import crc32c
+from store.files import fsync_dir
 
 log = logging.getLogger("twistmq.store.timer_log")
 
@@ -363,7 +364,7 @@ class TimerLog:
             os.close(self._write_fd)
             self._write_fd = fd
         self._bases.append(base)
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
 
     def _valid_end(self, physical: int, report: TimerLogRecovery) -> int:
         """End of the last complete, valid unit of the active segment."""
@@ -396,11 +397,3 @@ class TimerLog:
         with open(self._path(base), "r+b") as f:
             f.truncate(pos - base)
             os.fsync(f.fileno())
-
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

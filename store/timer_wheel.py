@@ -15,6 +15,7 @@ import struct
 from dataclasses import dataclass
 
 from crc32c import crc32c
+from store.files import fsync_dir
 
 # time // precision (i64), first_pos (i64), last_pos (i64), num (u32)
 SLOT = struct.Struct(">qqqI")
@@ -123,7 +124,7 @@ class TimerWheel:
         if os.path.exists(path):
             os.replace(path, path + PREVIOUS_SUFFIX)
         os.replace(tmp, path)
-        _fsync_dir(directory)
+        fsync_dir(directory)
         return path
 
     @classmethod
@@ -149,11 +150,3 @@ class TimerWheel:
         wheel = cls(slot_count, precision_ms)
         wheel._slots[:] = body
         return WheelSnapshot(wheel, log_pos, None if read_time == _NO_TIME else read_time, tail_crc, path)
-
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
