@@ -86,6 +86,7 @@ class Session:
         self._dirty_subs: set[str] = set()
         self._pumping = False
         self._pump_again = False
+        self._pump_scheduled = False
 
     @property
     def persistent(self) -> bool:
@@ -168,6 +169,16 @@ class Session:
             return
         o = self.outbound[pid]
         self._send(messages[0].record, o.qos, pid, sub, dup=True)
+
+    def pump_soon(self) -> None:
+        """Pump once at the end of this tick: acknowledgements arrive in bursts, one read serves them all."""
+        if not self._pump_scheduled:
+            self._pump_scheduled = True
+            self.broker.clock.callLater(0, self._scheduled_pump)
+
+    def _scheduled_pump(self) -> None:
+        self._pump_scheduled = False
+        self.pump()
 
     def pump(self) -> None:
         """Pull and send what the window allows from every subscription's offset."""
@@ -318,7 +329,7 @@ class Session:
         if o is None or o.qos != 1:
             return False
         self._complete(pid)
-        self.pump()
+        self.pump_soon()
         return True
 
     def on_pubrec(self, pid: int, failed: bool) -> bool:
@@ -328,7 +339,7 @@ class Session:
             return False
         if failed:
             self._complete(pid)
-            self.pump()
+            self.pump_soon()
             return True
         if not o.released:
             o.released = True
@@ -350,7 +361,7 @@ class Session:
             o.group.acked(o.queue_offset)
         elif self.persistent:
             self.broker.sessions_db.delete_released(self.client_id, pid)
-        self.pump()
+        self.pump_soon()
         return True
 
     def _complete(self, pid: int) -> None:

@@ -35,6 +35,7 @@ class SharedGroup:
         self.redeliver: list[int] = []
         self._rr = 0
         self._reading = False
+        self._pump_scheduled = False
         broker.notifier.watch(queue, id(self), lambda _q: self.pump())
 
     def close(self) -> None:
@@ -57,6 +58,12 @@ class SharedGroup:
 
     def acked(self, queue_offset: int) -> None:
         self.inflight.pop(queue_offset, None)
+        if not self._pump_scheduled:  # acknowledgements come in bursts: commit and pump once per tick
+            self._pump_scheduled = True
+            self.broker.clock.callLater(0, self._after_acks)
+
+    def _after_acks(self) -> None:
+        self._pump_scheduled = False
         self._commit()
         self.pump()
 
