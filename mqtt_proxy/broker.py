@@ -31,6 +31,7 @@ log = logging.getLogger("twistmq.mqtt.broker")
 
 NEVER_EXPIRES = 0xFFFFFFFF
 ENCODE_CACHE = 4096  # encoded PUBLISHes kept for fan-out (one encode serves every subscriber)
+ENCODE_CACHE_BYTES = 8 << 20  # ... in at most this many bytes
 
 
 class AllowAll:
@@ -62,6 +63,7 @@ class Broker:
         self.connections: set = set()
         self.started_at = clock.seconds()
         self._encoded: OrderedDict[tuple, bytes] = OrderedDict()
+        self._encoded_bytes = 0
         self._rate: dict[str, tuple[int, int]] = {}  # address -> (second, connections in it)
         self.closing = False
 
@@ -368,8 +370,9 @@ class Broker:
         if data is None:
             data = encode_publish(record.topic, record.body, qos, retain, False, 1 if qos else None, None, level)
             self._encoded[key] = data
-            if len(self._encoded) > ENCODE_CACHE:
-                self._encoded.popitem(last=False)
+            self._encoded_bytes += len(data)
+            while len(self._encoded) > ENCODE_CACHE or self._encoded_bytes > ENCODE_CACHE_BYTES:
+                self._encoded_bytes -= len(self._encoded.popitem(last=False)[1])
         return data
 
     # -- shutdown --------------------------------------------------------------------------

@@ -66,6 +66,22 @@ def handle_publish(broker, conn, packet) -> None:
         conn.protocol_violation(ReasonCode.RETAIN_NOT_SUPPORTED, "retained messages are not available")
         return
 
+    now = broker.now_ms()
+    deliver_at = None
+    if topic.startswith(DELAYED_PREFIX) and broker.timers is not None:
+        # The ACL and limits apply to the topic the message will really be published on.
+        seconds, _, real_topic = topic[len(DELAYED_PREFIX):].partition("/")
+        try:
+            delay = int(seconds)
+            if not 0 <= delay <= MAX_DELAY_S or not real_topic:
+                raise ValueError(seconds)
+            validate_topic_name(real_topic, limits.max_topic_length, limits.max_topic_levels)
+        except (ValueError, TopicError):
+            conn.protocol_violation(ReasonCode.TOPIC_NAME_INVALID,
+                                    f"{topic!r} is not $delayed/{{seconds}}/{{topic}}")
+            return
+        topic, deliver_at = real_topic, now + delay * 1000
+
     refusal = None
     if broker.acl.configured and not broker.acl.allowed(conn.acl_username, session.client_id, topic, "write"):
         refusal = ReasonCode.NOT_AUTHORIZED
@@ -84,21 +100,7 @@ def handle_publish(broker, conn, packet) -> None:
             _ack(conn, qos, packet.packet_id, ReasonCode.SUCCESS)  # 3.1.1 ACL deny: dropped, link stays up
         return
 
-    now = broker.now_ms()
     record_props = message_props.to_record(props, now) if level == MQTT_5 else {}
-    deliver_at = None
-    if topic.startswith(DELAYED_PREFIX) and broker.timers is not None:
-        seconds, _, real_topic = topic[len(DELAYED_PREFIX):].partition("/")
-        try:
-            delay = int(seconds)
-            if not 0 <= delay <= MAX_DELAY_S or not real_topic:
-                raise ValueError(seconds)
-            validate_topic_name(real_topic, limits.max_topic_length, limits.max_topic_levels)
-        except (ValueError, TopicError):
-            conn.protocol_violation(ReasonCode.TOPIC_NAME_INVALID,
-                                    f"{topic!r} is not $delayed/{{seconds}}/{{topic}}")
-            return
-        topic, deliver_at = real_topic, now + delay * 1000
     message = rec.Message(topic, packet.payload, rec.RecordKind.MQTT_PUBLISH, qos, packet.retain,
                           session.client_id, now, record_props)
     if qos:

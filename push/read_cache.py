@@ -15,12 +15,14 @@ from twisted.internet import defer
 class ReadCache:
     """Per-queue windows of recent QueueMessages, bounded in total entries."""
 
-    def __init__(self, store, max_entries: int = 65536, per_queue: int = 4096) -> None:
+    def __init__(self, store, max_entries: int = 65536, per_queue: int = 4096, max_bytes: int = 32 << 20) -> None:
         self._store = store
         self._max_entries = max_entries
         self._per_queue = per_queue
+        self._max_bytes = max_bytes
         self._queues: OrderedDict[str, dict[int, object]] = OrderedDict()
         self._entries = 0
+        self._bytes = 0  # record bytes held: large payloads must not multiply memory
         self.hits = 0
         self.misses = 0
 
@@ -59,11 +61,13 @@ class ReadCache:
             if m.queue_offset not in cached:
                 cached[m.queue_offset] = m
                 self._entries += 1
+                self._bytes += m.record.size
         if len(cached) > self._per_queue:
             for off in sorted(cached)[: len(cached) - self._per_queue // 2]:
-                del cached[off]
+                self._bytes -= cached.pop(off).record.size
                 self._entries -= 1
-        while self._entries > self._max_entries and self._queues:
+        while (self._entries > self._max_entries or self._bytes > self._max_bytes) and self._queues:
             _, evicted = self._queues.popitem(last=False)
             self._entries -= len(evicted)
+            self._bytes -= sum(m.record.size for m in evicted.values())
         return messages

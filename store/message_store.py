@@ -33,6 +33,7 @@ MAX_GET_COUNT = 1000
 MAX_GET_BYTES = 4 * 1024 * 1024
 REPLAY_CHUNK = 2000
 RECENT_RECORDS = 32768  # records kept decoded after their append: readers of the log's tail skip read+decode
+RECENT_BYTES = 16 << 20  # ... and at most this many record bytes, whatever their size
 
 
 class PutStatus(enum.Enum):
@@ -153,6 +154,7 @@ class MessageStore:
         self.puts = 0
         self.bytes_in = 0
         self._recent: dict[int, rec.Record] = {}  # commit-log offset -> Record, the newest appends
+        self._recent_bytes = 0
 
     # -- wiring ------------------------------------------------------------------
 
@@ -337,10 +339,12 @@ class MessageStore:
                 props[rec.QUEUES_PROPERTY] = rec.QUEUE_SEPARATOR.join(queues)
             recent[r.offset] = rec.Record(r.offset, r.size, m.kind, m.qos, m.retain, now, m.born_ts or now, m.topic,
                                           m.client_id, props, m.body)
-        excess = len(recent) - RECENT_RECORDS
-        if excess > 0:
-            for off in list(itertools.islice(recent, excess)):
-                del recent[off]
+            self._recent_bytes += r.size
+        if len(recent) > RECENT_RECORDS or self._recent_bytes > RECENT_BYTES:
+            for off in list(itertools.islice(recent, max(len(recent) - RECENT_RECORDS, 64))):
+                self._recent_bytes -= recent.pop(off).size
+                if len(recent) <= RECENT_RECORDS and self._recent_bytes <= RECENT_BYTES:
+                    break
         self.puts += len(requests)
         self.bytes_in += sum(r.size for r in requests)
         results = [PutResult(PutStatus.PUT_OK, off, q) for off, (_m, _d, q) in zip(offsets, accepted)]
