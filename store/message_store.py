@@ -153,7 +153,7 @@ class MessageStore:
         self.is_open = False
         self.puts = 0
         self.bytes_in = 0
-        self._recent: dict[int, rec.Record] = {}  # commit-log offset -> Record, the newest appends
+        self._recent: dict[int, object] = {}  # commit-log offset -> Record or (DispatchRequest, Message)
         self._recent_bytes = 0
 
     # -- wiring ------------------------------------------------------------------
@@ -333,16 +333,12 @@ class MessageStore:
             if gained:
                 touched.update(gained)
         recent = self._recent
-        for r, (m, _d, queues) in zip(requests, accepted):
-            props = dict(m.properties)
-            if queues:
-                props[rec.QUEUES_PROPERTY] = rec.QUEUE_SEPARATOR.join(queues)
-            recent[r.offset] = rec.Record(r.offset, r.size, m.kind, m.qos, m.retain, now, m.born_ts or now, m.topic,
-                                          m.client_id, props, m.body)
+        for r, (m, _d, _q) in zip(requests, accepted):
+            recent[r.offset] = (r, m)  # made into a Record only if someone reads it
             self._recent_bytes += r.size
         if len(recent) > RECENT_RECORDS or self._recent_bytes > RECENT_BYTES:
             for off in list(itertools.islice(recent, max(len(recent) - RECENT_RECORDS, 64))):
-                self._recent_bytes -= recent.pop(off).size
+                self._recent_bytes -= _size(recent.pop(off))
                 if len(recent) <= RECENT_RECORDS and self._recent_bytes <= RECENT_BYTES:
                     break
         self.puts += len(requests)
@@ -368,10 +364,26 @@ class MessageStore:
 
     def read(self, offset: int, size: int | None = None) -> defer.Deferred:
         """The record at a commit-log offset."""
-        record = self._recent.get(offset)
+        record = self._recent_record(offset)
         if record is not None:
             return defer.succeed(record)
         return defer.maybeDeferred(self.commit_log.read, offset, size)
+
+    def _recent_record(self, offset: int) -> rec.Record | None:
+        """The Record of a recent append, built from what was appended (no read, no decode)."""
+        entry = self._recent.get(offset)
+        if entry is None:
+            return None
+        if type(entry) is rec.Record:
+            return entry
+        r, m = entry
+        props = dict(m.properties)
+        if r.queues:
+            props[rec.QUEUES_PROPERTY] = rec.QUEUE_SEPARATOR.join(r.queues)
+        record = rec.Record(r.offset, r.size, m.kind, m.qos, m.retain, r.store_ts, m.born_ts or r.store_ts, m.topic,
+                            m.client_id, props, bytes(m.body))
+        self._recent[offset] = record  # many sessions read the same tail: build it once
+        return record
 
     def get(self, queue: str, offset: int, max_count: int = 32) -> defer.Deferred:
         """Up to ``max_count`` messages of ``queue`` from ``offset``, as QueueMessages.
@@ -391,7 +403,7 @@ class MessageStore:
         for e in entries:
             if e.cl_offset < log_min:
                 continue
-            record = self._recent.get(e.cl_offset)
+            record = self._recent_record(e.cl_offset)
             if record is None:
                 record = self.commit_log.read(e.cl_offset, e.size)
             out.append(QueueMessage(e.queue_offset, record))
@@ -446,6 +458,11 @@ class MessageStore:
     def size_bytes(self) -> int:
         """Bytes of commit log on disk."""
         return sum(s.size for s in self.commit_log.segments())
+
+
+def _size(entry) -> int:
+    """Record size of a recent entry, built (Record) or not yet ((DispatchRequest, Message))."""
+    return entry.size if type(entry) is rec.Record else entry[0].size
 
 
 def _resolve(waiter, result: PutResult) -> None:

@@ -175,12 +175,27 @@ def _queues_only_block(queues: tuple[str, ...]) -> bytes:
     return blob
 
 
+_ENCODED: dict[str, bytes] = {}  # topics and client ids repeat: encode each once
+
+
+def _cached_utf8(text: str, what: str) -> bytes:
+    data = _utf8(text, what)
+    if len(_ENCODED) >= 65536:
+        _ENCODED.clear()
+    _ENCODED[text] = data
+    return data
+
+
 def encode(message: Message, store_ts: int, queues: tuple[str, ...] = ()) -> bytes:
     """Encode ``message`` as a complete record stamped with ``store_ts``."""
     if not 0 <= message.qos <= 2:
         raise RecordError(f"qos must be 0, 1 or 2, not {message.qos}")
-    topic = _utf8(message.topic, "topic")
-    client_id = _utf8(message.client_id, "client_id")
+    topic = _ENCODED.get(message.topic)
+    if topic is None:
+        topic = _cached_utf8(message.topic, "topic")
+    client_id = _ENCODED.get(message.client_id)
+    if client_id is None:
+        client_id = _cached_utf8(message.client_id, "client_id")
     if len(topic) > 0xFFFF or len(client_id) > 0xFFFF:
         raise RecordError("topic or client_id longer than 65535 bytes")
     props = message.properties
