@@ -83,7 +83,11 @@ def handle_publish(broker, conn, packet) -> None:
         topic, deliver_at = real_topic, now + delay * 1000
 
     refusal = None
-    if broker.acl.configured and not broker.acl.allowed(conn.acl_username, session.client_id, topic, "write"):
+    if topic.startswith("$"):
+        # $SYS/... and other $ topics belong to the broker: a client may not publish fake values there.
+        refusal = ReasonCode.NOT_AUTHORIZED
+        log.info("publish_denied client=%s topic=%s reason=reserved", session.client_id, topic)
+    elif broker.acl.configured and not broker.acl.allowed(conn.acl_username, session.client_id, topic, "write"):
         refusal = ReasonCode.NOT_AUTHORIZED
         log.info("publish_denied client=%s user=%s topic=%s", session.client_id, conn.username, topic)
     elif packet.retain and packet.payload and broker.retained is not None \

@@ -305,3 +305,13 @@ def test_shared_subscription_redelivers_unacked(node):
     time.sleep(0.2)
     again = [p for p in b.recv_all(0.8) if isinstance(p, Publish)]
     assert sorted(p.payload for p in again) == sorted(p.payload for p in got_a)
+
+
+def test_clients_cannot_publish_to_dollar_topics(node):
+    """A client PUBLISH to $SYS/... is refused with 0x87 (v5) and never reaches subscribers."""
+    watcher = client(node)
+    subscribe(watcher, "$SYS/broker/fake", qos=0)
+    c = client(node)
+    c.send(Publish("$SYS/broker/fake", b"hacked", qos=1, packet_id=1))
+    assert c.recv() == PubAck(1, ReasonCode.NOT_AUTHORIZED)
+    assert [p for p in watcher.recv_all(0.5) if isinstance(p, Publish)] == []
