@@ -62,6 +62,7 @@ class Broker:
         self.groups: dict[tuple[str, str], SharedGroup] = {}
         self.connections: set = set()
         self.started_at = clock.seconds()
+        self.valid_topics: set[str] = set()  # topic names that passed validation (publish.py)
         self._encoded: OrderedDict[tuple, bytes] = OrderedDict()
         self._encoded_bytes = 0
         self._rate: dict[str, tuple[int, int]] = {}  # address -> (second, connections in it)

@@ -20,6 +20,7 @@ log = logging.getLogger("twistmq.mqtt.publish")
 
 DELAYED_PREFIX = "$delayed/"
 MAX_DELAY_S = 40 * 24 * 3600
+VALID_TOPICS_CACHE = 100_000
 
 
 def handle_publish(broker, conn, packet) -> None:
@@ -53,11 +54,15 @@ def handle_publish(broker, conn, packet) -> None:
                                     f"more than {broker.config.receive_maximum} unacknowledged QoS 1/2 PUBLISHes")
             return
     limits = broker.limits
-    try:
-        validate_topic_name(topic, limits.max_topic_length, limits.max_topic_levels)
-    except TopicError as exc:
-        conn.protocol_violation(ReasonCode.TOPIC_NAME_INVALID, str(exc))
-        return
+    if topic not in broker.valid_topics:  # devices publish to the same topics again and again
+        try:
+            validate_topic_name(topic, limits.max_topic_length, limits.max_topic_levels)
+        except TopicError as exc:
+            conn.protocol_violation(ReasonCode.TOPIC_NAME_INVALID, str(exc))
+            return
+        if len(broker.valid_topics) >= VALID_TOPICS_CACHE:
+            broker.valid_topics.clear()
+        broker.valid_topics.add(topic)
     if len(packet.payload) > limits.max_payload:
         conn.protocol_violation(ReasonCode.PACKET_TOO_LARGE,
                                 f"payload of {len(packet.payload)} bytes exceeds max_payload {limits.max_payload}")

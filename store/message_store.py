@@ -377,11 +377,10 @@ class MessageStore:
         if type(entry) is rec.Record:
             return entry
         r, m = entry
-        props = dict(m.properties)
-        if r.queues:
-            props[rec.QUEUES_PROPERTY] = rec.QUEUE_SEPARATOR.join(r.queues)
+        # Readers of the tail deliver messages; the QUEUES bookkeeping property (replay's business) is
+        # left out here, so a message without properties stays without any.
         record = rec.Record(r.offset, r.size, m.kind, m.qos, m.retain, r.store_ts, m.born_ts or r.store_ts, m.topic,
-                            m.client_id, props, bytes(m.body))
+                            m.client_id, m.properties, m.body)
         self._recent[offset] = record  # many sessions read the same tail: build it once
         return record
 
