@@ -12,7 +12,7 @@ import logging
 
 from lightqueue.topic import TopicError, validate_topic_name
 from mqtt_proxy import message_props
-from mqtt_proxy.codec import MQTT_5, PubAck, PubComp, PubRec, ReasonCode
+from mqtt_proxy.codec import MQTT_5, NO_PROPERTIES, PubAck, PubComp, PubRec, ReasonCode
 from store import record as rec
 from store.message_store import PutStatus
 
@@ -21,10 +21,31 @@ log = logging.getLogger("twistmq.mqtt.publish")
 DELAYED_PREFIX = "$delayed/"
 MAX_DELAY_S = 40 * 24 * 3600
 VALID_TOPICS_CACHE = 100_000
+MQTT_PUBLISH = rec.RecordKind.MQTT_PUBLISH
 
 
 def handle_publish(broker, conn, packet) -> None:
     """One PUBLISH from a connected client."""
+    topic = packet.topic
+    if (packet.properties is NO_PROPERTIES and topic in broker.valid_topics and not packet.retain
+            and packet.qos < 2 and not broker.acl.configured and len(packet.payload) <= broker.limits.max_payload
+            and conn.inbound_inflight < broker.config.receive_maximum and topic[0] != "$"):
+        # The common case (a device reporting on a known topic, QoS 0 or 1, no properties):
+        # every check below would pass, so go straight to the store.
+        payload = packet.payload
+        stats = broker.stats
+        stats.messages_received += 1
+        stats.bytes_received += len(payload)
+        qos = packet.qos
+        message = rec.Message(topic, payload, MQTT_PUBLISH, qos, False, conn.client_id, broker.now_ms(), {})
+        conn.put_started()
+        if qos == 0:
+            broker.store.submit(message, conn.qos0_stored)
+        else:
+            conn.inbound_inflight += 1
+            session, packet_id = conn.session, packet.packet_id
+            broker.store.submit(message, lambda result: _stored(result, broker, conn, session, 1, packet_id))
+        return
     session = conn.session
     level = conn.level
     props = packet.properties
