@@ -39,6 +39,7 @@ _META = struct.Struct(">QQQ")
 _U64 = struct.Struct(">Q")
 _CHECKPOINT = b"checkpoint"
 RESOLVE_CACHE_SIZE = 65536
+ENTRIES_WRITE_BUFFER = 4 << 20  # bytes of light-queue entries held in memory before a flush
 
 
 class LightQueueIndex:
@@ -66,8 +67,12 @@ class LightQueueIndex:
         opts.create_if_missing(True)
         opts.create_missing_column_families(True)
         opts.set_atomic_flush(True)
+        entries_opts = Options(raw_mode=True)
+        # Small memtables: an offline subscriber's backlog goes to disk, not to the broker's RSS.
+        entries_opts.set_write_buffer_size(ENTRIES_WRITE_BUFFER)
+        entries_opts.set_max_write_buffer_number(2)
         self._db = Rdict(self.path, opts, column_families={
-            "meta": Options(raw_mode=True), "entries": Options(raw_mode=True)})
+            "meta": Options(raw_mode=True), "entries": entries_opts})
         self._meta_cf = self._db.get_column_family_handle("meta")
         self._entries_cf = self._db.get_column_family_handle("entries")
         self._meta = self._db.get_column_family("meta")

@@ -32,7 +32,7 @@ log = logging.getLogger("twistmq.store")
 MAX_GET_COUNT = 1000
 MAX_GET_BYTES = 4 * 1024 * 1024
 REPLAY_CHUNK = 2000
-RECENT_RECORDS = 32768  # records kept decoded after their append: readers of the log's tail skip read+decode
+RECENT_RECORDS = 8192  # records kept decoded after their append: readers of the log's tail skip read+decode
 RECENT_BYTES = 16 << 20  # ... and at most this many record bytes, whatever their size
 
 
