@@ -83,9 +83,9 @@ class Request:
 def encode_reply(reply: dict) -> bytes:
     """One reply as compact JSON (no newline: the transport adds the framing)."""
     try:
-        return json.dumps(reply, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        return _ENCODER_UTF8.encode(reply).encode("utf-8")
     except UnicodeEncodeError:
-        return json.dumps(reply, separators=(",", ":")).encode("ascii")
+        return _ENCODER_ASCII.encode(reply).encode("ascii")
 
 
 def error_reply(reason: str, echo: dict | None = None) -> dict:
@@ -144,7 +144,7 @@ def parse_json(raw: bytes | str) -> dict:
         except UnicodeDecodeError:
             raise RequestError("request is not valid UTF-8") from None
     try:
-        obj = json.loads(raw, parse_constant=_reject_constant)
+        obj = _DECODER.decode(raw)
     except RecursionError:
         raise RequestError("malformed JSON: nested too deeply") from None
     except ValueError as exc:
@@ -350,3 +350,9 @@ class LineBuffer:
                 self._skipping = True
             del buf[:]
         return out
+
+
+# json.loads/dumps with options build a new decoder/encoder per call: build them once.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+_ENCODER_UTF8 = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+_ENCODER_ASCII = json.JSONEncoder(separators=(",", ":"))
