@@ -1,0 +1,72 @@
+"""Smoke test of the benchmark harness (bench/): every scenario, tiny, against a twistmq node.
+
+Each case starts the broker in its own process (for twistmq: ``twistd -n
+--pidfile= twistmq node --mqtt ... --http ... --data-dir <fresh tmp dir>``),
+runs ``bench/loadgen.py`` against it with a few hundred messages (a few dozen
+connections for scenario 5), and checks that every message sent was
+delivered, counted exactly at the subscribers. No speed is asserted.
+
+Switch: ``BENCH_SMOKE_BROKERS`` (comma-separated, default ``twistmq``) picks
+the brokers, e.g. ``BENCH_SMOKE_BROKERS=twistmq,mosquitto`` to run Mosquitto
+as a control for the harness itself, or ``mosquitto`` alone when the node is
+broken. Mosquitto is skipped if it is not installed (``./dev test`` installs it).
+"""
+
+import os
+
+import pytest
+
+from bench.brokers import BROKERS
+from bench.compare import run_one
+
+SMOKE_BROKERS = [b.strip() for b in os.environ.get("BENCH_SMOKE_BROKERS", "twistmq").split(",") if b.strip()]
+CAP = 10.0  # seconds per phase: a stuck broker fails the case quickly
+
+# Scenario parameters small enough for the test suite: a few hundred messages each.
+SMOKE_PARAMS = {
+    1: {"messages": 400},
+    2: {"messages": 400},
+    3: {"messages": 30, "subscribers": 10},
+    4: {"seconds": 0.3},
+    5: {"connections": 20},
+    6: {"messages": 400},
+    7: {"messages": 400, "filters": 200},
+}
+
+
+def _broker(name):
+    if name not in BROKERS:
+        pytest.fail(f"BENCH_SMOKE_BROKERS names an unknown broker {name!r} (known: {', '.join(BROKERS)})")
+    broker = BROKERS[name]
+    ok, reason = broker.available()
+    if not ok:
+        pytest.skip(reason)
+    return broker
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("scenario", [1, 2, 3, 4, 6, 7])
+@pytest.mark.parametrize("broker_name", SMOKE_BROKERS)
+def test_every_message_is_delivered(broker_name, scenario):
+    """A tiny run of a message scenario delivers every message sent, exactly counted at the subscribers."""
+    result = run_one(_broker(broker_name), scenario, params=SMOKE_PARAMS[scenario], cap=CAP)
+    assert "error" not in result, result
+    assert result["errors"] == [], result["errors"]
+    assert not result["partial"], result
+    assert result["expected"] > 0
+    assert result["delivered"] == result["expected"], result
+    assert result["figures"]["loss"] == 0, result
+    assert result["malformed"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("broker_name", SMOKE_BROKERS)
+def test_idle_connections_all_connect(broker_name):
+    """A tiny idle-connection run gets a CONNACK for every connection and measures the broker's RSS."""
+    result = run_one(_broker(broker_name), 5, params=SMOKE_PARAMS[5], cap=CAP)
+    assert "error" not in result, result
+    assert result["errors"] == [], result["errors"]
+    assert result["delivered"] == SMOKE_PARAMS[5]["connections"], result
+    assert result["rss_before"] and result["rss_after"], result
