@@ -31,7 +31,8 @@ log = logging.getLogger("twistmq.mqtt.broker")
 
 NEVER_EXPIRES = 0xFFFFFFFF
 ENCODE_CACHE = 4096  # encoded PUBLISHes kept for fan-out (one encode serves every subscriber)
-ENCODE_CACHE_BYTES = 8 << 20  # ... in at most this many bytes
+ENCODE_CACHE_BYTES = 4 << 20  # ... in at most this many bytes
+ENCODE_CACHE_MAX_PACKET = 16384  # bigger PUBLISHes are encoded per subscriber rather than held
 
 
 class AllowAll:
@@ -370,6 +371,8 @@ class Broker:
         data = self._encoded.get(key)
         if data is None:
             data = encode_publish(record.topic, record.body, qos, retain, False, 1 if qos else None, None, level)
+            if len(data) > ENCODE_CACHE_MAX_PACKET:
+                return data
             self._encoded[key] = data
             self._encoded_bytes += len(data)
             while len(self._encoded) > ENCODE_CACHE or self._encoded_bytes > ENCODE_CACHE_BYTES:

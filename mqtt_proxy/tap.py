@@ -132,6 +132,7 @@ class NodeService(service.MultiService):
         self.kv = DurableKV(os.path.join(data_dir, "sessions"), reactor, sync=cfg.store.kv_sync)
         self.notifier = Notifier(reactor)
         self.store.add_listener(self.notifier.notify)
+        self.store.read_soon = self.notifier.watched
         mqtt = cfg.mqtt
         # scrypt runs on its own small pool so password checks never queue behind fsyncs.
         self.auth_executor = ThreadPoolExecutor(reactor, max_threads=2, name="twistmq-auth")

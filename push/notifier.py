@@ -36,6 +36,14 @@ class Notifier:
             if not watchers:
                 del self._watchers[queue]
 
+    def watched(self, queues: Iterable[str]) -> bool:
+        """Whether anyone watches one of ``queues`` (the store keeps such appends in memory)."""
+        watchers = self._watchers
+        for q in queues:
+            if q in watchers:
+                return True
+        return False
+
     def notify(self, queues: Iterable[str]) -> None:
         """Record news for ``queues``; watchers hear about each once, at the end of the tick."""
         for q in queues:

@@ -12,10 +12,13 @@ from collections import OrderedDict
 from twisted.internet import defer
 
 
+MAX_CACHED_RECORD = 8192
+
+
 class ReadCache:
     """Per-queue windows of recent QueueMessages, bounded in total entries."""
 
-    def __init__(self, store, max_entries: int = 65536, per_queue: int = 4096, max_bytes: int = 32 << 20) -> None:
+    def __init__(self, store, max_entries: int = 65536, per_queue: int = 4096, max_bytes: int = 8 << 20) -> None:
         self._store = store
         self._max_entries = max_entries
         self._per_queue = per_queue
@@ -58,6 +61,8 @@ class ReadCache:
         else:
             self._queues.move_to_end(queue)
         for m in messages:
+            if m.record.size > MAX_CACHED_RECORD:
+                continue  # big payloads are not worth their memory here
             if m.queue_offset not in cached:
                 cached[m.queue_offset] = m
                 self._entries += 1

@@ -32,8 +32,10 @@ log = logging.getLogger("twistmq.store")
 MAX_GET_COUNT = 1000
 MAX_GET_BYTES = 4 * 1024 * 1024
 REPLAY_CHUNK = 2000
-RECENT_RECORDS = 8192  # records kept decoded after their append: readers of the log's tail skip read+decode
-RECENT_BYTES = 16 << 20  # ... and at most this many record bytes, whatever their size
+RECENT_RECORDS = 65536  # appends kept in memory for readers of the log's tail (no read, no decode)
+RECENT_BYTES = 8 << 20  # ... and at most this much memory: record bytes plus Python's cost per entry
+RECENT_MAX_RECORD = 8192  # larger records are read back from the log: copying them dominates anyway
+RECENT_ENTRY_COST = 400  # bytes of Python objects behind one kept append, beside its record bytes
 
 
 class PutStatus(enum.Enum):
@@ -157,6 +159,9 @@ class MessageStore:
         self.bytes_in = 0
         self._recent: dict[int, object] = {}  # commit-log offset -> Record or (DispatchRequest, Message)
         self._recent_bytes = 0
+        # Optional ``read_soon(queues) -> bool``: keep an append in memory only if a reader waits on
+        # one of its queues (an offline subscriber's backlog then costs disk, not memory).
+        self.read_soon: Callable[[tuple[str, ...]], bool] | None = None
 
     # -- wiring ------------------------------------------------------------------
 
@@ -335,9 +340,11 @@ class MessageStore:
             if gained:
                 touched.update(gained)
         recent = self._recent
-        for r, (m, _d, _q) in zip(requests, accepted):
-            recent[r.offset] = (r, m)  # made into a Record only if someone reads it
-            self._recent_bytes += r.size
+        wanted = self.read_soon
+        for r, (m, _d, queues) in zip(requests, accepted):
+            if r.size <= RECENT_MAX_RECORD and (wanted is None or wanted(queues)):
+                recent[r.offset] = (r, m)  # made into a Record only if someone reads it
+                self._recent_bytes += r.size + RECENT_ENTRY_COST
         if len(recent) > RECENT_RECORDS or self._recent_bytes > RECENT_BYTES:
             for off in list(itertools.islice(recent, max(len(recent) - RECENT_RECORDS, 64))):
                 self._recent_bytes -= _size(recent.pop(off))
@@ -401,17 +408,34 @@ class MessageStore:
         out: list[QueueMessage] = []
         budget = MAX_GET_BYTES
         log_min = self.commit_log.min_offset
+        todo: list = []  # entries whose records are not in memory: read in contiguous runs
         for e in entries:
             if e.cl_offset < log_min:
                 continue
             record = self._recent_record(e.cl_offset)
-            if record is None:
-                record = self.commit_log.read(e.cl_offset, e.size)
             out.append(QueueMessage(e.queue_offset, record))
+            if record is None:
+                todo.append((len(out) - 1, e))
             budget -= e.size
             if budget <= 0:
                 break
+        if todo:
+            self._read_runs(out, todo)
         return out
+
+    def _read_runs(self, out: list, todo: list) -> None:
+        i = 0
+        while i < len(todo):
+            j = i + 1
+            end = todo[i][1].cl_offset + todo[i][1].size
+            while j < len(todo) and todo[j][1].cl_offset == end:
+                end += todo[j][1].size
+                j += 1
+            run = todo[i:j]
+            records = self.commit_log.read_run(run[0][1].cl_offset, [e.size for _k, e in run])
+            for (k, e), record in zip(run, records):
+                out[k] = QueueMessage(e.queue_offset, record)
+            i = j
 
     def min_offset(self, queue: str) -> defer.Deferred:
         """The oldest queue offset still readable."""
@@ -462,8 +486,8 @@ class MessageStore:
 
 
 def _size(entry) -> int:
-    """Record size of a recent entry, built (Record) or not yet ((DispatchRequest, Message))."""
-    return entry.size if type(entry) is rec.Record else entry[0].size
+    """Memory charged for a recent entry, built (Record) or not yet ((DispatchRequest, Message))."""
+    return (entry.size if type(entry) is rec.Record else entry[0].size) + RECENT_ENTRY_COST
 
 
 def _resolve(waiter, result: PutResult) -> None:
