@@ -242,6 +242,18 @@ def check_header(buf, pos: int = 0) -> int:
     return total
 
 
+_KINDS = {int(k): k for k in RecordKind}
+_DECODED: dict[bytes, str] = {}  # topics and client ids repeat: decode each once
+
+
+def _cached_decode(raw: bytes) -> str:
+    text = raw.decode("utf-8")
+    if len(_DECODED) >= 65536:
+        _DECODED.clear()
+    _DECODED[raw] = text
+    return text
+
+
 def decode(buf, pos: int = 0, offset: int | None = None) -> Record:
     """Decode the record starting at ``buf[pos]``.
 
@@ -260,18 +272,27 @@ def decode(buf, pos: int = 0, offset: int | None = None) -> Record:
         kind, flags, store_ts, born_ts = _FIXED.unpack_from(view, 0)
         p = _FIXED.size
         (tlen,) = _U16.unpack_from(view, p)
-        topic = bytes(view[p + 2:p + 2 + tlen]).decode("utf-8")
+        raw = bytes(view[p + 2:p + 2 + tlen])
+        topic = _DECODED.get(raw)
+        if topic is None:
+            topic = _cached_decode(raw)
         p += 2 + tlen
         (clen,) = _U16.unpack_from(view, p)
-        client_id = bytes(view[p + 2:p + 2 + clen]).decode("utf-8")
+        raw = bytes(view[p + 2:p + 2 + clen])
+        client_id = _DECODED.get(raw)
+        if client_id is None:
+            client_id = _cached_decode(raw)
         p += 2 + clen
         (plen,) = _U32.unpack_from(view, p)
-        properties = decode_properties(bytes(view[p + 4:p + 4 + plen]))
+        block = bytes(view[p + 4:p + 4 + plen])
+        properties = {} if block == b"\x00\x00" else decode_properties(block)
         p += 4 + plen
         (blen,) = _U32.unpack_from(view, p)
         body = bytes(view[p + 4:p + 4 + blen])
         p += 4 + blen
-        record_kind = RecordKind(kind)
+        record_kind = _KINDS[kind]
+    except KeyError:
+        raise CorruptRecord(f"unknown record kind {kind}") from None
     except (struct.error, UnicodeDecodeError, ValueError) as exc:
         if isinstance(exc, CorruptRecord):
             raise
