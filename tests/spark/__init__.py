@@ -1,0 +1,1 @@
+"""Tests of the Spark data source, jobs, report and simulator."""
