@@ -18,7 +18,7 @@ from twisted.internet import defer
 from mqtt_proxy import message_props
 from mqtt_proxy.auth.acl import ACL
 from mqtt_proxy.auth.authenticator import AuthResult
-from mqtt_proxy.codec import MQTT_5, ConnAck, Disconnect, Properties, ReasonCode
+from mqtt_proxy.codec import MQTT_5, ConnAck, Properties, ReasonCode
 from mqtt_proxy.config import LimitsConfig, MQTTConfig
 from mqtt_proxy.codec.encoder import encode_publish
 from mqtt_proxy.session import Outbound, Session, Subscription
@@ -393,8 +393,3 @@ class Broker:
         """Close one client with a reason (v5 DISCONNECT first); its will is published."""
         self._conn_gone(conn, publish_will=True)
         conn.close(reason, reason_string)
-
-
-def disconnect_packet(reason: int, reason_string: str | None = None) -> Disconnect:
-    props = Properties(reason_string=reason_string) if reason_string else Properties()
-    return Disconnect(reason, props)
