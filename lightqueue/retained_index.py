@@ -37,6 +37,7 @@ from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from store import record as rec
 from store.message_store import DispatchRequest
+from store.retention import CARRIED
 
 __all__ = ["RetainedEntry", "RetainedIndex"]
 
@@ -86,6 +87,7 @@ class RetainedIndex:
         self.max_bytes = max_bytes
         self.dispatched_offset = 0
         self.total_bytes = 0
+        self.dropped = 0  # retained messages lost to a disk limit since start
         self._entries: dict[str, RetainedEntry] = {}  # in commit-log order (see module doc)
         self._root = _Node()
         self._open_db()
@@ -129,8 +131,11 @@ class RetainedIndex:
             if req.offset < checkpoint:
                 continue
             end = req.offset + req.size
-            if not req.retain or req.kind != rec.RecordKind.MQTT_PUBLISH:
+            if not req.retain:
                 continue
+            if req.kind != rec.RecordKind.MQTT_PUBLISH:
+                if req.kind != rec.RecordKind.SYSTEM or not self._carry_applies(req):
+                    continue
             key = _TOPIC + req.topic.encode("utf-8")
             if req.body_size == 0:  # MQTT-3.3.1-10: an empty retained payload clears the topic
                 if self._remove(req.topic):
@@ -151,6 +156,29 @@ class RetainedIndex:
         if changed:
             log.debug("retained_dispatch changed=%d topics=%d checkpoint=%d", changed, len(self._entries), end)
         return None
+
+    def _carry_applies(self, req: DispatchRequest) -> bool:
+        """A retained message re-appended ahead of retention replaces the one it copies.
+
+        Retention appends the copy while the index still points at the original,
+        so in the log no retained publish of that topic stands between the two: the
+        copy applies when the topic still points at the original, or at nothing
+        (a replay that starts after the original's segment was deleted).
+        """
+        origin = req.properties.get(CARRIED)
+        if origin is None:
+            return False
+        current = self._entries.get(req.topic)
+        return current is None or str(current.cl_offset) == origin
+
+    def records_to_carry(self, offset: int) -> list[tuple[int, int]]:
+        """``(cl_offset, size)`` of every retained message stored below ``offset`` (a RetentionCarrier)."""
+        out = []
+        for entry in self._entries.values():  # in log order
+            if entry.cl_offset >= offset:
+                break
+            out.append((entry.cl_offset, entry.size))
+        return out
 
     def _set(self, topic: str, entry: RetainedEntry) -> None:
         old = self._entries.pop(topic, None)  # pop, then insert: the dict stays in log order
@@ -307,7 +335,9 @@ class RetainedIndex:
             self._remove(topic)
             wb.delete(_TOPIC + topic.encode("utf-8"))
         self._db.write(wb, self._wo)
-        log.info("retained_retention min_cl_offset=%d dropped=%d topics=%d",
+        self.dropped += len(stale)
+        # Retention carries retained messages ahead of deletion: only a disk limit gets here.
+        log.warning("retained_retention min_cl_offset=%d dropped=%d topics=%d",
                  min_cl_offset, len(stale), len(self._entries))
         return len(stale)
 

@@ -26,6 +26,7 @@ from mqtt_proxy.session_store import SessionStore
 from mqtt_proxy.shared import SharedGroup
 from mqtt_proxy.stats import BrokerStats
 from store import record as rec
+from store.retention import Owed
 
 log = logging.getLogger("twistmq.mqtt.broker")
 
@@ -378,6 +379,22 @@ class Broker:
             while len(self._encoded) > ENCODE_CACHE or self._encoded_bytes > ENCODE_CACHE_BYTES:
                 self._encoded_bytes -= len(self._encoded.popitem(last=False)[1])
         return data
+
+    # -- retention ---------------------------------------------------------------------------
+
+    def owed(self):
+        """Retention holder: per session subscription and shared group, the lowest queue offset still owed.
+
+        A subscription owes from its oldest unacknowledged QoS 1/2 message, else
+        from its next offset; a shared group from its committed offset.
+        """
+        for cid, session in self.sessions.items():
+            for sub in session.subs.values():
+                if sub.share is None:
+                    low = min(sub.inflight) if sub.inflight else sub.next_offset
+                    yield Owed("session " + cid, sub.queue, min(low, sub.next_offset))
+        for (group, topic_filter), g in self.groups.items():
+            yield Owed(f"share {group} {topic_filter}", g.queue, g.committed)
 
     # -- shutdown --------------------------------------------------------------------------
 

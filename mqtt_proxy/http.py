@@ -12,10 +12,11 @@ from twisted.web import resource, server
 class _BrokerCollector:
     """Reads the live counters at scrape time (no copies to keep in sync)."""
 
-    def __init__(self, broker, store, extra) -> None:
+    def __init__(self, broker, store, extra, losses) -> None:
         self.broker = broker
         self.store = store
         self.extra = extra
+        self.losses = losses
 
     def collect(self):
         s = self.broker.stats
@@ -30,10 +31,16 @@ class _BrokerCollector:
             "twistmq_messages_dropped": ("publishes refused by ACL or quota", s.messages_dropped),
             "twistmq_store_puts": ("records appended to the commit log", self.store.puts),
         }
+        counters.update(self.losses())
         for name, (doc, value) in counters.items():
             c = CounterMetricFamily(name, doc)
             c.add_metric([], value)
             yield c
+        dropped = CounterMetricFamily("twistmq_retention_dropped_messages",
+                                      "owed messages a disk limit deleted, by queue", labels=["queue"])
+        for queue, n in sorted(self.store.retention.dropped.items()):
+            dropped.add_metric([queue], n)
+        yield dropped
         gauges = {
             "twistmq_clients_connected": ("clients connected now", s.clients_connected),
             "twistmq_sessions": ("sessions held, connected or not", len(self.broker.sessions)),
@@ -76,10 +83,14 @@ class Metrics(resource.Resource):
         return generate_latest(self.registry)
 
 
-def http_site(broker, store, extra=lambda: ()) -> server.Site:
-    """A Site with /health and /metrics; ``extra()`` yields (prefix, {name: value}) for other services."""
+def http_site(broker, store, extra=lambda: (), losses=lambda: {}) -> server.Site:
+    """A Site with /health and /metrics.
+
+    ``extra()`` yields (prefix, {name: value}) for other services; ``losses()``
+    gives {metric name: (help, count)} of messages that went away undelivered.
+    """
     registry = CollectorRegistry()
-    registry.register(_BrokerCollector(broker, store, extra))
+    registry.register(_BrokerCollector(broker, store, extra, losses))
     root = resource.Resource()
     root.putChild(b"health", Health(store))
     root.putChild(b"metrics", Metrics(registry))

@@ -42,6 +42,7 @@ class Subscription:
     next_offset: int = 0
     inflight: set[int] = field(default_factory=set)  # queue offsets sent at QoS>0 and not yet acknowledged
     reading: bool = False
+    dropped: int = 0  # owed messages lost to a disk limit (retention) while this session was subscribed
 
     def stored(self) -> StoredSubscription:
         group = self.share.group if self.share is not None else None
@@ -221,6 +222,8 @@ class Session:
         now = self.broker.now_ms()
         advanced = False
         more = len(messages) == PUMP_BATCH
+        if messages and messages[0].queue_offset > sub.next_offset:
+            self._gap(sub, messages[0].queue_offset)
         for m in messages:
             if m.queue_offset < sub.next_offset:
                 continue
@@ -237,6 +240,7 @@ class Session:
             if sub.no_local and record.client_id == self.client_id:
                 continue
             if record.properties and message_props.expired(record.properties, now):
+                self.broker.stats.messages_expired += 1
                 continue
             pid = None
             if qos:
@@ -254,6 +258,16 @@ class Session:
                 self.pump()
         elif not self._pumping:
             self._persist_offsets()
+
+    def _gap(self, sub: Subscription, first_live: int) -> None:
+        """Owed messages are gone (a disk limit deleted them): count, log, and resume after the gap."""
+        lost = first_live - sub.next_offset
+        sub.dropped += lost
+        self.broker.stats.messages_gap += lost
+        log.warning("delivery_gap client=%s queue=%s queue_offsets=[%d,%d) messages=%d",
+                    self.client_id, sub.queue, sub.next_offset, first_live, lost)
+        sub.next_offset = first_live
+        self._dirty_subs.add(sub.key)
 
     def send_retained(self, record, sub: Subscription) -> None:
         """Send a retained message in answer to a subscribe (RETAIN set, not tied to an offset)."""

@@ -34,6 +34,7 @@ class SharedGroup:
         self.inflight: dict[int, object] = {}  # queue offset -> session
         self.redeliver: list[int] = []
         self._rr = 0
+        self.dropped = 0  # owed messages lost to a disk limit (retention)
         self._reading = False
         self._pump_scheduled = False
         broker.notifier.watch(queue, id(self), lambda _q: self.pump())
@@ -74,6 +75,15 @@ class SharedGroup:
             self.committed = committed
             self.broker.sessions_db.save_group_offset(self.group, self.topic_filter, committed)
 
+    def _gap(self, first_live: int) -> None:
+        """Owed messages are gone (a disk limit deleted them): count, log, and resume after the gap."""
+        lost = first_live - self.next_offset
+        self.dropped += lost
+        self.broker.stats.messages_gap += lost
+        log.warning("delivery_gap share=%s filter=%s queue_offsets=[%d,%d) messages=%d",
+                    self.group, self.topic_filter, self.next_offset, first_live, lost)
+        self.next_offset = first_live
+
     def _next_member(self, qos: int):
         n = len(self.members)
         for i in range(n):
@@ -112,11 +122,14 @@ class SharedGroup:
                 self.pump()
                 return
         now = self.broker.now_ms()
+        if not redelivery and messages and messages[0].queue_offset > self.next_offset:
+            self._gap(messages[0].queue_offset)
         for m in messages:
             if not redelivery and m.queue_offset < self.next_offset:
                 continue
             record = m.record
             if record.properties and message_props.expired(record.properties, now):
+                self.broker.stats.messages_expired += 1
                 if not redelivery:
                     self.next_offset = m.queue_offset + 1
                 progressed = True

@@ -7,7 +7,8 @@ class BrokerStats:
     """Plain counters; the reactor thread is the only writer."""
 
     __slots__ = ("messages_received", "messages_sent", "bytes_received", "bytes_sent", "clients_connected",
-                 "connections_total", "connections_refused", "protocol_errors", "messages_dropped")
+                 "connections_total", "connections_refused", "protocol_errors", "messages_dropped",
+                 "messages_expired", "messages_gap")
 
     def __init__(self) -> None:
         self.messages_received = 0
@@ -19,6 +20,8 @@ class BrokerStats:
         self.connections_refused = 0
         self.protocol_errors = 0
         self.messages_dropped = 0
+        self.messages_expired = 0  # stored messages whose expiry passed before they could be delivered
+        self.messages_gap = 0  # owed messages a reader found deleted (a disk limit forced them out)
 
     def sent(self, nbytes: int) -> None:
         """One PUBLISH of ``nbytes`` went out."""

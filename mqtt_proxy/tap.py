@@ -145,6 +145,11 @@ class NodeService(service.MultiService):
                              acl=load_acl(mqtt.acl_file or None))
         self.native = NativeService(self.store, data_dir, from_mapping(NativeConfig, "native", cfg.native), reactor,
                                     self.timers)
+        # Retention keeps what sessions, shared groups and native consumers still owe, and carries
+        # retained messages ahead of the segments it deletes.
+        self.store.retention.add_holder(self.broker.owed)
+        self.store.retention.add_holder(self.native.engine.owed)
+        self.store.retention.add_carrier(self.retained.records_to_carry)
         self.sys = SysPublisher(self.broker, self.store, reactor, cfg.mqtt.sys_interval)
         self.ports: list = []
         self.extra_stats = [("native", self.native.stats), ("timer", self.timers.stats)]
@@ -161,7 +166,7 @@ class NodeService(service.MultiService):
         ws_factory = websocket_factory(mqtt_factory, node.ws_path, self.reactor, self.cfg.limits.max_packet_size)
         streams += [("mqtt-ws", tls.server_endpoint(self.reactor, d, ca), ws_factory) for d in node.mqtt_ws]
         streams += [("http", endpoints.serverFromString(self.reactor, d), http_site(self.broker, self.store,
-                                                                                    self._extra_stats))
+                                                                                    self._extra_stats, self._losses))
                     for d in node.http]
         streams += [("native", endpoints.serverFromString(self.reactor, d), self.native.tcp_factory())
                     for d in node.native]
@@ -174,6 +179,19 @@ class NodeService(service.MultiService):
                 raise ConfigError(f"--native-udp wants [HOST:]PORT, not {spec!r}") from None
             datagrams.append(("native-udp", number, host or "", self.native.udp_protocol()))
         return streams, datagrams
+
+    def _losses(self):
+        """Messages that went away undelivered, for /metrics: expiry, and what a disk limit deleted."""
+        stats, native = self.broker.stats, self.native.counters
+        return {
+            "twistmq_expired_messages": ("stored messages whose expiry (MQTT message expiry, native ttl) passed "
+                                         "before delivery", stats.messages_expired + native["expired"]),
+            "twistmq_delivery_gap_messages": ("owed messages a reader found deleted by a disk limit",
+                                              stats.messages_gap + native["gap"]),
+            "twistmq_retained_dropped_messages": ("retained messages a disk limit deleted", self.retained.dropped),
+            "twistmq_dead_lettered_messages": ("popped messages moved to a dead-letter queue",
+                                               native["dead_lettered"]),
+        }
 
     def _extra_stats(self):
         return [(prefix, fn()) for prefix, fn in self.extra_stats]

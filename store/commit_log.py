@@ -311,20 +311,16 @@ class CommitLog:
 
     # -- retention -------------------------------------------------------------------
 
-    def delete_segments(self, now_s: float, max_age_s: float | None, quota_bytes: int | None) -> list[str]:
-        """Delete the oldest segments older than ``max_age_s`` or beyond the disk quota.
+    def delete_oldest(self, count: int, reason: str) -> list[str]:
+        """Delete the ``count`` oldest segments (never the active one); return their paths.
 
-        The active segment is never deleted. Returns the deleted paths.
+        Which segments may go is retention's decision (``store.retention``); this
+        only removes files, after making sure no fsync owed to the checkpoint is lost.
         """
         deleted: list[str] = []
-        total = sum(os.path.getsize(s.path) for s in self._segments)
-        while len(self._segments) > 1:
+        for _ in range(min(count, len(self._segments) - 1)):
             seg = self._segments[0]
             size = os.path.getsize(seg.path)
-            too_old = max_age_s is not None and now_s - os.path.getmtime(seg.path) > max_age_s
-            over_quota = quota_bytes is not None and total > quota_bytes
-            if not (too_old or over_quota):
-                break
             if seg.base + size > self.synced_offset:
                 self.sync()  # never drop bytes whose fsync is still owed to the checkpoint
             self._segments.pop(0)
@@ -332,10 +328,8 @@ class CommitLog:
             if fd is not None:
                 os.close(fd)
             os.remove(seg.path)
-            total -= size
             deleted.append(seg.path)
-            log.info("commitlog_segment_deleted path=%s bytes=%d reason=%s",
-                     seg.path, size, "age" if too_old else "quota")
+            log.info("commitlog_segment_deleted path=%s bytes=%d reason=%s", seg.path, size, reason)
         return deleted
 
 

@@ -74,9 +74,11 @@ class StoreConfig:
     flush_interval_ms: int = 500
     """How often the async policy fsyncs."""
     retention_hours: float = 72.0
-    """Delete commit-log segments older than this."""
+    """Delete commit-log segments older than this, unless they hold a message still owed to a session, shared group or native consumer (those are kept until delivered, expired, or a disk limit forces them out)."""
     disk_quota_mb: int = 0
-    """Delete the oldest segments while the commit log is larger than this (0: no quota)."""
+    """Disk limit: delete the oldest segments, owed messages included (counted and logged), while the commit log is larger than this (0: no quota of its own; disk_max_used_ratio still applies)."""
+    disk_max_used_ratio: float = 0.75
+    """Disk limit: delete the oldest segments, owed messages included (counted and logged), while the data directory's file system is fuller than this share (RocketMQ's diskMaxUsedSpaceRatio; 1.0 turns it off)."""
     retention_check_s: float = 60.0
     """How often retention runs."""
     index_flush_s: float = 10.0
@@ -92,5 +94,7 @@ class StoreConfig:
         for name in ("flush_interval_ms", "retention_hours", "retention_check_s", "index_flush_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive")
+        if not 0.0 < self.disk_max_used_ratio <= 1.0:
+            raise ConfigError(f"disk_max_used_ratio must be within (0, 1], not {self.disk_max_used_ratio}")
         if self.disk_quota_mb < 0:
             raise ConfigError("disk_quota_mb must be >= 0")

@@ -26,6 +26,7 @@ from store import record as rec
 from store.commit_log import CommitLog, CommitLogError
 from store.config import StoreConfig
 from store.flush import make_flush_policy
+from store.retention import Retention
 
 log = logging.getLogger("twistmq.store")
 
@@ -162,6 +163,7 @@ class MessageStore:
         # Optional ``read_soon(queues) -> bool``: keep an append in memory only if a reader waits on
         # one of its queues (an offline subscriber's backlog then costs disk, not memory).
         self.read_soon: Callable[[tuple[str, ...]], bool] | None = None
+        self.retention = Retention(self, clock)
 
     # -- wiring ------------------------------------------------------------------
 
@@ -185,7 +187,7 @@ class MessageStore:
         self.commit_log.open()
         self._replay()
         self.flush_policy.start()
-        for interval, fn in ((self.config.retention_check_s, self.apply_retention),
+        for interval, fn in ((self.config.retention_check_s, self._retention_tick),
                              (self.config.index_flush_s, self._flush_index)):
             loop = task.LoopingCall(fn)
             loop.clock = self._clock
@@ -460,19 +462,37 @@ class MessageStore:
 
     # -- housekeeping ------------------------------------------------------------
 
-    def apply_retention(self) -> list[str]:
-        """Delete segments by age and quota, then move queue minimums past them."""
+    def apply_retention(self) -> defer.Deferred:
+        """One retention pass (``store.retention``); fires with its RetentionReport."""
+        return self.retention.run()
+
+    def _retention_tick(self) -> defer.Deferred:
+        # A failed pass is logged and the loop goes on (a LoopingCall stops on an error).
+        return self.apply_retention().addErrback(
+            lambda f: log.error("retention_failed error=%s", f.getTraceback()))
+
+    def log_truncated(self) -> None:
+        """Retention deleted segments: every dispatcher moves past what is gone."""
+        for disp in self._dispatchers:
+            truncated = getattr(disp, "log_truncated", None)
+            if truncated is not None:
+                truncated(self.commit_log.min_offset)
+
+    def collect_idle_queues(self) -> int:
+        """Delete light queues nobody subscribes to and nothing was stored in for a retention period."""
+        if self._index is None:
+            return 0
         cfg = self.config
-        quota = cfg.disk_quota_mb * 1024 * 1024 if cfg.disk_quota_mb else None
-        deleted = self.commit_log.delete_segments(self._clock.seconds(), cfg.retention_hours * 3600, quota)
-        if deleted:
-            for disp in self._dispatchers:
-                truncated = getattr(disp, "log_truncated", None)
-                if truncated is not None:
-                    truncated(self.commit_log.min_offset)
-        if self._index is not None:
-            self._index.collect_idle(int((self._clock.seconds() - cfg.retention_hours * 3600) * 1000))
-        return deleted
+        return self._index.collect_idle(int((self._clock.seconds() - cfg.retention_hours * 3600) * 1000))
+
+    @property
+    def queue_index(self) -> QueueIndex | None:
+        """The installed queue index (light queues), if any."""
+        return self._index
+
+    def drain(self) -> None:
+        """Append and dispatch the puts waiting for this tick now."""
+        self._drain()
 
     def _flush_index(self) -> None:
         for disp in self._dispatchers:

@@ -37,13 +37,15 @@ class NativeConfig:
     """``invisible_time`` of a ``pop`` that leaves it out."""
     max_invisible_time_s: int = 12 * 3600
     """Largest ``invisible_time`` accepted by ``pop`` and ``change_invisible_time``."""
+    max_reconsume: int = 16
+    """A popped message handed out more than this many times again (RocketMQ's maxReconsumeTimes) moves to the dead-letter queue ``%DLQ%<group>`` instead of coming back."""
     virtual_queues: dict = field(default_factory=dict)
     """Virtual queue name -> list of real queue names; a produce to it is stored once, indexed in each."""
 
     def validate(self) -> None:
         for name in ("max_queue_size", "max_request_bytes", "max_datagram_bytes", "max_batch", "max_pipeline",
                      "default_ttl_s", "max_ttl_s", "max_delay_s", "max_retry_s", "default_invisible_time_s",
-                     "max_invisible_time_s"):
+                     "max_invisible_time_s", "max_reconsume"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive")
         if self.max_datagram_bytes > 65507:

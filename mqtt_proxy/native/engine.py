@@ -41,6 +41,7 @@ from mqtt_proxy.native.state import NO_EXPIRY, Cursor, InFlight, decode_inflight
 from store import record as rec
 from store.kv import DurableKV
 from store.message_store import MessageStore, PutResult, PutStatus
+from store.retention import Owed
 
 log = logging.getLogger("twistmq.native")
 
@@ -50,6 +51,10 @@ ORIGIN = "ORIGIN"  # set by store.timer_service on a delayed message
 QUEUE_GROUP = ""  # the group of plain consume/confirm on a queue: the queue's own cursor
 TOPIC_GROUP = "default"  # the group when a topic consume or a pop leaves it out
 PREFETCH = 32
+DLQ_PREFIX = "%DLQ%"  # dead-letter queue of a POP group: %DLQ%<group> (RocketMQ's name)
+DLQ_QUEUE = "dlq_queue"  # properties of a dead letter: where it came from
+DLQ_MSG_ID = "dlq_msg_id"
+DLQ_ATTEMPTS = "dlq_attempts"
 MAX_SKIP = 1000  # expired/duplicate entries skipped per request before answering "nothing ready"
 _U64 = struct.Struct(">Q")
 
@@ -133,7 +138,9 @@ class NativeEngine:
     def _cursor(self, queue: str, group: str) -> Cursor:
         c = self._cursors.get((queue, group))
         if c is None:
-            c = self._cursors[(queue, group)] = Cursor(queue, group)
+            # A new group starts at the oldest message still stored (retention took what came before).
+            start = _now_result(self.store.min_offset(queue))
+            c = self._cursors[(queue, group)] = Cursor(queue, group, start)
         return c
 
     def _save_offset(self, c: Cursor) -> defer.Deferred:
@@ -309,21 +316,27 @@ class NativeEngine:
         expired: list[InFlight] = []
         # 1. a message in flight whose invisible time is over comes back first
         e = c.due(now, expired)
+        while e is not None:
+            record = self._read(e.cl_offset, e.size)
+            if record is None:  # a disk limit deleted it
+                self._lost_inflight(c, e)
+            elif pop and e.attempts > self.config.max_reconsume:
+                writes.append(self._dead_letter(c, e, record))
+            else:
+                break
+            c.ack(e.msg_id)
+            writes.append(self._drop_inflight(c, e.msg_id))
+            e = c.due(now, expired)
         for x in expired:
             writes.append(self._drop_inflight(c, x.msg_id))
             self.counters["expired"] += 1
         if e is not None:
-            record = self._read(e.cl_offset, e.size)
-            if record is None:  # retention removed it
-                c.ack(e.msg_id)
-                writes.append(self._drop_inflight(c, e.msg_id))
-            elif self._too_big(record, max_data_bytes):
+            if self._too_big(record, max_data_bytes):
                 return self._after(writes, self._too_big_reply(e.msg_id, record))
-            else:
-                c.redeliver(e, now, pop_ms)
-                writes.append(self._save_inflight(c, e))
-                self.counters["redelivered"] += 1
-                return self._after(writes, self._message_reply(req, e.msg_id, record, e.attempts))
+            c.redeliver(e, now, pop_ms)
+            writes.append(self._save_inflight(c, e))
+            self.counters["redelivered"] += 1
+            return self._after(writes, self._message_reply(req, e.msg_id, record, e.attempts))
         # 2. the next new message
         key = (qname, group)
         buf = self._buffers.get(key)
@@ -337,6 +350,9 @@ class NativeEngine:
                 got = _now_result(self.store.get(qname, c.offset, PREFETCH))
                 if not got:
                     break
+                if got[0].queue_offset > c.offset:
+                    self._gap(c, got[0].queue_offset)
+                    moved = True
                 buf.extend(got)
                 continue
             qm = buf[0]
@@ -371,6 +387,38 @@ class NativeEngine:
             writes.append(self._save_offset(c))
         return self._after(writes, {"code": 0})
 
+    def _gap(self, c: Cursor, first_live: int) -> None:
+        """Owed messages are gone (a disk limit deleted them): count, log, and resume after the gap."""
+        lost = first_live - c.offset
+        self.counters["gap"] += lost
+        log.warning("delivery_gap queue=%s group=%r queue_offsets=[%d,%d) messages=%d",
+                    c.queue, c.group, c.offset, first_live, lost)
+        c.skip(first_live - 1)
+
+    def _lost_inflight(self, c: Cursor, e: InFlight) -> None:
+        self.counters["gap"] += 1
+        log.warning("delivery_gap queue=%s group=%r msg_id=%d in flight, deleted by a disk limit",
+                    c.queue, c.group, e.msg_id)
+
+    def _dead_letter(self, c: Cursor, e: InFlight, record: rec.Record) -> defer.Deferred:
+        """Move a message popped too often to ``%DLQ%<group>``: kept (no expiry) until someone reads it."""
+        dlq = DLQ_PREFIX + c.group
+        origin = c.queue[len("%QUEUE%"):] if c.queue.startswith("%QUEUE%") else c.queue
+        props = {DLQ_QUEUE: origin, DLQ_MSG_ID: str(e.msg_id), DLQ_ATTEMPTS: str(e.attempts)}
+        m = rec.Message(dlq, record.body, rec.RecordKind.NATIVE_MESSAGE, 0, False, "", self.now_ms(), props)
+        self.counters["dead_lettered"] += 1
+        log.warning("dead_letter queue=%s group=%r msg_id=%d attempts=%d to=%s", origin, c.group, e.msg_id,
+                    e.attempts, dlq)
+        waits = [self.store.put(m)]
+        if dlq not in self._queues:
+            waits.append(self._register_queue(dlq))
+
+        def stored(results):
+            if not results[0].ok:
+                raise EngineError(f"dead-letter queue {dlq}: not stored: {results[0].reason}")
+
+        return defer.gatherResults(waits, consumeErrors=True).addCallback(stored)
+
     def _read(self, cl_offset: int, size: int) -> rec.Record | None:
         if cl_offset < self.store.commit_log.min_offset:
             return None
@@ -396,6 +444,9 @@ class NativeEngine:
             reply["encoding"] = encoding
         if attempts > 1:
             reply["attempts"] = attempts
+        if DLQ_QUEUE in record.properties:
+            reply[DLQ_QUEUE] = record.properties[DLQ_QUEUE]
+            reply[DLQ_MSG_ID] = int(record.properties.get(DLQ_MSG_ID, -1))
         if record.kind == rec.RecordKind.MQTT_PUBLISH:
             reply["msg_topic"] = record.topic
             reply["qos"] = record.qos
@@ -431,6 +482,53 @@ class NativeEngine:
             raise EngineError(f"msg_id {req.msg_id} is not in flight for this consumer")
         return self._after([self._save_inflight(c, e)],
                            {"code": 0, "msg_id": req.msg_id, "visible_at": e.visible_at})
+
+    # -- retention --------------------------------------------------------------------------------
+
+    def owed(self):
+        """Retention holder: per consumer group and queue, the lowest queue offset still owed.
+
+        Every group that has read a queue (plain consume/confirm, a POP group, a
+        topic consumer) owes from its oldest in-flight message (POP invisible
+        time, ``retry``), else from its cursor; a native queue no group has read
+        yet owes everything it holds. Expired messages at a cursor's head are
+        skipped first (counted as expired), so a queue nobody reads holds the log
+        no longer than its messages' ttl.
+        """
+        now = self.now_ms()
+        read: set[str] = set()
+        for (queue, group), c in list(self._cursors.items()):
+            read.add(queue)
+            if self._skip_expired_head(c, now):
+                self._save_offset(c)
+            low = c.offset
+            for e in c.inflight.values():
+                if e.queue_offset < low and not e.expired(now):
+                    low = e.queue_offset
+            yield Owed(f"native {queue} group {group!r}", queue, low)
+        for q in self._queues:
+            qname = native_queue_name(q)
+            if qname not in read:
+                probe = Cursor(qname, QUEUE_GROUP, _now_result(self.store.min_offset(qname)))
+                self._skip_expired_head(probe, now)
+                yield Owed(f"native {qname} (not read yet)", qname, probe.offset)
+
+    def _skip_expired_head(self, c: Cursor, now: int) -> bool:
+        """Move ``c`` past the expired messages at its head (a bounded read); True if it moved."""
+        start = c.offset
+        for _ in range(MAX_SKIP // PREFETCH):
+            got = _now_result(self.store.get(c.queue, c.offset, PREFETCH))
+            for qm in got:
+                expire_at = _expire_at(qm.record)
+                if expire_at == NO_EXPIRY or expire_at > now or c.is_inflight(_msg_id(qm.record)):
+                    break
+                c.skip(qm.queue_offset)
+                self.counters["expired"] += 1
+            else:
+                if len(got) == PREFETCH:
+                    continue
+            break
+        return c.offset != start
 
     # -- monitoring --------------------------------------------------------------------------------
 

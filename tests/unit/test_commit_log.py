@@ -110,25 +110,18 @@ def test_sync_moves_checkpoint(tmp_path):
     assert open(tmp_path / "checkpoint").read().strip() == str(log.max_offset)
 
 
-def test_retention_by_quota_keeps_active_segment(tmp_path):
-    """Quota retention deletes the oldest segments but never the one being written."""
+def test_delete_oldest_keeps_active_segment(tmp_path):
+    """Deleting segments removes the oldest files first and never the one being written."""
     log = _open(tmp_path, segment_size=4096)
     log.append([_msg(i, size=300) for i in range(60)])
-    before = len(log.segments())
-    deleted = log.delete_segments(now_s=0, max_age_s=None, quota_bytes=5000)
-    assert deleted and len(log.segments()) < before and len(log.segments()) >= 1
-    assert log.min_offset == log.segments()[0].base
+    segments = log.segments()
+    deleted = log.delete_oldest(2, "test")
+    assert deleted == [s.path for s in segments[:2]]
+    assert log.min_offset == segments[2].base == log.segments()[0].base
     assert [r.offset for r in log.iterate(0)][0] == log.min_offset
-
-
-def test_retention_by_age(tmp_path):
-    """Segments whose files are older than max_age_s go; recent ones stay."""
-    log = _open(tmp_path, segment_size=4096)
-    log.append([_msg(i, size=300) for i in range(40)])
-    old = log.segments()[0]
-    os.utime(old.path, (1000, 1000))
-    deleted = log.delete_segments(now_s=100_000, max_age_s=3600, quota_bytes=None)
-    assert deleted == [old.path]
+    log.delete_oldest(1000, "test")
+    assert log.segments() == segments[-1:]
+    log.append([_msg(1)])  # still writable
 
 
 def test_read_run_equals_single_reads(tmp_path):
