@@ -205,6 +205,9 @@ class TimerService:
         now = self._now()
         if not self._cp_wanted and now - self._last_cp_ms >= self._cp_interval_ms:
             self._cp_wanted = True
+        # A checkpoint that can be taken now is taken first, so a tick that comes a checkpoint interval
+        # or more after the last one (a busy or stalled reactor) still advances the wheel.
+        self._maybe_checkpoint()
         if not self._backlog and not self._cp_wanted:
             read = self.timer.read_time_ms
             target = now if read is None else min(now, read + MAX_CATCH_UP_MS)

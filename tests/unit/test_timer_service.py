@@ -103,6 +103,15 @@ def test_message_comes_out_at_its_time_and_not_before(tmp_path):
     assert n.bodies("%TOPIC%dev") == [b"hello"]
 
 
+def test_ticks_further_apart_than_the_checkpoint_interval_still_deliver(tmp_path):
+    """A reactor that runs the timer only every few seconds (busy or stalled) still gets messages out."""
+    n = Node(tmp_path)
+    n.schedule(Message("dev/1/cmd", b"late"), n.now_ms() + 20_000)
+    for _ in range(8):
+        n.clock.advance(5)  # one tick per 5 s: every tick also wants a checkpoint (interval 1 s)
+    assert n.bodies("%TOPIC%dev") == [b"late"]
+
+
 def test_native_message_with_targets_reaches_every_queue(tmp_path):
     """A delayed native message keeps its TARGETS property, so a virtual queue fans out when due."""
     n = Node(tmp_path)
