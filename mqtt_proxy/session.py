@@ -151,6 +151,8 @@ class Session:
     def resend_inflight(self) -> None:
         """After a reconnect: PUBREL for released messages, the PUBLISH again (DUP) for the rest."""
         for pid, o in list(self.outbound.items()):
+            if o.group is not None:
+                continue  # sent by a shared group since attach (a detach forgets the older ones): not a resend
             if o.released:
                 self.conn.write(encode(PubRel(pid), self.level))
                 continue
