@@ -107,6 +107,7 @@ class NativeEngine:
         self._queues: set[str] = set()  # native queue names ever produced to (durable)
         self._topics: set[str] = set()  # topic consume queues seen since start
         self._unindexed: collections.Counter = collections.Counter()
+        self._expired_unread: dict[str, int] = {}  # queue nobody read yet -> queue offset counted expired up to
         self._virtual = {name: tuple(dict.fromkeys(targets)) for name, targets in config.virtual_queues.items()}
         self._started = time.time()
         self.counters = collections.Counter()
@@ -509,11 +510,16 @@ class NativeEngine:
         for q in self._queues:
             qname = native_queue_name(q)
             if qname not in read:
-                probe = Cursor(qname, QUEUE_GROUP, _now_result(self.store.min_offset(qname)))
-                self._skip_expired_head(probe, now)
+                lo = _now_result(self.store.min_offset(qname))
+                probe = Cursor(qname, QUEUE_GROUP, lo)
+                self._skip_expired_head(probe, now, count=False)
+                counted = max(lo, self._expired_unread.get(qname, 0))  # each run sees the same head again
+                if probe.offset > counted:
+                    self.counters["expired"] += probe.offset - counted
+                    self._expired_unread[qname] = probe.offset
                 yield Owed(f"native {qname} (not read yet)", qname, probe.offset)
 
-    def _skip_expired_head(self, c: Cursor, now: int) -> bool:
+    def _skip_expired_head(self, c: Cursor, now: int, count: bool = True) -> bool:
         """Move ``c`` past the expired messages at its head (a bounded read); True if it moved."""
         start = c.offset
         for _ in range(MAX_SKIP // PREFETCH):
@@ -523,7 +529,7 @@ class NativeEngine:
                 if expire_at == NO_EXPIRY or expire_at > now or c.is_inflight(_msg_id(qm.record)):
                     break
                 c.skip(qm.queue_offset)
-                self.counters["expired"] += 1
+                self.counters["expired"] += count
             else:
                 if len(got) == PREFETCH:
                     continue
