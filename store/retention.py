@@ -36,12 +36,14 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, NamedTuple, Protocol
 
-from twisted.internet import defer
+from twisted.internet import defer, task
 
 from store import record as rec
 
 log = logging.getLogger("twistmq.store.retention")
 
+MAX_NAMED_DROPS = 1000  # warnings naming owner and offsets per run; a total line follows
+PLAN_CHUNK = 2000  # owed queues looked up per reactor turn
 CARRIED = "CARRIED"  # property of a re-appended record: the commit-log offset of the one it replaces
 
 
@@ -122,24 +124,41 @@ class Retention:
             out.extend(holder())
         return out
 
-    def _plan(self) -> _Plan:
+    @defer.inlineCallbacks
+    def _plan(self):
+        """Fires with a _Plan. Owed positions are looked up in chunks, one reactor turn each.
+
+        Positions only move forward, and a new owner starts at or past what is
+        stored (or reads from the oldest record still there), so a floor computed
+        over several turns is never above the true one.
+        """
         store = self._store
-        cfg = store.config
         plan = _Plan()
         index = store.queue_index
         for o in self.owed():
             plan.owed.setdefault(o.queue, []).append(o)
         if index is not None:
-            for queue, owners in plan.owed.items():
+            max_offset = index.max_offset
+            for n, (queue, owners) in enumerate(plan.owed.items(), 1):
+                if n % PLAN_CHUNK == 0:
+                    yield task.deferLater(self._clock, 0, lambda: None)
                 qoff = min(o.queue_offset for o in owners)
+                if qoff >= max_offset(queue):
+                    continue  # caught up: nothing stored is owed
                 entries = index.entries(queue, qoff, 1)
                 if not entries:
-                    continue  # caught up: nothing stored is owed
+                    continue
                 e = entries[0]
                 plan.first_owed[queue] = (qoff, e.cl_offset, index.min_offset(queue))
                 if plan.floor is None or e.cl_offset < plan.floor:
                     plan.floor = e.cl_offset
                     plan.floor_owner = min(owners, key=lambda o: o.queue_offset).owner
+        self._plan_segments(plan)
+        return plan
+
+    def _plan_segments(self, plan: _Plan) -> None:
+        store = self._store
+        cfg = store.config
         segments = store.commit_log.segments()
         closed = segments[:-1]  # the active segment is never deleted
         now_s = self._clock.seconds()
@@ -157,7 +176,6 @@ class Retention:
             need -= closed[i].size
             i += 1
         plan.limit = i
-        return plan
 
     def _bytes_over_limit(self, segments) -> int:
         """Bytes the disk limits want freed now (0: within both)."""
@@ -190,7 +208,7 @@ class Retention:
     def _run(self):
         store = self._store
         store.drain()  # puts waiting for this tick go first, so the indexes are current
-        plan = self._plan()
+        plan = yield self._plan()
         report = RetentionReport(floor=plan.floor)
         self.runs += 1
         held = (plan.floor, plan.floor_owner) if plan.held else None
@@ -202,7 +220,7 @@ class Retention:
         if plan.count:
             new_min = store.commit_log.segments()[plan.count].base
             report.carried = yield self._carry(new_min)
-            again = self._plan()  # positions may have moved while the carried records were written
+            again = yield self._plan()  # positions may have moved while the carried records were written
             count = min(plan.count, again.count) if again.count else 0
             if count:
                 self._delete(again, count, report)
@@ -241,6 +259,7 @@ class Retention:
         if not forced:
             return
         index = store.queue_index
+        named = 0
         for queue, (qoff, cl, old_min) in plan.first_owed.items():
             if cl >= new_min:
                 continue
@@ -252,6 +271,11 @@ class Retention:
             report.dropped[queue] = first_live - start
             for o in plan.owed[queue]:
                 lo = max(o.queue_offset, old_min)
-                if lo < first_live:
+                if lo < first_live and named < MAX_NAMED_DROPS:
+                    named += 1
                     log.warning("retention_dropped_owed queue=%s owner=%r queue_offsets=[%d,%d) messages=%d "
                                 "reason=disk_limit", queue, o.owner, lo, first_live, first_live - lo)
+        if report.dropped:
+            log.warning("retention_dropped_owed_total queues=%d messages=%d named=%d reason=disk_limit "
+                        "(twistmq_retention_dropped_messages_total has every queue)", len(report.dropped),
+                        sum(report.dropped.values()), named)
