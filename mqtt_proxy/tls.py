@@ -301,12 +301,17 @@ class RefusalLoggingTLSFactory(TLSMemoryBIOFactory):
         self.context_factory = context_factory
 
     def handshake_failed(self, tls_protocol, reason) -> None:
-        """Log one refused handshake: the peer address and the reason."""
+        """Log one refused handshake: the peer address and the reason.
+
+        A TLS error is a warning; a peer that merely closed before finishing
+        (a load balancer's TCP health check) is only worth an info line.
+        """
         peer = tls_protocol.getPeer()
         verify_error = self.context_factory.verify_error(tls_protocol.getHandle())
-        _log.warn("tls_handshake_failed peer={peer} reason={reason!r}",
-                      peer=f"{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}",
-                      reason=handshake_failure_reason(reason, verify_error))
+        emit = _log.warn if isinstance(reason.value, SSL.Error) else _log.info
+        emit("tls_handshake_failed peer={peer} reason={reason!r}",
+             peer=f"{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}",
+             reason=handshake_failure_reason(reason, verify_error))
 
 
 @implementer(IStreamServerEndpoint)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from OpenSSL import SSL
 from zope.interface import implementer
-from twisted.internet import defer, protocol, reactor, task
+from twisted.internet import defer, endpoints, protocol, reactor, task
 from twisted.internet.interfaces import IHandshakeListener, IOpenSSLContextFactory
 from twisted.internet.endpoints import SSL4ClientEndpoint
 from twisted.logger import formatEvent, globalLogPublisher
@@ -156,6 +156,43 @@ class TLSListenerTests(unittest.TestCase):
             found = yield wait_for_lines(lines, prefix)
             self.assertEqual(len(found), 1, f"{client!r}: {lines}")
             self.assertIn(why, found[0])
+
+    @defer.inlineCallbacks
+    def test_non_tls_peers_are_logged_too(self):
+        """Plain MQTT bytes on the TLS port, a client refusing our certificate and a bare connect-close are logged."""
+        lines = self.capture_log()
+        port = yield self.listen()
+        plain = yield self.raw_tcp(port, b"\x10\x0c\x00\x04MQTT\x04\x02\x00\x3c\x00\x00")
+        closed = yield self.raw_tcp(port, b"")
+        other = PKI(temp_dir(self))  # a client trusting another CA refuses our certificate with an alert
+        refusing = yield self.probe(port, other.client_options())
+        reasons = {}
+        for name, local_port in (("plain", plain), ("closed", closed), ("refusing", refusing.local_port)):
+            found = yield wait_for_lines(lines, f"tls_handshake_failed peer=127.0.0.1:{local_port} ")
+            self.assertEqual(len(found), 1, f"{name}: {lines}")
+            reasons[name] = found[0]
+        self.assertNotIn("closed by the peer", reasons["plain"])  # an OpenSSL record error, named as such
+        self.assertIn("closed by the peer before the handshake completed", reasons["closed"])
+        self.assertIn("alert", reasons["refusing"])
+
+    @defer.inlineCallbacks
+    def raw_tcp(self, port, data: bytes):
+        """Connect over plain TCP, send *data*, close, and return the local port once the server has closed too."""
+        done = defer.Deferred()
+
+        class Raw(protocol.Protocol):
+            def connectionMade(self):  # noqa: N802
+                self.local_port = self.transport.getHost().port
+                if data:
+                    self.transport.write(data)
+                else:
+                    self.transport.loseConnection()
+
+            def connectionLost(self, reason):  # noqa: N802
+                done.callback(self.local_port)
+        yield endpoints.TCP4ClientEndpoint(reactor, "127.0.0.1", port).connect(protocol.Factory.forProtocol(Raw))
+        local_port = yield done
+        return local_port
 
     @defer.inlineCallbacks
     def test_accepted_handshake_is_not_logged(self):
