@@ -8,7 +8,7 @@ or no certificate. One log line per target says which::
 
     reload_ok kind=passwords file=/etc/twistmq/passwd users=12
     reload_ok kind=acl file=/etc/twistmq/acl users=3 clients=1 rules=9
-    reload_ok kind=tls listener=mqtt-tls file=/etc/twistmq/server.pem key=... ca=... subject='...' serial=... not_after=...
+    reload_ok kind=tls listener=mqtt-tls file=server.pem key=server.key ca=ca.pem subject=... serial=... not_after=...
     reload_failed kind=acl file=/etc/twistmq/acl line=7 reason="unknown access 'rw' ..." kept=previous
 
 The configuration file itself (twistmq.toml) is not re-read: which files and

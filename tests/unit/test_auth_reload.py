@@ -44,7 +44,7 @@ def test_one_line_per_file_and_new_content_in_force(files):
 
 
 def test_bad_acl_is_logged_and_kept_while_passwords_reload(files):
-    """A broken ACL logs reload_failed with file, line and reason and keeps its rules; the password file still reloads."""
+    """A broken ACL logs reload_failed (file, line, reason) and keeps its rules; the password file still reloads."""
     passwd, acl_path, passwords, acl = files
     passwd.write_text(f"bob:{hash_password('b-pw', log_n=FAST)}\n")
     acl_path.write_text("user alice\ntopic read a/#\ntopic rw a/#\n")
@@ -97,6 +97,7 @@ def test_a_crashing_target_does_not_stop_the_others(files):
                  log=Logger(namespace="test", observer=events.append))
     assert r.reload() == {"tls:mqtt-tls": False, "acl": True}
     text = lines(events)
-    assert text[0] == "reload_failed kind=tls listener=mqtt-tls file=/x/cert.pem reason='internal error' kept=previous"
+    assert text[0] == ("reload_failed kind=tls listener=mqtt-tls file=/x/cert.pem reason='internal error' "
+                       "kept=previous")
     assert "log_failure" in events[0]
     assert text[1].startswith(f"reload_ok kind=acl file={acl_path}")
