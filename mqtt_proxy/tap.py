@@ -13,7 +13,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import signal
 import sys
+import threading
 
 from twisted.application import service
 from twisted.internet import defer, endpoints
@@ -25,6 +27,7 @@ from mqtt_proxy import tls
 from mqtt_proxy.auth.acl import ACLError, load_acl
 from mqtt_proxy.auth.authenticator import Authenticator
 from mqtt_proxy.auth.passwords import PasswordFile, PasswordFileError
+from mqtt_proxy.auth.reload import Reloader, security_targets
 from mqtt_proxy.broker import Broker
 from mqtt_proxy.http import http_site
 from mqtt_proxy.native.config import NativeConfig
@@ -198,6 +201,7 @@ class NodeService(service.MultiService):
 
     def startService(self) -> None:
         super().startService()
+        self._install_reload()
         d = defer.maybeDeferred(self._start)
         d.addErrback(self._start_failed)
 
@@ -232,8 +236,21 @@ class NodeService(service.MultiService):
         finally:
             os._exit(1)
 
+    def _install_reload(self) -> None:
+        """SIGHUP re-reads the password file, the ACL and the TLS certificates (mqtt_proxy/auth/reload.py)."""
+        contexts = [(name, endpoint.context_factory) for name, endpoint, _ in self.streams
+                    if isinstance(endpoint, tls.TLSServerEndpoint)]
+        self.reloader = Reloader(security_targets(self.broker.auth.password_file, self.broker.acl, contexts))
+        self._previous_sighup = None
+        if threading.current_thread() is threading.main_thread():  # signal.signal works there only
+            # The handler runs between two bytecodes of the reactor's thread: hand the work to the reactor.
+            self._previous_sighup = signal.signal(
+                signal.SIGHUP, lambda _signum, _frame: self.reactor.callFromThread(self.reloader.reload))
+
     @defer.inlineCallbacks
     def stopService(self):
+        if getattr(self, "_previous_sighup", None) is not None:
+            signal.signal(signal.SIGHUP, self._previous_sighup)
         self.sys.stop()
         for port in self.ports:
             yield port.stopListening()

@@ -23,7 +23,13 @@ Lines:
 - ``topic [ACCESS] FILTER`` grants ACCESS on FILTER; ``pattern [ACCESS] FILTER``
   does the same after replacing ``%u`` with the username and ``%c`` with the
   client id. ACCESS is ``read``, ``write``, ``readwrite`` (the default when
-  omitted) or ``deny``.
+  omitted) or ``deny``. A filter may hold spaces only after an explicit ACCESS:
+  ``topic rw dev/#`` is refused (unknown access ``rw``) rather than read as a
+  grant on the filter ``rw dev/#``.
+- Words are separated by spaces or tabs. Any other line (an unknown keyword, a
+  section without a name, a rule without a filter, an invalid filter) is an
+  error naming the file and line: the node refuses to start, and a reload keeps
+  the rules it had.
 - Before any section, ``topic`` rules apply to anonymous clients only (as in
   mosquitto) and ``pattern`` rules apply to every client, so a rule for
   everybody is a ``pattern`` line even without ``%u``/``%c``.
@@ -51,9 +57,12 @@ Decisions:
 ``ACL.for_client(username, client_id)`` resolves a client's rules once (at
 CONNECT) into a ``ClientACL`` whose checks cost one filter match per rule;
 ``ACL.allowed``/``ACL.can_subscribe`` are one-shot conveniences over a small
-bounded cache of resolved clients. An ``ACL`` is immutable: reload by parsing
-a new one and swapping it in. ``ACL.allow_all()`` is what the
-broker uses when no ACL file is configured.
+bounded cache of resolved clients, which is what the broker uses, so a reload
+applies to connected clients from their next publish or subscribe.
+``ACL.reload()`` re-reads the file (SIGHUP): it parses the new file whole
+first and swaps the rules in only if it is valid, so a bad file leaves the old
+rules in force. ``ACL.allow_all()`` is what the broker uses when no ACL file is
+configured.
 """
 
 from __future__ import annotations
@@ -68,12 +77,22 @@ READ = "read"
 WRITE = "write"
 _ACCESS = {"read": frozenset({READ}), "write": frozenset({WRITE}),
            "readwrite": frozenset({READ, WRITE}), "deny": frozenset()}
+_ACCESS_WORDS = "read, write, readwrite or deny"
 _WILD = ("+", "#")
 _RESOLVED_CACHE = 4096  # (username, client id) pairs whose resolved rules ACL keeps for one-shot checks
 
 
 class ACLError(ValueError):
-    """The ACL file is malformed; the message starts with ``file:line:``."""
+    """The ACL file is malformed; the message starts with ``file:line:``.
+
+    ``path``, ``line`` and ``reason`` hold the parts of the message (``line`` None when it is the whole file).
+    """
+
+    def __init__(self, reason: str, path: str = "<acl>", line: int | None = None) -> None:
+        super().__init__(f"{path}:{line}: {reason}" if line is not None else f"{path}: {reason}")
+        self.reason = reason
+        self.path = path
+        self.line = line
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,8 +224,27 @@ class ACL:
     @classmethod
     def load(cls, path: str) -> ACL:
         """Read and parse *path*; raise ``ACLError`` (``path:line: ...``) or ``OSError``."""
-        with open(path, encoding="utf-8") as handle:
-            return cls.parse(handle.read(), path)
+        try:
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read()
+        except UnicodeDecodeError as exc:
+            raise ACLError(f"not UTF-8 text (byte {exc.start})", path) from None
+        return cls.parse(text, path)
+
+    def reload(self) -> None:
+        """Re-read the file this ACL came from; on any error raise (``ACLError``, ``OSError``) and keep the rules."""
+        if not self.configured or self.path is None:
+            raise ValueError("this ACL was not loaded from a file")
+        fresh = ACL.load(self.path)
+        self._anonymous, self._everyone = fresh._anonymous, fresh._everyone
+        self._users, self._clients = fresh._users, fresh._clients
+        self._resolved = {}  # resolved from the old rules
+
+    def stats(self) -> dict[str, int]:
+        """Count the sections and rules (for the reload log line)."""
+        rules = len(self._anonymous) + len(self._everyone)
+        rules += sum(map(len, self._users.values())) + sum(map(len, self._clients.values()))
+        return {"users": len(self._users), "clients": len(self._clients), "rules": rules}
 
     @classmethod
     def parse(cls, text: str, path: str = "<acl>") -> ACL:
@@ -220,11 +258,10 @@ class ACL:
             line = raw.strip()
             if not line or line.startswith("#"):
                 continue
-            keyword, _, rest = line.partition(" ")
-            rest = rest.strip()
+            keyword, _, rest = _split_word(line)
 
             def fail(message: str) -> ACLError:
-                return ACLError(f"{path}:{lineno}: {message}")
+                return ACLError(message, path, lineno)
 
             if keyword in ("user", "client"):
                 if not rest:
@@ -288,11 +325,14 @@ def _parse_rule(keyword: str, rest: str, fail) -> Rule:
     """Parse the part after ``topic``/``pattern``: ``[ACCESS] FILTER``."""
     if not rest:
         raise fail(f"'{keyword}' needs a topic filter")
-    first, _, after = rest.partition(" ")
+    first, _, after = _split_word(rest)
     if first in _ACCESS:
-        access_name, topic_filter = first, after.strip()
+        access_name, topic_filter = first, after
         if not topic_filter:
             raise fail(f"'{keyword} {first}' needs a topic filter")
+    elif after:
+        # Two words and the first is no access word: a typo ("rw") far more often than a filter with spaces.
+        raise fail(f"unknown access {first!r} in a '{keyword}' line (expected {_ACCESS_WORDS})")
     else:
         access_name, topic_filter = "readwrite", rest
     pattern = keyword == "pattern" and ("%u" in topic_filter or "%c" in topic_filter)
@@ -302,6 +342,14 @@ def _parse_rule(keyword: str, rest: str, fail) -> Rule:
     except TopicError as exc:
         raise fail(str(exc)) from None
     return Rule(topic_filter, _ACCESS[access_name], deny=access_name == "deny", pattern=pattern)
+
+
+def _split_word(text: str) -> tuple[str, str, str]:
+    """Split off the first word (spaces or tabs end it); return ``(word, sep, rest stripped)`` like partition."""
+    parts = text.split(None, 1)
+    if len(parts) == 1:
+        return parts[0], "", ""
+    return parts[0], " ", parts[1].strip()
 
 
 def load_acl(path: str | None) -> ACL:

@@ -7,8 +7,9 @@ Order of decisions in ``Authenticator.authenticate``:
    certificate is the credential, as in mosquitto).
 2. No username: accepted when ``allow_anonymous``, else refused
    (``NOT_AUTHORIZED``).
-3. A username and a password file: the password must match (scrypt, run on the
-   executor, never on the reactor thread); else ``BAD_CREDENTIALS``.
+3. A username and a password file: the password must match (scrypt, or
+   Mosquitto's PBKDF2-SHA512 / SHA512, run on the executor, never on the
+   reactor thread); else ``BAD_CREDENTIALS``.
 4. A username and no password file: nothing can verify it, so it is treated
    like an anonymous client: accepted only when ``allow_anonymous``, and the
    result says ``verified=False``; ``AuthResult.acl_username`` is then None, so
@@ -111,6 +112,11 @@ class Authenticator:
         self._forget_after = forget_after
         self._max_tracked = max_tracked
         self._penalties: OrderedDict[str, _Penalty] = OrderedDict()
+
+    @property
+    def password_file(self) -> PasswordFile | None:
+        """The password file checked against, or None; its ``reload()`` re-reads it in place (SIGHUP)."""
+        return self._passwords
 
     def set_password_file(self, password_file: PasswordFile | None) -> None:
         """Swap in a reloaded password file (e.g. on SIGHUP); attempts under way finish with the old one."""

@@ -1,18 +1,27 @@
-"""The password file: one ``username:$scrypt$...`` line per user, scrypt hashes from ``cryptography``.
+"""The password file: one ``username:HASH`` line per user; twistmq's scrypt or Mosquitto's hashes.
 
 File format (UTF-8, ``#`` comments and blank lines ignored)::
 
-    alice:$scrypt$ln=14,r=8,p=1$<salt, base64>$<hash, base64>
+    alice:$scrypt$ln=14,r=8,p=1$<salt, base64>$<hash, base64>     # twistmq-admin passwd
+    bob:$7$101$<salt, base64>$<hash, base64>                       # mosquitto_passwd (2.0)
+    carol:$6$<salt, base64>$<hash, base64>                         # mosquitto_passwd -H sha512 (1.x)
 
-``ln`` is log2 of the scrypt cost N; salt and hash are unpadded standard base64
-(16-byte salt, 32-byte hash). A username is non-empty and holds no ``:``, no
+So a Mosquitto password file works as it is; the encodings are described in
+``mqtt_proxy.auth.hashes``. ``twistmq-admin passwd`` writes scrypt and keeps
+the other lines as they are. A username is non-empty and holds no ``:``, no
 control characters and no surrounding spaces.
 
-Hashing and verifying are deliberately slow (tens of milliseconds and 16 MiB of
-memory each), so ``PasswordFile.verify`` must not run on the reactor thread:
-the authenticator hands it to an executor. The comparison of hashes is
-constant-time (``Scrypt.verify``), and a lookup for an unknown user still costs
-one scrypt run, so timing tells nothing about which usernames exist.
+Hashing and verifying are deliberately slow (scrypt: tens of milliseconds and
+16 MiB of memory each), so ``PasswordFile.verify`` must not run on the reactor
+thread: the authenticator hands it to an executor. The comparison of hashes is
+constant-time, and a lookup for an unknown user still costs one scrypt run, so
+timing tells nothing about which usernames exist (users with Mosquitto hashes
+answer in their own time: PBKDF2 with few iterations, or one SHA512, is faster).
+
+``PasswordFile.reload()`` re-reads the file it was loaded from (SIGHUP): the
+new table replaces the old in one assignment, so a check running on a thread
+sees either the old table or the new one; on a bad file it raises and keeps the
+old table.
 
 Plain text never leaves this module: nothing here logs, and ``repr`` of a
 ``PasswordFile`` shows only the user count.
@@ -20,15 +29,14 @@ Plain text never leaves this module: nothing here logs, and ``repr`` of a
 
 from __future__ import annotations
 
-import base64
 import os
-import re
 import tempfile
 
-from cryptography.exceptions import InvalidKey
-from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
+from mqtt_proxy.auth import hashes
+from mqtt_proxy.auth.hashes import DEFAULT_LOG_N, HashError
 
 __all__ = [
+    "DEFAULT_LOG_N",
     "PasswordFile",
     "PasswordFileError",
     "hash_password",
@@ -36,18 +44,19 @@ __all__ = [
     "verify_password",
 ]
 
-DEFAULT_LOG_N = 14
-"""log2 of the scrypt cost N for new hashes (N=16384, r=8: 16 MiB, ~50 ms)."""
-SALT_BYTES = 16
-HASH_BYTES = 32
-_MAX_LOG_N = 20  # refuse absurd costs from a tampered file: 2**20 * 8 * 128 = 1 GiB
-_PREFIX = "$scrypt$"
-_PARAMS = re.compile(r"^ln=(\d+),r=(\d+),p=(\d+)$")
-_DUMMY_SALT = b"\x00" * SALT_BYTES
-
 
 class PasswordFileError(ValueError):
-    """The password file, a line of it, a username or a hash is malformed; the message names where."""
+    """The password file, a line of it, a username or a hash is malformed; the message names where.
+
+    ``path``, ``line`` and ``reason`` hold the parts of the message (None when unknown) for log lines.
+    """
+
+    def __init__(self, reason: str, path: str | None = None, line: int | None = None) -> None:
+        where = f"{path}:{line}: " if path is not None and line is not None else (f"{path}: " if path else "")
+        super().__init__(where + reason)
+        self.reason = reason
+        self.path = path
+        self.line = line
 
 
 def validate_username(username: str) -> None:
@@ -62,67 +71,57 @@ def validate_username(username: str) -> None:
         raise PasswordFileError("username must not start or end with white space")
 
 
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii").rstrip("=")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
-
-
-def _kdf(salt: bytes, log_n: int, r: int, p: int, length: int = HASH_BYTES) -> Scrypt:
-    return Scrypt(salt=salt, length=length, n=1 << log_n, r=r, p=p)
-
-
 def hash_password(password: str, *, log_n: int = DEFAULT_LOG_N, r: int = 8, p: int = 1,
                   salt: bytes | None = None) -> str:
     """Return the ``$scrypt$ln=..,r=..,p=..$salt$hash`` encoding of *password* with a fresh random salt."""
-    if not isinstance(password, str):
-        raise TypeError("password must be str")
-    salt = os.urandom(SALT_BYTES) if salt is None else salt
-    digest = _kdf(salt, log_n, r, p).derive(password.encode("utf-8"))
-    return f"{_PREFIX}ln={log_n},r={r},p={p}${_b64(salt)}${_b64(digest)}"
-
-
-def _parse_hash(encoded: str) -> tuple[int, int, int, bytes, bytes]:
-    """Split an encoded hash into ``(log_n, r, p, salt, digest)``; raise ``PasswordFileError``."""
-    if not encoded.startswith(_PREFIX):
-        raise PasswordFileError("hash does not start with $scrypt$")
-    parts = encoded[len(_PREFIX):].split("$")
-    if len(parts) != 3:
-        raise PasswordFileError("hash must be $scrypt$PARAMS$SALT$HASH")
-    match = _PARAMS.match(parts[0])
-    if match is None:
-        raise PasswordFileError("hash parameters must be ln=N,r=N,p=N")
-    log_n, r, p = (int(g) for g in match.groups())
-    if not (1 <= log_n <= _MAX_LOG_N and 1 <= r <= 32 and 1 <= p <= 16):
-        raise PasswordFileError("hash parameters out of range")
-    try:
-        salt, digest = _unb64(parts[1]), _unb64(parts[2])
-    except ValueError:
-        raise PasswordFileError("hash salt or digest is not base64") from None
-    if not salt or not 16 <= len(digest) <= 64:
-        raise PasswordFileError("hash salt or digest has a bad length")
-    return log_n, r, p, salt, digest
+    return hashes.hash_scrypt(password, log_n=log_n, r=r, p=p, salt=salt)
 
 
 def verify_password(password: str, encoded: str) -> bool:
-    """Tell whether *password* matches the encoded hash (constant-time compare). Blocking: run off the reactor."""
-    log_n, r, p, salt, digest = _parse_hash(encoded)
+    """Tell whether *password* matches the encoded hash, any accepted scheme. Blocking: run off the reactor."""
     try:
-        _kdf(salt, log_n, r, p, len(digest)).verify(password.encode("utf-8"), digest)
-    except InvalidKey:
-        return False
-    return True
+        parsed = hashes.parse_hash(encoded)
+    except HashError as exc:
+        raise PasswordFileError(str(exc)) from None
+    return hashes.verify(password, parsed)
+
+
+def _read_entries(path: str) -> dict[str, str]:
+    """Parse the file at *path* into ``{username: encoded hash}``; raise ``PasswordFileError`` or ``OSError``."""
+    entries: dict[str, str] = {}
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except UnicodeDecodeError as exc:
+        raise PasswordFileError(f"not UTF-8 text (byte {exc.start})", path) from None
+    for lineno, raw in enumerate(lines, 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        username, sep, encoded = line.partition(":")
+        try:
+            if not sep:
+                raise PasswordFileError("expected username:HASH")
+            validate_username(username)
+            hashes.parse_hash(encoded)
+            if username in entries:
+                raise PasswordFileError(f"user {username!r} is listed twice")
+        except PasswordFileError as exc:
+            raise PasswordFileError(exc.reason, path, lineno) from None
+        except HashError as exc:
+            raise PasswordFileError(str(exc), path, lineno) from None
+        entries[username] = encoded
+    return entries
 
 
 class PasswordFile:
     """The users and hashes of one password file, in file order.
 
     ``load``/``save`` read and write the file (``save`` replaces it atomically,
-    mode 0600); ``add``/``delete`` change the in-memory table. ``verify`` is
-    blocking and thread-safe as long as nobody mutates the table meanwhile
-    (the broker reloads by building a new ``PasswordFile`` and swapping it in).
+    mode 0600); ``add``/``delete`` change the in-memory table; ``reload``
+    re-reads the file. ``verify`` is blocking and thread-safe as long as nobody
+    calls ``add``/``delete`` meanwhile (the broker never does): ``reload``
+    replaces the table in one assignment instead of changing it in place.
     """
 
     def __init__(self, entries: dict[str, str] | None = None, path: str | None = None) -> None:
@@ -133,24 +132,13 @@ class PasswordFile:
     @classmethod
     def load(cls, path: str) -> PasswordFile:
         """Read *path*; raise ``PasswordFileError`` naming ``path:line`` on a bad line, ``OSError`` if unreadable."""
-        entries: dict[str, str] = {}
-        with open(path, encoding="utf-8") as handle:
-            for lineno, raw in enumerate(handle, 1):
-                line = raw.strip()
-                if not line or line.startswith("#"):
-                    continue
-                username, sep, encoded = line.partition(":")
-                try:
-                    if not sep:
-                        raise PasswordFileError("expected username:$scrypt$...")
-                    validate_username(username)
-                    _parse_hash(encoded)
-                    if username in entries:
-                        raise PasswordFileError(f"user {username!r} is listed twice")
-                except PasswordFileError as exc:
-                    raise PasswordFileError(f"{path}:{lineno}: {exc}") from None
-                entries[username] = encoded
-        return cls(entries, path)
+        return cls(_read_entries(path), path)
+
+    def reload(self) -> None:
+        """Re-read the file it was loaded from; on any error raise and keep the current table."""
+        if self.path is None:
+            raise ValueError("this password table was not loaded from a file")
+        self._entries = _read_entries(self.path)  # one assignment: a check on a thread sees old or new
 
     def save(self, path: str | None = None) -> None:
         """Write the table to *path* (default: where it was loaded from) atomically, readable by the owner only."""
@@ -196,10 +184,9 @@ class PasswordFile:
         return f"<PasswordFile {self.path!r} with {len(self._entries)} users>"
 
     def verify(self, username: str, password: str) -> bool:
-        """Tell whether *password* is *username*'s. Blocking (scrypt); unknown users cost the same time."""
+        """Tell whether *password* is *username*'s. Blocking (scrypt, PBKDF2); unknown users cost one scrypt run."""
         encoded = self._entries.get(username)
         if encoded is None:
-            # Burn one scrypt run so that unknown users are not faster to reject.
-            _kdf(_DUMMY_SALT, DEFAULT_LOG_N, 8, 1).derive(password.encode("utf-8"))
+            hashes.burn(password)  # so that unknown users are not faster to reject than scrypt users
             return False
         return verify_password(password, encoded)

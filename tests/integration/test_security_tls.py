@@ -16,6 +16,8 @@ from __future__ import annotations
 import base64
 import os
 import re
+import socket
+import ssl
 import time
 
 import pytest
@@ -211,6 +213,44 @@ def test_mutual_tls_bad_certificate_rejected(mtls_node, pki, client):
         assert any("alert" in e.lower() for e in c.errors), c.errors  # the server refused us during TLS
     finally:
         c.close()
+
+
+def refused_tls_client(port: int, pki, client: str | None) -> int:
+    """Try a TLS handshake (stdlib ssl) presenting the named client certificate; return the local port used.
+
+    With TLS 1.3 the client may finish its half before the server checks the
+    certificate, so the refusal can surface on the first read: read once.
+    """
+    context = ssl.create_default_context(cafile=pki.ca_file)
+    if client is not None:
+        context.load_cert_chain(pki.files[client]["certfile"], pki.files[client]["keyfile"])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        local_port = sock.getsockname()[1]
+        try:
+            with context.wrap_socket(sock, server_hostname="localhost") as tls:
+                assert tls.recv(1) == b""  # the server closes: it never speaks MQTT to us
+        except (ssl.SSLError, ConnectionError):
+            pass  # the handshake or the first read failed: what we expect
+    return local_port
+
+
+@pytest.mark.parametrize("client,reason", [
+    (None, "peer did not return a certificate"),
+    ("expired", "certificate has expired"),
+    ("selfsigned", "self-signed certificate"),
+    ("otherca", "unable to get local issuer certificate"),
+], ids=["missing", "expired", "self-signed", "other-ca"])
+def test_refused_tls_handshake_is_logged(mtls_node, pki, client, reason):
+    """A client certificate refused in the handshake leaves one tls_handshake_failed line with its address and why."""
+    local_port = refused_tls_client(mtls_node.port("mqtt-tls"), pki, client)
+    prefix = f"tls_handshake_failed peer=127.0.0.1:{local_port} "
+    deadline = time.monotonic() + 5
+    found: list[str] = []
+    while not found and time.monotonic() < deadline:
+        found = [ln for ln in node_logs(mtls_node).splitlines() if prefix in ln]
+        time.sleep(0.05)
+    assert len(found) == 1, node_logs(mtls_node)[-2000:]
+    assert reason in found[0]
 
 
 @pytest.mark.parametrize("level", [5, 4], ids=["v5", "v311"])

@@ -163,6 +163,81 @@ def test_parse_errors_name_file_and_line(text, line):
         ACL.parse(text, "f.acl")
 
 
+@pytest.mark.parametrize("text,line,bad", [
+    ("topic rw dev/#\n", 1, "'rw'"),
+    ("user alice\ntopic READ alice/#\n", 2, "'READ'"),
+    ("\npattern readonly devices/%c/#\n", 2, "'readonly'"),
+    ("client c\ntopic\twrit\tsensors/#\n", 2, "'writ'"),
+])
+def test_unknown_access_word_refused(text, line, bad):
+    """An unknown access word is an error naming file, line, the word and the accepted words, not a filter."""
+    with pytest.raises(ACLError) as caught:
+        ACL.parse(text, "f.acl")
+    message = str(caught.value)
+    assert message.startswith(f"f.acl:{line}: unknown access {bad}")
+    assert "read, write, readwrite or deny" in message
+    assert (caught.value.path, caught.value.line) == ("f.acl", line)
+    assert "\n" not in message
+
+
+def test_tabs_separate_words():
+    """Words may be separated by tabs as well as spaces."""
+    acl = ACL.parse("user\tu\ntopic\twrite\ta/b\n")
+    assert acl.allowed("u", "c", "a/b", "write") and not acl.allowed("u", "c", "a/b", "read")
+
+
+def test_filter_with_spaces_needs_an_access_word():
+    """Without an access word a filter is one word: 'topic my topic' is refused, 'topic readwrite my topic' is not."""
+    with pytest.raises(ACLError, match="unknown access 'my'"):
+        ACL.parse("topic my topic\n", "f.acl")
+    assert ACL.parse("user u\ntopic readwrite my topic\n").allowed("u", "c", "my topic", "write")
+
+
+def test_not_utf8_file_refused(tmp_path):
+    """A file that is not UTF-8 is an ACLError naming it (not a UnicodeDecodeError traceback)."""
+    path = tmp_path / "acl"
+    path.write_bytes(b"topic read caf\xe9/#\n")
+    with pytest.raises(ACLError, match=rf"^{path}: not UTF-8"):
+        load_acl(str(path))
+
+
+def test_reload_swaps_rules_and_forgets_resolved_clients(tmp_path):
+    """reload() applies a changed file to the next check, even for a client whose rules were already resolved."""
+    path = tmp_path / "acl"
+    path.write_text("user u\ntopic read a/#\n")
+    acl = load_acl(str(path))
+    assert not acl.allowed("u", "c", "a/x", "write")  # resolves (and caches) u's rules
+    path.write_text("user u\ntopic readwrite a/#\n")
+    acl.reload()
+    assert acl.allowed("u", "c", "a/x", "write")
+    assert acl.stats() == {"users": 1, "clients": 0, "rules": 1}
+
+
+@pytest.mark.parametrize("content", ["user u\ntopic rw a/#\n", "user u\ntopic read a/#/b\n", None],
+                         ids=["unknown-access", "bad-filter", "file-gone"])
+def test_reload_of_a_bad_file_keeps_the_rules(tmp_path, content):
+    """A reload that fails raises (naming file and line) and leaves every decision as it was."""
+    path = tmp_path / "acl"
+    path.write_text("user u\ntopic read a/#\n")
+    acl = load_acl(str(path))
+    if content is None:
+        path.unlink()
+        with pytest.raises(OSError):
+            acl.reload()
+    else:
+        path.write_text(content)
+        with pytest.raises(ACLError, match=rf"^{path}:2: "):
+            acl.reload()
+    assert acl.allowed("u", "c", "a/x", "read") and not acl.allowed("u", "c", "a/x", "write")
+    assert acl.can_subscribe("u", "c", "a/#")
+
+
+def test_allow_all_cannot_be_reloaded():
+    """The ACL used when none is configured has no file to re-read."""
+    with pytest.raises(ValueError):
+        ACL.allow_all().reload()
+
+
 def test_load_from_file(tmp_path):
     """load_acl reads a file and names it in errors."""
     path = tmp_path / "acl"

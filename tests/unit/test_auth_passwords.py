@@ -107,3 +107,33 @@ def test_repr_hides_hashes():
     table = PasswordFile()
     table.add("alice", "pw", log_n=FAST)
     assert "scrypt" not in repr(table) and "1 users" in repr(table)
+
+
+def test_reload_picks_up_added_and_removed_users(tmp_path):
+    """reload() re-reads the file in place: a user added to the file verifies, a removed one no longer does."""
+    path = tmp_path / "passwd"
+    path.write_text(f"alice:{hash_password('a-pw', log_n=FAST)}\n")
+    table = PasswordFile.load(str(path))
+    path.write_text(f"bob:{hash_password('b-pw', log_n=FAST)}\n")
+    table.reload()
+    assert table.users() == ["bob"]
+    assert table.verify("bob", "b-pw") and not table.verify("alice", "a-pw")
+
+
+@pytest.mark.parametrize("content", ["alice:$scrypt$broken\n", b"alice:\xff\xfe\n"], ids=["bad-hash", "not-utf8"])
+def test_reload_of_a_bad_file_keeps_the_old_table(tmp_path, content):
+    """A reload that fails (bad line, not UTF-8, file gone) raises and leaves the users as they were."""
+    path = tmp_path / "passwd"
+    path.write_text(f"alice:{hash_password('a-pw', log_n=FAST)}\n")
+    table = PasswordFile.load(str(path))
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    with pytest.raises(PasswordFileError, match=rf"^{path}"):
+        table.reload()
+    assert table.verify("alice", "a-pw")
+    path.unlink()
+    with pytest.raises(OSError):
+        table.reload()
+    assert table.verify("alice", "a-pw")
