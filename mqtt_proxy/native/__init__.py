@@ -69,5 +69,7 @@ Semantics:
   is stored once and indexed in each real queue.
 - Every reply is sent once its effect is durable (record written, consumer
   state committed to the KV under ``DATA_DIR/native``): a kill -9 may redeliver
-  an at-least-once message, never lose an acknowledged produce or confirm.
+  an at-least-once message, and loses no acknowledged produce or confirm. An
+  acknowledged message is delivered, or its loss under a disk quota (store
+  retention) is counted and logged.
 """
