@@ -3,7 +3,7 @@
 Every block marked ``<!-- readme: run -->`` runs in order from the checkout
 (``tests/docs/readme.py`` says how blocks are marked): ``./dev run`` commands
 start a real node in the background, wait for its ``twistmq ready`` line and
-stop it with SIGTERM at the next ``##`` section; the other lines run as
+stop it with SIGINT (the reader's Ctrl-C) at the next ``##`` section; the other lines run as
 ``bash -e -o pipefail`` scripts, so any failing command fails the test. So
 that it can run beside other nodes and tests, ``/tmp/twistmq`` becomes a temp
 dir and the README's fixed ports become free ones; nothing else is changed.
@@ -18,6 +18,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 
@@ -64,6 +65,16 @@ class ReadmeNode(NodeProcess):
     def args(self) -> list[str]:
         return self.argv
 
+    def interrupt(self, timeout: float = 20.0) -> int:
+        """Ctrl-C, as the README tells the reader to stop a section's node; returns the exit status."""
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.stop_hard()
+            if self._log:
+                self._log.close()
+
 
 def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in SPARK_VARS}
@@ -82,8 +93,10 @@ def test_readme_top_to_bottom(tmp_path):
     def stop_nodes():
         while nodes:
             node = nodes.pop()
-            code = node.stop()
-            assert code in (0, -15), f"node {node.argv} exited {code} on SIGTERM"  # -15: twistd re-raises it
+            code = node.interrupt()
+            assert code in (0, -signal.SIGINT), f"node {node.argv} exited {code} on Ctrl-C"  # twistd re-raises it
+            with open(node._log.name, encoding="utf-8", errors="replace") as f:
+                assert "node_stopped" in f.read(), f"node {node.argv} did not shut down cleanly on Ctrl-C"
 
     try:
         for block in readme.blocks():
