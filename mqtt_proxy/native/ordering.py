@@ -105,6 +105,8 @@ class RequestOrder:
     def _ready(self, step: _Step) -> None:
         # A queue instead of recursion: a long chain of requests that finish at once
         # (errors, monitors) must not grow the stack.
+        if self._cancelled:
+            return
         self._runnable.append(step)
         if self._draining:
             return
