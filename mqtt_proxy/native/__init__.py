@@ -1,8 +1,10 @@
 """The native protocol: JSON queues for backend services (queue_server semantics, made durable).
 
 Framing: one JSON object per request and per reply; over TCP one per line
-(``\\n``; pipelining allowed, replies in request order), over UDP one per
-datagram (at most ``native.max_datagram_bytes``). Every reply echoes
+(``\\n``; pipelining allowed: requests take effect in the order they were
+sent, as if each waited for the reply of the one before on the same queue, and
+replies come in request order), over UDP one per datagram (at most
+``native.max_datagram_bytes``; each datagram on its own). Every reply echoes
 ``action``, ``queue``, ``topic``, ``group`` and ``seq`` when the request had
 them well-formed. ``code`` is 0 (ok) or -1 (error, with ``reason``); the
 connection stays usable after any error. ``-2`` (redirect, ``leader_id``) is
@@ -47,7 +49,11 @@ Semantics:
 - ``pop``: POP consumption. Each pop hands out the next message of the
   (queue or topic, group) to whoever asks, one by one, so consumers of a
   group share the load; the message is invisible for ``invisible_time`` and
-  comes back unless ``ack``-ed (whatever its ``retry``).
+  comes back unless ``ack``-ed (whatever its ``retry``). On a queue, ``pop``,
+  ``ack`` and ``change_invisible_time`` default to group "default", a position
+  apart from the queue's own cursor that plain ``consume``/``confirm`` use, so
+  a message consumed and confirmed is still popped once by that group (and the
+  other way round); name the same ``group`` on both to share one position.
 - Device -> backend: ``consume``/``pop`` with ``topic`` read the topic consume
   queue of MQTT publishes (keyed by the topic's first level: ``"topic": "dev"``
   and ``"topic": "dev/anything"`` read the same queue), with a per-group offset
@@ -63,5 +69,7 @@ Semantics:
   is stored once and indexed in each real queue.
 - Every reply is sent once its effect is durable (record written, consumer
   state committed to the KV under ``DATA_DIR/native``): a kill -9 may redeliver
-  an at-least-once message, never lose an acknowledged produce or confirm.
+  an at-least-once message, and loses no acknowledged produce or confirm. An
+  acknowledged message is delivered, or its loss under a disk quota (store
+  retention) is counted and logged.
 """

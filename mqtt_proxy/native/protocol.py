@@ -1,9 +1,12 @@
 """Thin Twisted adapters of the native protocol: newline-delimited JSON over TCP, one object per UDP datagram.
 
 TCP: requests are pipelined; each gets a slot in arrival order and replies are
-written in that order as their slots fill. A connection with more than
+written in that order as their slots fill. A request starts only once the
+earlier requests of the connection on the same queue are answered
+(``ordering.RequestOrder``), so they take effect in the order they were sent. A connection with more than
 ``max_pipeline`` requests unanswered stops being read until half of them are.
-UDP: one request per datagram, one reply datagram to the sender; a datagram over
+UDP: one request per datagram, one reply datagram to the sender, each datagram
+on its own (no order between datagrams, as UDP itself); a datagram over
 ``max_datagram_bytes`` gets an error, and a consume over UDP never hands out a
 message whose reply would not fit in a datagram (it answers an error instead and
 the message stays for a TCP consumer).
@@ -12,12 +15,14 @@ the message stays for a TCP consumer).
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 
 from twisted.internet import protocol
 
 from mqtt_proxy.native import codec
 from mqtt_proxy.native.codec import LINE_TOO_LONG, LineBuffer, RequestError
+from mqtt_proxy.native.ordering import RequestOrder
 
 log = logging.getLogger("twistmq.native.protocol")
 
@@ -34,6 +39,7 @@ class NativeTCPProtocol(protocol.Protocol):
         self.config = service.config
         self._lines = LineBuffer(self.config.max_request_bytes)
         self._slots: collections.deque[list] = collections.deque()
+        self._order = RequestOrder(self.config.virtual_queues)
         self._paused = False
         self._open = False
 
@@ -47,6 +53,7 @@ class NativeTCPProtocol(protocol.Protocol):
     def connectionLost(self, reason=protocol.connectionDone) -> None:
         self._open = False
         self.service.connections.discard(self)
+        self._order.cancel()
         self._slots.clear()
 
     def dataReceived(self, data: bytes) -> None:
@@ -64,7 +71,7 @@ class NativeTCPProtocol(protocol.Protocol):
                 slot[0] = codec.encode_reply(codec.error_reply(exc.reason, exc.echo))
                 self.service.counters["errors"] += 1
                 continue
-            self.engine.handle(req).addCallback(self._answered, slot)
+            self._order.run(req, functools.partial(self.engine.handle, req)).addCallback(self._answered, slot)
         self._flush()
         if len(self._slots) > self.config.max_pipeline and not self._paused and self._open:
             self._paused = True
