@@ -107,3 +107,22 @@ class NodeConfig:
     """Native JSON protocol over UDP, as ``[HOST:]PORT``."""
     http: tuple[str, ...] = ("tcp:8080:interface=127.0.0.1",)
     """HTTP listeners: /health and /metrics."""
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """The ``[log]`` section: where the node's log goes and how much of it."""
+
+    level: str = "INFO"
+    """Lowest level written: DEBUG, INFO, WARNING, ERROR or CRITICAL (WARNING drops connect, disconnect and other routine lines)."""
+    file: str = ""
+    """Log file, appended to and reopened when moved (logrotate); empty: standard error. A relative path starts at the config file's directory."""
+    connection_messages: bool = True
+    """Log each client's connect and disconnect at INFO (client_connected, client_disconnected, mqtt.auth.ok), as Mosquitto's connection_messages. Refused connects are logged either way."""
+
+    def validate(self) -> None:
+        if self.level.upper() not in LOG_LEVELS:
+            raise ConfigError(f"level must be one of {', '.join(LOG_LEVELS)}, not {self.level!r}")
