@@ -25,12 +25,12 @@ class MQTTConfig:
     """Seconds between $SYS/broker/... updates (0 disables them)."""
     retain_available: bool = True
     """Accept retained messages."""
-    allow_anonymous: bool = True
-    """Accept clients that send no username."""
+    allow_anonymous: bool | None = None
+    """Accept clients that send no username (or, without a password file, a username nothing can verify). Unset (the default): accepted unless password_file is set, and the node refuses to start while an MQTT, WebSocket or native listener is reachable from other hosts without authentication (password_file, or mqtt_tls_ca on an ssl: listener). true: accepted on every listener; this also lets native listeners (a protocol without authentication) face other hosts. false: refused everywhere."""
     password_file: str = ""
-    """Path of the password file (scrypt hashes, see twistmq-admin passwd); empty: no password check."""
+    """Path of the password file (scrypt hashes, see twistmq-admin passwd); empty: no password check. A relative path starts at the config file's directory."""
     acl_file: str = ""
-    """Path of the ACL file; empty: everything is allowed. Once set, anything it does not allow is denied."""
+    """Path of the ACL file; empty: everything is allowed. Once set, anything it does not allow is denied. A relative path starts at the config file's directory."""
     auth_fail_delay: float = 1.0
     """Seconds a failed login from an address waits before it is answered; doubles with each further failure."""
     auth_fail_delay_max: float = 30.0
@@ -45,6 +45,13 @@ class MQTTConfig:
             raise ConfigError("topic_alias_maximum must be within 0..65535")
         if self.max_keep_alive < 0 or self.session_expiry_max < 0 or self.sys_interval < 0:
             raise ConfigError("max_keep_alive, session_expiry_max and sys_interval must be >= 0")
+
+    @property
+    def anonymous_allowed(self) -> bool:
+        """What ``allow_anonymous`` means once defaulted: unset accepts anonymous clients only without a password file."""
+        if self.allow_anonymous is None:
+            return not self.password_file
+        return self.allow_anonymous
 
 
 @dataclass(frozen=True)
@@ -89,12 +96,12 @@ class NodeConfig:
 
     data_dir: str = "../data"
     """Data directory (commit log, indexes, sessions); relative paths start at the config file's directory (the default is the checkout's data/)."""
-    mqtt: tuple[str, ...] = ("tcp:1883",)
-    """MQTT over TCP listeners, as Twisted endpoint descriptions."""
+    mqtt: tuple[str, ...] = ("tcp:1883:interface=127.0.0.1",)
+    """MQTT over TCP listeners, as Twisted endpoint descriptions (``tcp:PORT:interface=ADDRESS``; without ``interface=`` a listener faces every interface, see allow_anonymous)."""
     mqtt_tls: tuple[str, ...] = ()
-    """MQTT over TLS listeners (``ssl:8883:privateKey=KEY:certKey=CERT``)."""
+    """MQTT over TLS listeners (``ssl:8883:privateKey=KEY:certKey=CERT``); relative file names in ssl: listeners of this file start at its directory."""
     mqtt_tls_ca: str = ""
-    """CA file: when set, TLS clients must present a certificate it signed."""
+    """CA file: when set, TLS clients must present a certificate it signed. A relative path starts at the config file's directory."""
     mqtt_ws: tuple[str, ...] = ()
     """MQTT over WebSocket listeners (``tcp:`` plain, ``ssl:`` secure)."""
     ws_path: str = "/mqtt"
@@ -106,4 +113,23 @@ class NodeConfig:
     native_udp: tuple[str, ...] = ()
     """Native JSON protocol over UDP, as ``[HOST:]PORT``."""
     http: tuple[str, ...] = ("tcp:8080:interface=127.0.0.1",)
-    """HTTP listeners: /health and /metrics."""
+    """HTTP listeners: /health and /metrics, without authentication. One reachable from other hosts must name its interface (``interface=0.0.0.0`` for all): a bare ``tcp:8080`` is refused."""
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """The ``[log]`` section: where the node's log goes and how much of it."""
+
+    level: str = "INFO"
+    """Lowest level written: DEBUG, INFO, WARNING, ERROR or CRITICAL (WARNING drops connect, disconnect and other routine lines)."""
+    file: str = ""
+    """Log file, appended to and reopened when moved (logrotate); empty: standard error. A relative path starts at the config file's directory."""
+    connection_messages: bool = True
+    """Log each client's connect and disconnect at INFO (client_connected, client_disconnected, mqtt.auth.ok), as Mosquitto's connection_messages. Refused connects are logged either way."""
+
+    def validate(self) -> None:
+        if self.level.upper() not in LOG_LEVELS:
+            raise ConfigError(f"level must be one of {', '.join(LOG_LEVELS)}, not {self.level!r}")

@@ -64,7 +64,11 @@ def toml_text() -> str:
         docs = _field_docs(cls)
         for f in dataclasses.fields(cls):
             lines += ["# " + line for line in textwrap.wrap(docs.get(f.name, ""), 100)]
-            lines += [f"{f.name} = {_toml_value(_default(f))}", ""]
+            default = _default(f)
+            if default is None:  # unset by default: TOML has no null, so the key is shown commented out
+                lines += [f"# {f.name} = true", ""]
+            else:
+                lines += [f"{f.name} = {_toml_value(default)}", ""]
     return "\n".join(lines)
 
 
@@ -74,7 +78,9 @@ def markdown_table() -> str:
         docs = _field_docs(cls)
         for f in dataclasses.fields(cls):
             meaning = docs.get(f.name, "").replace("|", "\\|")
-            rows.append(f"| `{name}.{f.name}` | `{_toml_value(_default(f))}` | {meaning} |")
+            default = _default(f)
+            shown = "unset" if default is None else f"`{_toml_value(default)}`"
+            rows.append(f"| `{name}.{f.name}` | {shown} | {meaning} |")
     return "\n".join(rows)
 
 

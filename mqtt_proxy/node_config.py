@@ -1,17 +1,26 @@
-"""Reading ``conf/twistmq.toml`` (or ``--config FILE``) into the config dataclasses.
+"""Reading ``conf/twistmq.toml`` (or ``--config FILE``) into the config dataclasses, and settling it for a node.
 
 Each section maps to one dataclass; an unknown section or key, or a value of
 the wrong type, is a ConfigError that names it, so the node can exit with one
 line instead of starting half-configured.
+
+Paths: relative paths in the file (``data_dir``, ``mqtt_tls_ca``,
+``password_file``, ``acl_file``, ``log.file``, the files inside ``ssl:``
+listeners) start at the file's directory; command-line values start at the
+working directory. ``settle`` makes every path absolute, checks that the files
+exist (the message names the key and the path it looked at), parses the
+listeners and applies the exposure rule of ``mqtt_proxy.listeners``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tomllib
 from dataclasses import dataclass
 
-from mqtt_proxy.config import LimitsConfig, MQTTConfig, NodeConfig
+from mqtt_proxy.config import LimitsConfig, LogConfig, MQTTConfig, NodeConfig
+from mqtt_proxy.listeners import FLAGS, Listener, check_exposure, parse_listener, resolve_path
 from store.config import ConfigError, StoreConfig, from_mapping
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf", "twistmq.toml")
@@ -27,19 +36,30 @@ class Config:
     limits: LimitsConfig
     native: dict  # raw [native] section: the native package builds its own dataclass from it
     base_dir: str  # directory of the config file: relative paths start here
+    log: LogConfig = LogConfig()
+    path: str = ""  # the config file itself, for messages
+    listeners: tuple[Listener, ...] = ()  # filled by settle(): every listener, checked, in opening order
 
 
-SECTIONS = {"node": NodeConfig, "store": StoreConfig, "mqtt": MQTTConfig, "limits": LimitsConfig}
+SECTIONS = {"node": NodeConfig, "store": StoreConfig, "mqtt": MQTTConfig, "limits": LimitsConfig,
+            "log": LogConfig}
+
+_FILE_KEYS = (("node", "mqtt_tls_ca"), ("mqtt", "password_file"), ("mqtt", "acl_file"), ("log", "file"))
+"""(section, key) of every setting that names a file; each must exist except the log file."""
 
 
 def load_config(path: str | None) -> Config:
     """Parse and check the TOML file at ``path`` (the default file when None)."""
-    path = path or DEFAULT_CONFIG
+    path = os.path.abspath(path or DEFAULT_CONFIG)
     try:
         with open(path, "rb") as f:
             raw = tomllib.load(f)
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path} is a directory") from None
+    except PermissionError:
+        raise ConfigError(f"config file {path} is not readable (permission denied)") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
     for section in raw:
@@ -57,5 +77,52 @@ def load_config(path: str | None) -> Config:
                 elif isinstance(value, list):
                     values[key] = tuple(value)
         built[name] = from_mapping(cls, name, values)
+    base_dir = os.path.dirname(path)
+    # Relative paths of the file start at its directory, whatever the node's working directory.
+    node = built["node"]
+    built["node"] = dataclasses.replace(node, data_dir=resolve_path(node.data_dir, base_dir))
+    for section, key in _FILE_KEYS:
+        value = getattr(built[section], key)
+        if value:
+            built[section] = dataclasses.replace(built[section], **{key: resolve_path(value, base_dir)})
     return Config(built["node"], built["store"], built["mqtt"], built["limits"], dict(raw.get("native", {})),
-                  os.path.dirname(os.path.abspath(path)))
+                  base_dir, built["log"], path)
+
+
+def with_flags(cfg: Config, node_changes: dict) -> Config:
+    """Apply command-line values to ``[node]``; their relative paths start at the working directory."""
+    changes = dict(node_changes)
+    for key in ("data_dir", "mqtt_tls_ca"):
+        if changes.get(key):
+            changes[key] = resolve_path(changes[key], None)
+    return dataclasses.replace(cfg, node=dataclasses.replace(cfg.node, **changes))
+
+
+def settle(cfg: Config, from_flags: set[str] = frozenset()) -> Config:
+    """Check files and listeners, apply the exposure rule, then fix ``allow_anonymous`` to a bool.
+
+    *from_flags* holds the ``[node]`` keys the command line set, so messages name the flag, not the key.
+    """
+    for section, key in _FILE_KEYS:
+        path = getattr(getattr(cfg, section), key)
+        if path and key != "file" and not os.path.isfile(path):
+            name = _FLAG_NAMES.get(key) if key in from_flags else f"{section}.{key}"
+            state = "is not a file" if os.path.exists(path) else "does not exist"
+            raise ConfigError(f"{name}: {path} {state}")
+    listeners = []
+    for key in FLAGS:
+        flag = key in from_flags
+        for description in getattr(cfg.node, key):
+            listeners.append(parse_listener(key, description, None if flag else cfg.path,
+                                            None if flag else cfg.base_dir))
+    mqtt = cfg.mqtt
+    check_exposure(listeners, mqtt.allow_anonymous, mqtt.anonymous_allowed, cfg.node.mqtt_tls_ca)
+    # From here on allow_anonymous is what it means, so every consumer reads a plain bool.
+    mqtt = dataclasses.replace(mqtt, allow_anonymous=mqtt.anonymous_allowed)
+    node = cfg.node
+    for key in FLAGS:
+        node = dataclasses.replace(node, **{key: tuple(l.description for l in listeners if l.key == key)})
+    return dataclasses.replace(cfg, mqtt=mqtt, node=node, listeners=tuple(listeners))
+
+
+_FLAG_NAMES = {"mqtt_tls_ca": "--mqtt-tls-ca", "data_dir": "--data-dir"}

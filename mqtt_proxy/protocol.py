@@ -46,6 +46,7 @@ class MQTTServerProtocol(protocol.Protocol):
         self.session = None
         self.client_id = None
         self.username = None
+        self.asked = (None, None)  # (client id, username) the CONNECT gave, for the connect_refused line
         self.acl_username = None  # the username only if it was verified (password or certificate)
         self.peer_host = "?"
         self.paused = False  # the transport's write buffer is full
@@ -169,6 +170,7 @@ class MQTTServerProtocol(protocol.Protocol):
     def _on_connect(self, packet: Connect) -> None:
         self.connect_seen = True
         self.level = packet.protocol_level
+        self.asked = (packet.client_id, packet.username)
         if self.refusal is not None:
             self.refuse(self.refusal)
             return
@@ -230,7 +232,9 @@ class MQTTServerProtocol(protocol.Protocol):
     def refuse(self, reason: int) -> None:
         """Answer CONNECT with a failure CONNACK and close."""
         self.broker.stats.connections_refused += 1
-        log.info("connect_refused peer=%s reason=0x%02X", self.peer_host, int(reason))
+        # %r: both come from the client, and quoting keeps a crafted line break out of the log.
+        log.info("connect_refused client=%r user=%r peer=%s reason=0x%02X", *self.asked, self.peer_host,
+                 int(reason))
         self.transport.write(encode(ConnAck(False, reason), self.level))
         self._closing = True
         self.transport.loseConnection()

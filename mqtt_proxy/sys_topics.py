@@ -1,29 +1,84 @@
-"""$SYS/broker/... topics: the broker describes itself as retained messages.
+"""$SYS/broker/... topics: the broker describes itself as retained messages, with Mosquitto's names.
 
 Published through the store like any message, so subscribers get them the
 usual way; ``#`` and ``+/...`` never match them (MQTT-4.7.2-1, in the trie).
+
+Besides Mosquitto's counters (``version``, ``uptime``, ``clients/...``,
+``messages/...``, ``publish/...``, ``bytes/...``, ``subscriptions/count``,
+``retained messages/count``), ``load/<figure>/{1min,5min,15min}`` are
+Mosquitto's load figures: an exponentially decaying average of the figure's
+rate per minute, ``rate + exp(-elapsed/window) * (previous - rate)``, updated
+at each publish. The counters count PUBLISH packets and their bytes only
+(``messages/*`` and ``publish/messages/*`` are the same numbers here).
+``store/bytes`` and ``sessions`` are twistmq's own.
 """
 
 from __future__ import annotations
 
+import math
+
 from twisted.internet import task
 
+from mqtt_proxy.version import twistmq_version
 from store import record as rec
+
+LOAD_WINDOWS = (("1min", 60.0), ("5min", 300.0), ("15min", 900.0))
+
+LOAD_FIGURES = {
+    "messages/received": lambda s: s.messages_received,
+    "messages/sent": lambda s: s.messages_sent,
+    "bytes/received": lambda s: s.bytes_received,
+    "bytes/sent": lambda s: s.bytes_sent,
+    "publish/received": lambda s: s.messages_received,
+    "publish/sent": lambda s: s.messages_sent,
+    "publish/dropped": lambda s: s.messages_dropped,
+    "connections": lambda s: s.connections_total,
+}
+"""``load/<name>/...`` -> the BrokerStats counter it averages."""
 
 
 def sys_values(broker, store) -> dict[str, str]:
     """Topic suffix -> value, as text."""
     s = broker.stats
+    sessions = broker.sessions
     return {
+        "version": f"twistmq version {twistmq_version()}",
         "uptime": f"{int(broker.clock.seconds() - broker.started_at)} seconds",
         "clients/connected": str(s.clients_connected),
+        "clients/disconnected": str(len(sessions) - s.clients_connected),
+        "clients/total": str(len(sessions)),
         "messages/received": str(s.messages_received),
         "messages/sent": str(s.messages_sent),
+        "publish/messages/received": str(s.messages_received),
+        "publish/messages/sent": str(s.messages_sent),
+        "publish/messages/dropped": str(s.messages_dropped),
+        "publish/bytes/received": str(s.bytes_received),
+        "publish/bytes/sent": str(s.bytes_sent),
         "bytes/received": str(s.bytes_received),
         "bytes/sent": str(s.bytes_sent),
+        "subscriptions/count": str(sum(len(session.subs) for session in sessions.values())),
+        "retained messages/count": str(broker.retained.count),
         "store/bytes": str(store.size_bytes()),
-        "sessions": str(len(broker.sessions)),
+        "sessions": str(len(sessions)),
     }
+
+
+class LoadAverage:
+    """One counter's ``1min``/``5min``/``15min`` load, per minute, as Mosquitto computes it."""
+
+    def __init__(self) -> None:
+        self.values = {name: 0.0 for name, _ in LOAD_WINDOWS}
+        self._last: tuple[float, int] | None = None  # (time, counter) at the previous update
+
+    def update(self, now: float, count: int) -> dict[str, float]:
+        """Fold in the counter's value at ``now``; return the averages by window name."""
+        if self._last is not None and now > self._last[0]:
+            elapsed = now - self._last[0]
+            rate = (count - self._last[1]) * 60.0 / elapsed
+            for name, window in LOAD_WINDOWS:
+                self.values[name] = rate + math.exp(-elapsed / window) * (self.values[name] - rate)
+        self._last = (now, count)
+        return self.values
 
 
 class SysPublisher:
@@ -32,9 +87,11 @@ class SysPublisher:
     def __init__(self, broker, store, clock, interval: float) -> None:
         self.broker = broker
         self.store = store
+        self.clock = clock
         self.loop = task.LoopingCall(self.publish)
         self.loop.clock = clock
         self.interval = interval
+        self.loads = {name: LoadAverage() for name in LOAD_FIGURES}
 
     def start(self) -> None:
         if self.interval > 0:
@@ -44,8 +101,17 @@ class SysPublisher:
         if self.loop.running:
             self.loop.stop()
 
+    def values(self) -> dict[str, str]:
+        """Every $SYS/broker/ suffix -> its text now, load figures included (and updated)."""
+        values = sys_values(self.broker, self.store)
+        now = self.clock.seconds()
+        for name, counter in LOAD_FIGURES.items():
+            for window, value in self.loads[name].update(now, counter(self.broker.stats)).items():
+                values[f"load/{name}/{window}"] = f"{value:.2f}"
+        return values
+
     def publish(self) -> None:
         now = self.broker.now_ms()
         messages = [rec.Message("$SYS/broker/" + k, v.encode(), rec.RecordKind.MQTT_PUBLISH, 0, True, "", now)
-                    for k, v in sys_values(self.broker, self.store).items()]
+                    for k, v in self.values().items()]
         self.store.put_batch(messages)

@@ -3,14 +3,16 @@
 Builds the store, the light-queue and retained indexes, the session store, the
 notifier, the broker and the listeners, from ``conf/twistmq.toml`` (or
 ``--config``) plus command-line flags. If any listener flag is given, exactly
-the listeners given open; otherwise those of the config file. Recovery runs
-before any listener opens; then one ``twistmq ready`` line names every bound
-address.
+the listeners given open; otherwise those of the config file. Every listener
+is checked before anything opens (``mqtt_proxy.listeners``); recovery runs
+before any listener opens; then one ``twistmq ready`` line on stdout names every
+bound address. The log (``mqtt_proxy.node_log``) goes to stderr or ``[log] file``.
+A configuration error, or a port that cannot be bound, is one line on stderr and
+exit code 2.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import signal
@@ -19,11 +21,13 @@ import threading
 
 from twisted.application import service
 from twisted.internet import defer, endpoints
+from twisted.internet.error import CannotListenError
+from twisted.logger import ILogObserver
 from twisted.python import usage
 
 from lightqueue import attach as attach_lightqueue
 from lightqueue.retained_index import RetainedIndex
-from mqtt_proxy import tls
+from mqtt_proxy import node_log, tls
 from mqtt_proxy.auth.acl import ACLError, load_acl
 from mqtt_proxy.auth.authenticator import Authenticator
 from mqtt_proxy.auth.passwords import PasswordFile, PasswordFileError
@@ -32,10 +36,11 @@ from mqtt_proxy.broker import Broker
 from mqtt_proxy.http import http_site
 from mqtt_proxy.native.config import NativeConfig
 from mqtt_proxy.native.service import NativeService
-from mqtt_proxy.node_config import load_config
+from mqtt_proxy.node_config import load_config, settle, with_flags
 from mqtt_proxy.protocol import MQTTServerFactory
 from mqtt_proxy.session_store import SessionStore
 from mqtt_proxy.sys_topics import SysPublisher
+from mqtt_proxy.version import twistmq_version
 from mqtt_proxy.websocket import websocket_factory
 from push.notifier import Notifier
 from push.read_cache import ReadCache
@@ -49,6 +54,14 @@ log = logging.getLogger("twistmq.node")
 
 LISTEN_BACKLOG = 4096
 LISTENER_FLAGS = ("mqtt", "mqtt-tls", "mqtt-ws", "native", "native-udp", "http")
+START_ERRORS = (ConfigError, StoreLockedError, tls.TLSConfigError, PasswordFileError, ACLError, OSError)
+"""What a bad configuration raises while the node is built: one line and exit code 2, no traceback."""
+
+
+def print_version() -> None:
+    """``--version``: print twistmq's version and exit 0."""
+    print(f"twistmq {twistmq_version()}", file=sys.__stdout__, flush=True)
+    raise SystemExit(0)
 
 
 class NodeOptions(usage.Options):
@@ -70,7 +83,7 @@ class NodeOptions(usage.Options):
         self.listeners.setdefault(kind.replace("-", "_"), []).append(value)
 
     def opt_mqtt(self, value):
-        """MQTT over TCP listener, a Twisted endpoint description (repeatable), e.g. tcp:1883"""
+        """MQTT over TCP listener, a Twisted endpoint description (repeatable), e.g. tcp:1883:interface=127.0.0.1"""
         self._listener("mqtt", value)
 
     def opt_mqtt_tls(self, value):
@@ -82,7 +95,7 @@ class NodeOptions(usage.Options):
         self._listener("mqtt-ws", value)
 
     def opt_native(self, value):
-        """native JSON protocol over TCP, e.g. tcp:9876 (repeatable)"""
+        """native JSON protocol over TCP, e.g. tcp:9876:interface=127.0.0.1 (repeatable)"""
         self._listener("native", value)
 
     def opt_native_udp(self, value):
@@ -90,14 +103,17 @@ class NodeOptions(usage.Options):
         self._listener("native-udp", value)
 
     def opt_http(self, value):
-        """HTTP listener for /health and /metrics, e.g. tcp:8080 (repeatable)"""
+        """HTTP listener for /health and /metrics, e.g. tcp:8080:interface=127.0.0.1 (repeatable)"""
         self._listener("http", value)
+
+    def opt_version(self):
+        """print twistmq's version and exit"""
+        print_version()
 
 
 def node_config(options: NodeOptions):
-    """The config file with the command line applied on top."""
+    """The config file with the command line applied on top, checked (see ``node_config.settle``)."""
     cfg = load_config(options["config"])
-    node = cfg.node
     changes = {}
     if options.listeners:
         for kind in LISTENER_FLAGS:
@@ -110,11 +126,7 @@ def node_config(options: NodeOptions):
         changes["ws_path"] = options["ws-path"]
     if options["use-identity-as-username"]:
         changes["use_identity_as_username"] = True
-    node = dataclasses.replace(node, **changes)
-    data_dir = node.data_dir if os.path.isabs(node.data_dir) or options["data-dir"] \
-        else os.path.join(cfg.base_dir, node.data_dir)
-    node = dataclasses.replace(node, data_dir=os.path.abspath(data_dir))
-    return dataclasses.replace(cfg, node=node)
+    return settle(with_flags(cfg, changes), set(changes))
 
 
 class NodeService(service.MultiService):
@@ -156,31 +168,40 @@ class NodeService(service.MultiService):
         self.sys = SysPublisher(self.broker, self.store, reactor, cfg.mqtt.sys_interval)
         self.ports: list = []
         self.extra_stats = [("native", self.native.stats), ("timer", self.timers.stats)]
+        self.log_observer = None  # set by make_node_service: twistd's log observer (see setServiceParent)
         self.streams, self.datagrams = self._listeners()
 
+    def setServiceParent(self, parent):  # noqa: N802 - Twisted interface
+        # twistd takes its log observer from the application this service joins, if it has one:
+        # ours sends Twisted's events to the node's own log handler, so every event has one format.
+        if self.log_observer is not None and hasattr(parent, "setComponent"):
+            parent.setComponent(ILogObserver, self.log_observer)
+        return super().setServiceParent(parent)
+
     def _listeners(self):
-        """(name, endpoint, factory) for every stream listener, and (name, port, interface, protocol) for UDP."""
-        node = self.cfg.node
-        ca = node.mqtt_tls_ca or None
+        """(listener, endpoint, factory) for every stream listener; (listener, protocol) for UDP, in flag order."""
+        ca = self.cfg.node.mqtt_tls_ca or None
         mqtt_factory = MQTTServerFactory(self.broker, self.reactor, cert_identity=tls.peer_identity)
-        streams = [("mqtt", endpoints.serverFromString(self.reactor, _backlog(d)), mqtt_factory) for d in node.mqtt]
-        streams += [("mqtt-tls", tls.tls_server_endpoint(self.reactor, _backlog(d), ca), mqtt_factory)
-                    for d in node.mqtt_tls]
-        ws_factory = websocket_factory(mqtt_factory, node.ws_path, self.reactor, self.cfg.limits.max_packet_size)
-        streams += [("mqtt-ws", tls.server_endpoint(self.reactor, d, ca), ws_factory) for d in node.mqtt_ws]
-        streams += [("http", endpoints.serverFromString(self.reactor, d), http_site(self.broker, self.store,
-                                                                                    self._extra_stats, self._losses))
-                    for d in node.http]
-        streams += [("native", endpoints.serverFromString(self.reactor, d), self.native.tcp_factory())
-                    for d in node.native]
-        datagrams = []
-        for spec in node.native_udp:
-            host, _, port = spec.rpartition(":")
+        ws_factory = websocket_factory(mqtt_factory, self.cfg.node.ws_path, self.reactor,
+                                       self.cfg.limits.max_packet_size)
+        http = http_site(self.broker, self.store, self._extra_stats, self._losses)
+        build = {
+            "mqtt": lambda d: (endpoints.serverFromString(self.reactor, _backlog(d)), mqtt_factory),
+            "mqtt_tls": lambda d: (tls.tls_server_endpoint(self.reactor, _backlog(d), ca), mqtt_factory),
+            "mqtt_ws": lambda d: (tls.server_endpoint(self.reactor, d, ca), ws_factory),
+            "http": lambda d: (endpoints.serverFromString(self.reactor, d), http),
+            "native": lambda d: (endpoints.serverFromString(self.reactor, d), self.native.tcp_factory()),
+        }
+        streams, datagrams = [], []
+        for listener in self.cfg.listeners:
+            if listener.key == "native_udp":
+                datagrams.append((listener, self.native.udp_protocol()))
+                continue
             try:
-                number = int(port)
-            except ValueError:
-                raise ConfigError(f"--native-udp wants [HOST:]PORT, not {spec!r}") from None
-            datagrams.append(("native-udp", number, host or "", self.native.udp_protocol()))
+                endpoint, factory = build[listener.key](listener.description)
+            except tls.TLSConfigError as exc:
+                raise ConfigError(f"{listener.where}: {exc}") from None
+            streams.append((listener, endpoint, factory))
         return streams, datagrams
 
     def _losses(self):
@@ -215,30 +236,37 @@ class NodeService(service.MultiService):
         yield self.broker.restore()
         self.sys.start()
         bound = []
-        for name, endpoint, factory in self.streams:
-            port = yield endpoint.listen(factory)
+        for listener, endpoint, factory in self.streams:
+            port = yield _listen(listener, lambda: endpoint.listen(factory))
             self.ports.append(port)
-            bound.append(f"{name}={_address(port)}")
-        for name, port_number, interface, proto in self.datagrams:
-            port = self.reactor.listenUDP(port_number, proto, interface=interface)
+            bound.append(f"{_name(listener)}={_address(port)}")
+        for listener, proto in self.datagrams:
+            port = yield _listen(listener, lambda: self.reactor.listenUDP(listener.port, proto,
+                                                                         interface=listener.interface))
             self.ports.append(port)
-            bound.append(f"{name}={_address(port)}")
+            bound.append(f"{_name(listener)}={_address(port)}")
         print("twistmq ready " + " ".join(bound), file=sys.__stdout__, flush=True)
-        log.info("node_ready data_dir=%s", self.cfg.node.data_dir)
+        log.info("node_ready version=%s data_dir=%s log=%s", twistmq_version(), self.cfg.node.data_dir,
+                 self.cfg.log.file or "stderr")
 
     def _start_failed(self, failure) -> None:
-        print(f"twistmq: cannot start: {failure.getErrorMessage()}", file=sys.__stderr__, flush=True)
-        log.error("start_failed %s", failure.getTraceback())
+        expected = failure.check(*START_ERRORS)
+        reason = failure.getErrorMessage() if expected else f"cannot start: {failure.getErrorMessage()}"
+        print(f"twistmq: {reason}", file=sys.__stderr__, flush=True)
+        if expected and self.cfg.log.file:
+            log.error("start_failed %s", failure.getErrorMessage())  # the file says why the node stopped
+        elif not expected:
+            log.error("start_failed %s", failure.getTraceback())  # a bug: the traceback is the useful part
         try:
             self.store.close()
             self.kv.close()
             self.native.kv.close()
         finally:
-            os._exit(1)
+            os._exit(2 if expected else 1)
 
     def _install_reload(self) -> None:
         """SIGHUP re-reads the password file, the ACL and the TLS certificates (mqtt_proxy/auth/reload.py)."""
-        contexts = [(name, endpoint.context_factory) for name, endpoint, _ in self.streams
+        contexts = [(listener.where, endpoint.context_factory) for listener, endpoint, _ in self.streams
                     if isinstance(endpoint, tls.TLSServerEndpoint)]
         self.reloader = Reloader(security_targets(self.broker.auth.password_file, self.broker.acl, contexts))
         self._previous_sighup = None
@@ -275,27 +303,49 @@ def _backlog(description: str) -> str:
 
 def _address(port) -> str:
     host = port.getHost()
+    if hasattr(host, "name"):  # a unix socket
+        return host.name.decode() if isinstance(host.name, bytes) else str(host.name)
     return f"{getattr(host, 'host', '?')}:{getattr(host, 'port', '?')}"
+
+
+def _name(listener) -> str:
+    """The listener's name in the ready line: its flag without dashes (mqtt, mqtt-tls, native-udp, ...)."""
+    return listener.key.replace("_", "-")
+
+
+def _listen(listener, listen) -> defer.Deferred:
+    """Call *listen*; a port that cannot be bound becomes a ConfigError naming the listener, without a traceback."""
+    def failed(failure):
+        failure.trap(CannotListenError)
+        reason = failure.value.socketError
+        reason = getattr(reason, "strerror", None) or str(reason)
+        raise ConfigError(f"cannot listen on {listener.where}: {reason}")
+    return defer.maybeDeferred(listen).addErrback(failed)
 
 
 def make_node_service(options: NodeOptions, reactor=None) -> NodeService:
     """Build the node; a bad config or a locked data dir exits with one line naming the cause."""
     if reactor is None:
         from twisted.internet import reactor  # the composition root is where the global reactor is used
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s",
-                        stream=sys.__stderr__)
     try:
         cfg = node_config(options)
-        return NodeService(reactor, cfg)
-    except (ConfigError, StoreLockedError, tls.TLSConfigError, PasswordFileError, ACLError, OSError) as exc:
+        observer = node_log.configure(cfg.log)
+        node = NodeService(reactor, cfg)
+    except START_ERRORS as exc:
         print(f"twistmq: {exc}", file=sys.__stderr__, flush=True)
         raise SystemExit(2)
+    node.log_observer = observer
+    return node
 
 
 class Options(usage.Options):
     """``twistd twistmq <role>``."""
 
     subCommands = [["node", None, NodeOptions, "every role in one process (the embedded default)"]]
+
+    def opt_version(self):
+        """print twistmq's version and exit"""
+        print_version()
 
     def postOptions(self) -> None:
         if self.subCommand is None:

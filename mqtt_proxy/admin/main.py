@@ -14,6 +14,7 @@ import sys
 
 from mqtt_proxy.admin import certs, passwd
 from mqtt_proxy.admin.errors import AdminError
+from mqtt_proxy.version import twistmq_version
 
 __all__ = ["AdminError", "SUBCOMMANDS", "build_parser", "main"]
 
@@ -34,6 +35,8 @@ SUBCOMMANDS = [certs, passwd]
 def build_parser() -> argparse.ArgumentParser:
     """Build the parser with every subcommand registered."""
     parser = _Parser(prog=PROG, description="twistmq operator tools")
+    parser.add_argument("--version", action="version", version=f"twistmq {twistmq_version()}",
+                        help="print twistmq's version and exit")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     subparsers.required = True
     for module in SUBCOMMANDS:

@@ -18,7 +18,7 @@ def test_conf_file_documents_every_key_with_its_default():
 
 def test_conf_file_loads():
     """The shipped config file is valid."""
-    assert load_config(None).node.mqtt == ("tcp:1883",)
+    assert load_config(None).node.mqtt == ("tcp:1883:interface=127.0.0.1",)
 
 
 def test_readme_lists_every_config_key():

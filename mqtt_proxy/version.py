@@ -1,0 +1,13 @@
+"""twistmq's version, read from the installed package metadata (pyproject.toml is its one source)."""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+
+def twistmq_version() -> str:
+    """The installed twistmq version, or ``unknown`` when running from a checkout that was never installed."""
+    try:
+        return metadata.version("twistmq")
+    except metadata.PackageNotFoundError:
+        return "unknown"
