@@ -266,8 +266,8 @@ class NodeService(service.MultiService):
 
     def _install_reload(self) -> None:
         """SIGHUP re-reads the password file, the ACL and the TLS certificates (mqtt_proxy/auth/reload.py)."""
-        contexts = [(listener.where, endpoint.context_factory) for listener, endpoint, _ in self.streams
-                    if isinstance(endpoint, tls.TLSServerEndpoint)]
+        contexts = [(listener.key.replace("_", "-"), endpoint.context_factory)
+                    for listener, endpoint, _ in self.streams if isinstance(endpoint, tls.TLSServerEndpoint)]
         self.reloader = Reloader(security_targets(self.broker.auth.password_file, self.broker.acl, contexts))
         self._previous_sighup = None
         if threading.current_thread() is threading.main_thread():  # signal.signal works there only
