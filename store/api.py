@@ -1,4 +1,4 @@
-"""The store interface: everything a proxy, the native protocol server and Spark's broker mode need from a broker.
+"""The store interface: what a proxy, the native protocol server and Spark's broker mode need from a broker.
 
 Typed ``Protocol``s and frozen, slotted data types only; no implementation.
 ``cluster.local_store.LocalStore`` serves it in-process and
@@ -274,7 +274,7 @@ class SubscriptionState:
     positions: tuple[QueuePosition, ...]
     """Next position to send from in the filter's light queue, one per broker group holding it.
 
-    Unused for a shared subscription (its group's position is kept per share group).
+    Empty for a shared subscription: its share group's positions are kept with ``put_share_position``.
     """
     no_local: bool = False
     retain_as_published: bool = False
@@ -362,7 +362,8 @@ class Sessions(Protocol):
     def delete_inbound_qos2(self, client_id: str, packet_id: int) -> defer.Deferred[None]:
         """Forget an inbound QoS 2 packet id (PUBREL came)."""
 
-    def get_share_positions(self, share_group: str, topic_filter: str) -> defer.Deferred[tuple[QueuePosition, ...]]:
+    def get_share_positions(self, share_group: str,
+                            topic_filter: str) -> defer.Deferred[tuple[QueuePosition, ...]]:
         """The committed positions of shared subscription ``$share/<share_group>/<topic_filter>``.
 
         One per broker group that has one; an empty tuple if none was committed.
@@ -497,7 +498,8 @@ class NativeQueues(Protocol):
     a malformed one with ``InvalidArgument``.
     """
 
-    def native_produce(self, address: NativeAddress, items: tuple[NativeItem, ...]) -> defer.Deferred[NativeProduced]:
+    def native_produce(self, address: NativeAddress,
+                       items: tuple[NativeItem, ...]) -> defer.Deferred[NativeProduced]:
         """Store ``items`` to a queue (stored once, indexed in each real queue of a virtual one) or a topic."""
 
     def native_consume(self, address: NativeAddress,
