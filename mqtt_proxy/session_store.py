@@ -112,6 +112,27 @@ class SessionStore:
                     getattr(s, attr).add(pid)
         return sessions
 
+    def load(self, client_id: str) -> StoredSession | None:
+        """One persisted session with everything under it (a scan of its own keys only), or None."""
+        cid = _cid(client_id)
+        value = self.kv.get(b"s/" + cid)
+        if value is None:
+            return None
+        meta = json.loads(value)
+        s = StoredSession(client_id, meta["expiry"], meta["level"], meta.get("disc"))
+        head = len(cid) + 3  # prefix, client id, separator
+        for key, value in self.kv.scan(b"u/" + cid + SEP):
+            d = json.loads(value)
+            s.subscriptions[key[head:].decode("utf-8")] = StoredSubscription(
+                d["f"], d["qos"], d["nl"], d["rap"], d["sid"], d["g"], d["next"])
+        for key, value in self.kv.scan(b"o/" + cid + SEP):
+            d = json.loads(value)
+            s.outbound[_PID.unpack(key[head:])[0]] = (d["f"], d["q"], d["qos"])
+        for prefix, ids in ((b"r/", s.released), (b"i/", s.inbound_qos2)):
+            for key, _ in self.kv.scan(prefix + cid + SEP):
+                ids.add(_PID.unpack(key[head:])[0])
+        return s
+
     # -- subscriptions ------------------------------------------------------------------------
 
     def save_subscription(self, client_id: str, key: str, sub: StoredSubscription) -> defer.Deferred:

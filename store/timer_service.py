@@ -29,6 +29,13 @@ Durability (what survives kill -9):
   comes due and the real time is still ahead, a fresh TIMER record (same
   ``ORIGIN``) is appended, so commit-log retention never deletes the only copy
   of a message that is still waiting.
+- ``cancel(timer_id)`` appends one ``SYSTEM`` record naming the timer (property
+  ``TIMER_CANCEL``, its ``ORIGIN``) and its due time; dispatching it (live or
+  replayed) adds the id to the cancelled set, which every checkpoint saves, and
+  a cancelled entry is dropped when it comes due. A timer-log delete marker
+  would name one (offset, slot) entry, but a hopped message's live entry is a
+  later copy, hence the set: an id leaves it once the timer has read past the
+  slot where its last copy could be.
 
 Only ``stop()``/``close()`` flush synchronously; per checkpoint the reactor pays
 one small timer-log fsync and one small file write, and the 28-bytes-per-slot
@@ -55,12 +62,17 @@ log = logging.getLogger("twistmq.store.timer_service")
 
 TIMER_KIND = "TIMER_KIND"
 TIMER_AT = "TIMER_AT"
+TIMER_CANCEL = "TIMER_CANCEL"  # property of a SYSTEM record: the ORIGIN of the timer it cancels
 ORIGIN = "ORIGIN"
 CHECKPOINT_FILE = "checkpoint.json"
 WHEEL_SPAN_MS = 4 * 3600 * 1000  # the wheel covers 4 hours whatever the precision; longer delays roll
 DEFAULT_HOP_MS = 24 * 3600 * 1000
 MAX_CATCH_UP_MS = 600_000  # slots consumed per tick after a long stop (keeps the reactor responsive)
 _INTERNAL = (TIMER_KIND, TIMER_AT, rec.QUEUES_PROPERTY)
+
+
+class TimerNotFound(LookupError):
+    """``cancel`` was given an id that is not the offset of a TIMER record."""
 
 
 class TimerService:
@@ -88,6 +100,8 @@ class TimerService:
         self.dispatched_offset = saved[1] if saved else 0
         self._dispatched_end = self.dispatched_offset
         self.timer = self._make_timer(saved[0] if saved else None)
+        # timer id (ORIGIN) -> the last slot time a copy of it can be handed out at
+        self._cancelled: dict[int, int] = saved[2] if saved else {}
         self._backlog: collections.deque[TimerEntry] = collections.deque()
         self._outstanding = 0
         self._cp_wanted = False
@@ -102,6 +116,7 @@ class TimerService:
         self.delivered = 0
         self.hops = 0
         self.lost = 0
+        self.cancelled = 0
         self.checkpoints = 0
         self.lateness_max_ms = 0
         store.register_dispatcher(self)
@@ -112,19 +127,21 @@ class TimerService:
         return Timer(os.path.join(self.directory, "timer"), cp, slot_count=self._slot_count,
                      precision_ms=self.precision_ms)
 
-    def _load_checkpoint(self) -> tuple[TimerCheckpoint, int] | None:
+    def _load_checkpoint(self) -> tuple[TimerCheckpoint, int, dict[int, int]] | None:
         path = os.path.join(self.directory, CHECKPOINT_FILE)
         try:
             with open(path) as f:
                 data = json.load(f)
-            return TimerCheckpoint(**data["timer"]), int(data["dispatched_offset"])
+            cancelled = {int(k): int(v) for k, v in data.get("cancelled", {}).items()}  # absent before cancel
+            return TimerCheckpoint(**data["timer"]), int(data["dispatched_offset"]), cancelled
         except FileNotFoundError:
             return None
 
     def _save_checkpoint(self, cp: TimerCheckpoint, dispatched: int) -> None:
         path = os.path.join(self.directory, CHECKPOINT_FILE)
         tmp = path + ".tmp"
-        body = json.dumps({"timer": json.loads(cp.to_json()), "dispatched_offset": dispatched}).encode()
+        body = json.dumps({"timer": json.loads(cp.to_json()), "dispatched_offset": dispatched,
+                           "cancelled": {str(k): v for k, v in self._cancelled.items()}}).encode()
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.write(fd, body)
@@ -156,6 +173,8 @@ class TimerService:
                     status = timer.enqueue(min(at, r.store_ts + self.hop_ms), r.offset, r.size, r.topic, now)
                     if status is not EnqueueStatus.DUPLICATE:
                         self.enqueued += 1
+            elif r.kind == rec.RecordKind.SYSTEM and TIMER_CANCEL in r.properties:
+                self._apply_cancel(r)
             self._dispatched_end = r.offset + r.size
         return None
 
@@ -168,6 +187,7 @@ class TimerService:
         self.timer = self._make_timer(None)
         self.dispatched_offset = self._dispatched_end = 0
         self._backlog.clear()
+        self._cancelled.clear()
 
     # -- scheduling --------------------------------------------------------------------------
 
@@ -181,6 +201,56 @@ class TimerService:
         timer_message = rec.Message(message.topic, message.body, rec.RecordKind.TIMER, message.qos, message.retain,
                                     message.client_id, message.born_ts, props)
         return self.store.put(timer_message)
+
+    def cancel(self, timer_id: int) -> defer.Deferred:
+        """Cancel the message scheduled as ``timer_id`` (its TIMER record's offset, or a hopped copy's).
+
+        Appends a SYSTEM record, so a replay after a crash cancels it again.
+        Fires once that record is written, with True if the timer had not come
+        due (it will not be delivered) and False if it had (it was probably
+        delivered); fails with TimerNotFound if ``timer_id`` is no TIMER record,
+        and with RuntimeError if the cancellation could not be stored.
+        """
+        log_ = self.store.commit_log
+        if not log_.min_offset <= timer_id < log_.max_offset:
+            return defer.fail(TimerNotFound(f"no timer {timer_id}: outside the commit log"))
+        return self.store.read(timer_id).addCallbacks(self._append_cancel, self._not_a_timer,
+                                                      errbackArgs=(timer_id,))
+
+    @staticmethod
+    def _not_a_timer(failure, timer_id: int):
+        if failure.check(TimerNotFound):
+            return failure
+        raise TimerNotFound(f"no timer {timer_id}: {failure.getErrorMessage()}")
+
+    def _append_cancel(self, record: rec.Record) -> defer.Deferred:
+        if record.kind != rec.RecordKind.TIMER or TIMER_AT not in record.properties:
+            raise TimerNotFound(f"no timer {record.offset}: the record there is of kind {record.kind.name}")
+        origin = int(record.properties.get(ORIGIN, record.offset))
+        props = {TIMER_CANCEL: str(origin), TIMER_AT: record.properties[TIMER_AT]}
+        marker = rec.Message(record.topic, b"", rec.RecordKind.SYSTEM, 0, False, "", self._now(), props)
+
+        def stored(result: PutResult) -> bool:
+            if result.status is not PutStatus.PUT_OK:
+                raise RuntimeError(f"timer cancel not stored: {result.status.value} {result.reason}".strip())
+            return origin in self._cancelled
+
+        return self.store.put(marker).addCallback(stored)
+
+    def _apply_cancel(self, r: DispatchRequest) -> None:
+        """A cancel record (live or replayed): drop the timer's copies from now on, unless it came due already."""
+        try:
+            origin = int(r.properties[TIMER_CANCEL])
+            at = int(r.properties[TIMER_AT])
+        except (KeyError, ValueError):
+            log.error("timer_cancel_unusable offset=%d properties=%r", r.offset, r.properties)
+            return
+        read = self.timer.read_time_ms
+        last_slot = -(-at // self.precision_ms) * self.precision_ms
+        if read is not None and last_slot < read:
+            return  # its slot was consumed: handed out already
+        self._cancelled[origin] = last_slot
+        log.info("timer_cancelled timer_id=%d deliver_at=%d", origin, at)
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -234,6 +304,10 @@ class TimerService:
             log.error("timer_record_unusable offset=%d", entry.cl_offset)
             return
         props.setdefault(ORIGIN, str(entry.cl_offset))
+        if self._cancelled and _as_int(props[ORIGIN]) in self._cancelled:
+            self.cancelled += 1
+            log.info("timer_dropped_cancelled timer_id=%s offset=%d", props[ORIGIN], entry.cl_offset)
+            return
         if at > now + self.precision_ms:  # a hop: park a fresh copy, keeping the message's identity
             self.hops += 1
             props.pop(rec.QUEUES_PROPERTY, None)
@@ -295,6 +369,9 @@ class TimerService:
             self._last_wheel_ms = now
         else:
             self.timer.log.flush()
+        if cp.read_time_ms is not None:  # every copy of these was handed out (and dropped) before cp
+            for timer_id in [t for t, slot in self._cancelled.items() if slot < cp.read_time_ms]:
+                del self._cancelled[timer_id]
         self._save_checkpoint(cp, self._dispatched_end)
         self.dispatched_offset = self._dispatched_end
         self.timer.checkpoint_saved(cp)
@@ -340,8 +417,16 @@ class TimerService:
             "timer_delivered_total": float(self.delivered),
             "timer_hops_total": float(self.hops),
             "timer_lost_total": float(self.lost),
+            "timer_cancelled_total": float(self.cancelled),
             "timer_backlog": float(len(self._backlog)),
             "timer_puts_in_flight": float(self._outstanding),
             "timer_checkpoints_total": float(self.checkpoints),
             "timer_lateness_max_ms": float(self.lateness_max_ms),
         }
+
+
+def _as_int(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None

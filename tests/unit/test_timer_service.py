@@ -15,7 +15,7 @@ from store.config import StoreConfig
 from store.executor import DeferredExecutor, SynchronousExecutor
 from store.message_store import MessageStore, PutStatus
 from store.record import Message, RecordKind
-from store.timer_service import CHECKPOINT_FILE, ORIGIN, TimerService
+from store.timer_service import CHECKPOINT_FILE, ORIGIN, TimerNotFound, TimerService
 
 T0 = 1_800_000_000.0
 T0_MS = int(T0 * 1000)
@@ -52,6 +52,14 @@ class Node:
         self.timers.schedule(message, at_ms).addCallback(out.append)
         self.clock.advance(0)
         return out[0]
+
+    def cancel(self, timer_id):
+        """The cancel's result, or the exception it failed with."""
+        out = []
+        self.timers.cancel(timer_id).addBoth(out.append)
+        self.clock.advance(0)
+        result = out[0]
+        return result.value if hasattr(result, "value") else result
 
     def bodies(self, queue):
         return [r.body for r in self.records(queue)]
@@ -259,3 +267,70 @@ def test_many_messages_each_delivered_once(tmp_path):
     got = n.bodies("%TOPIC%m")
     assert sorted(got) == sorted(m.body for m in msgs)
     assert n.timers.stats()["timer_delivered_total"] == 2000
+
+
+def test_cancel_before_due_is_never_delivered(tmp_path):
+    """A timer cancelled before its time answers True and never comes out; its neighbour still does."""
+    n = Node(tmp_path)
+    r = n.schedule(Message("x", b"cancelled"), n.now_ms() + 1000)
+    n.schedule(Message("x", b"kept"), n.now_ms() + 1000)
+    n.run_for(0.5)
+    assert n.cancel(r.offset) is True
+    n.run_for(1.0)
+    assert n.bodies("%TOPIC%x") == [b"kept"]
+    assert n.timers.stats()["timer_cancelled_total"] == 1
+
+
+def test_cancel_after_delivery_answers_false(tmp_path):
+    """Cancelling a timer that already came out answers False and changes nothing."""
+    n = Node(tmp_path)
+    r = n.schedule(Message("x", b"m"), n.now_ms() + 200)
+    n.run_for(0.5)
+    assert n.cancel(r.offset) is False
+    n.run_for(0.5)
+    assert n.bodies("%TOPIC%x") == [b"m"]
+
+
+def test_cancel_of_what_is_no_timer_fails(tmp_path):
+    """An id outside the log, or of a record that is not a TIMER record, fails with TimerNotFound."""
+    n = Node(tmp_path)
+    plain = n.put(Message("x", b"plain"))
+    assert isinstance(n.cancel(plain.offset), TimerNotFound)
+    assert isinstance(n.cancel(10**9), TimerNotFound)
+    assert isinstance(n.cancel(plain.offset + 1), TimerNotFound)  # inside a record: no record starts there
+
+
+def test_cancel_of_a_hopping_message_stops_every_copy(tmp_path):
+    """A long delay re-parks copies of itself; cancelling by its first id stops the copies too."""
+    n = Node(tmp_path, hop_ms=1000)
+    r = n.schedule(Message("h", b"far"), n.now_ms() + 3500)
+    n.run_for(1.5)
+    assert n.timers.hops >= 1
+    assert n.cancel(r.offset) is True
+    n.run_for(3.0)
+    assert n.bodies("%TOPIC%h") == []
+
+
+def test_cancel_survives_a_crash_before_checkpoint(tmp_path):
+    """kill -9 after the cancel but before any checkpoint: replaying the log cancels it again."""
+    n = Node(tmp_path, checkpoint_interval_s=1000)
+    r = n.schedule(Message("c", b"m"), n.now_ms() + 2000)
+    assert n.cancel(r.offset) is True
+    n = n.restart(checkpoint_interval_s=1000)
+    n.run_for(3.0)
+    assert n.bodies("%TOPIC%c") == []
+
+
+def test_cancel_survives_a_crash_after_checkpoint(tmp_path):
+    """A checkpoint taken after the cancel carries it (the log is not replayed from before it)."""
+    n = Node(tmp_path, checkpoint_interval_s=0.2)
+    r = n.schedule(Message("c", b"m"), n.now_ms() + 3000)
+    assert n.cancel(r.offset) is True
+    n.run_for(1.0)
+    with open(os.path.join(tmp_path, "timer", CHECKPOINT_FILE)) as f:
+        assert json.load(f)["cancelled"] == {str(r.offset): T0_MS + 3000}
+    n = n.restart(checkpoint_interval_s=0.2)
+    n.run_for(3.0)
+    assert n.bodies("%TOPIC%c") == []
+    with open(os.path.join(tmp_path, "timer", CHECKPOINT_FILE)) as f:
+        assert json.load(f)["cancelled"] == {}  # forgotten once its slot was read past

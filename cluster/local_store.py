@@ -1,0 +1,300 @@
+"""``LocalStore``: the store interface served in-process, by the parts a node already builds.
+
+It takes the parts rather than building them, so the node (and later the
+broker role) hands it what it composed: the ``MessageStore`` with its light
+queue index installed, the ``Notifier`` fed by the store's listener, the
+``RetainedIndex`` and ``TimerService`` registered as dispatchers, the
+``SessionStore`` and the ``NativeEngine``. Opening and closing them stays with
+their owner. A local store is one broker group, named by ``group``: every
+position it hands out carries it, and positions of other groups are refused.
+
+Every failure reaches the caller as a ``store.api.StoreError`` subclass, as it
+would through the RPC (``cluster.store_codec``); anything unexpected is logged
+here and reported as ``InternalError``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Callable
+
+from twisted.internet import defer
+
+from cluster.local_native import LocalNative
+from cluster.local_sessions import LocalSessions, position_offset
+from lightqueue.names import QueueNameError
+from lightqueue.retained_index import RetainedIndex
+from lightqueue.topic import TopicError, validate_topic_filter, validate_topic_name
+from mqtt_proxy.native.engine import NativeEngine
+from mqtt_proxy.session_store import SessionStore
+from push.notifier import Notifier
+from store import api
+from store import record as rec
+from store.message_store import MAX_GET_COUNT, MessageStore, PutResult
+from store.timer_service import TimerNotFound, TimerService
+
+log = logging.getLogger("twistmq.cluster.local_store")
+
+DEFAULT_GROUP = "local"
+
+
+def _typed(fn: Callable) -> Callable:
+    """Run ``fn`` as a Deferred-returning call whose failures are all StoreErrors."""
+
+    @functools.wraps(fn)
+    def call(self, *args, **kwargs) -> defer.Deferred:
+        return defer.maybeDeferred(fn, self, *args, **kwargs).addErrback(_as_store_error, fn.__name__)
+
+    return call
+
+
+def _as_store_error(failure, operation: str):
+    if failure.check(api.StoreError):
+        return failure
+    log.error("store_operation_failed operation=%s error=%s", operation, failure.getTraceback())
+    raise api.InternalError(f"{operation}: {failure.type.__name__}: {failure.getErrorMessage()}")
+
+
+def _result(r: PutResult) -> api.AppendResult:
+    return api.AppendResult(api.AppendStatus(r.status.value), r.offset, tuple(r.queues), r.reason)
+
+
+def _check_message(message: rec.Message) -> rec.Message:
+    if not isinstance(message, rec.Message):
+        raise api.InvalidArgument(f"expected a Message, got {type(message).__name__}")
+    return message
+
+
+class LocalStore:
+    """``store.api.Store`` over the in-process parts (see the module doc)."""
+
+    def __init__(self, store: MessageStore, notifier: Notifier, retained: RetainedIndex, timers: TimerService,
+                 sessions: SessionStore, native: NativeEngine, group: str = DEFAULT_GROUP) -> None:
+        self._store = store
+        self._notifier = notifier
+        self._retained = retained
+        self._timers = timers
+        self._sessions = LocalSessions(sessions, group)
+        self._native = LocalNative(native)
+        self.group = group
+        self._watches: dict[int, tuple[str, Callable[[str], None]]] = {}
+
+    # -- the message log ---------------------------------------------------------------------------
+
+    @_typed
+    def append(self, message: rec.Message) -> defer.Deferred:
+        return self._store.put(_check_message(message)).addCallback(_result)
+
+    @_typed
+    def append_batch(self, messages: tuple[rec.Message, ...]) -> defer.Deferred:
+        batch = [_check_message(m) for m in messages]
+        return self._store.put_batch(batch).addCallback(lambda results: tuple(_result(r) for r in results))
+
+    # -- queues --------------------------------------------------------------------------------------
+
+    def _position(self, queue: str, offset: int) -> api.QueuePosition:
+        return api.QueuePosition(queue, self.group, offset)
+
+    @_typed
+    def first_positions(self, queue: str) -> defer.Deferred:
+        return self._store.min_offset(queue).addCallback(lambda off: (self._position(queue, off),))
+
+    @_typed
+    def end_positions(self, queue: str) -> defer.Deferred:
+        return self._store.max_offset(queue).addCallback(lambda off: (self._position(queue, off),))
+
+    @_typed
+    def read_queue(self, position: api.QueuePosition, max_count: int) -> defer.Deferred:
+        offset = position_offset(position, self.group)
+        if not isinstance(max_count, int) or max_count < 1:
+            raise api.InvalidArgument(f"max_count must be at least 1, not {max_count!r}")
+        queue = position.queue
+
+        def build(messages: list) -> defer.Deferred | api.ReadResult:
+            out = tuple(api.QueuedMessage(self._position(queue, m.queue_offset), m.record) for m in messages)
+            if out:
+                last = messages[-1].queue_offset
+                return api.ReadResult(out, self._position(queue, last + 1), last + 1 - offset - len(out))
+            # Nothing at or after ``offset``: if retention took it, continue from the oldest entry left.
+            return self._store.min_offset(queue).addCallback(
+                lambda head: api.ReadResult((), self._position(queue, max(head, offset)), max(0, head - offset)))
+
+        return self._store.get(queue, offset, min(max_count, MAX_GET_COUNT)).addCallback(build)
+
+    @_typed
+    def add_filter(self, topic_filter: str) -> defer.Deferred:
+        def failed(failure):
+            failure.trap(TopicError, QueueNameError, UnicodeEncodeError)
+            raise api.InvalidArgument(f"topic filter {topic_filter!r}: {failure.getErrorMessage()}")
+
+        return self._store.add_filter(topic_filter).addErrback(failed)
+
+    @_typed
+    def remove_filter(self, topic_filter: str) -> defer.Deferred:
+        def failed(failure):
+            failure.trap(KeyError)
+            raise api.NotFound(f"no interest in topic filter {topic_filter!r}")
+
+        return self._store.remove_filter(topic_filter).addCallbacks(lambda _: None, failed)
+
+    @_typed
+    def watch_queue(self, queue: str, callback: Callable[[str], None]) -> defer.Deferred:
+        def relay(name: str) -> None:
+            callback(name)
+
+        key = id(relay)  # unique while the watch lives; other watchers of the notifier key by id() too
+        self._watches[key] = (queue, relay)
+        self._notifier.watch(queue, key, relay)
+        return api.Watch(queue, key)
+
+    @_typed
+    def unwatch_queue(self, watch: api.Watch) -> defer.Deferred:
+        held = self._watches.get(watch.watch_id)
+        if held is None or held[0] != watch.queue:
+            raise api.NotFound(f"no watch {watch.watch_id} on queue {watch.queue!r}")
+        del self._watches[watch.watch_id]
+        self._notifier.unwatch(watch.queue, watch.watch_id)
+        return None
+
+    # -- session state ---------------------------------------------------------------------------------
+
+    @_typed
+    def get_session(self, client_id: str) -> defer.Deferred:
+        return self._sessions.get_session(client_id)
+
+    @_typed
+    def list_sessions(self) -> defer.Deferred:
+        return self._sessions.list_sessions()
+
+    @_typed
+    def put_session(self, meta: api.SessionMeta) -> defer.Deferred:
+        return self._sessions.put_session(meta)
+
+    @_typed
+    def delete_session(self, client_id: str) -> defer.Deferred:
+        return self._sessions.delete_session(client_id)
+
+    @_typed
+    def put_subscription(self, client_id: str, subscription: api.SubscriptionState) -> defer.Deferred:
+        return self._sessions.put_subscription(client_id, subscription)
+
+    @_typed
+    def delete_subscription(self, client_id: str, key: str) -> defer.Deferred:
+        return self._sessions.delete_subscription(client_id, key)
+
+    @_typed
+    def put_outbound(self, client_id: str, outbound: api.OutboundState) -> defer.Deferred:
+        return self._sessions.put_outbound(client_id, outbound)
+
+    @_typed
+    def delete_outbound(self, client_id: str, packet_id: int) -> defer.Deferred:
+        return self._sessions.delete_outbound(client_id, packet_id)
+
+    @_typed
+    def put_released(self, client_id: str, packet_id: int) -> defer.Deferred:
+        return self._sessions.put_released(client_id, packet_id)
+
+    @_typed
+    def delete_released(self, client_id: str, packet_id: int) -> defer.Deferred:
+        return self._sessions.delete_released(client_id, packet_id)
+
+    @_typed
+    def put_inbound_qos2(self, client_id: str, packet_id: int) -> defer.Deferred:
+        return self._sessions.put_inbound_qos2(client_id, packet_id)
+
+    @_typed
+    def delete_inbound_qos2(self, client_id: str, packet_id: int) -> defer.Deferred:
+        return self._sessions.delete_inbound_qos2(client_id, packet_id)
+
+    @_typed
+    def get_share_positions(self, share_group: str, topic_filter: str) -> defer.Deferred:
+        return self._sessions.get_share_positions(share_group, topic_filter)
+
+    @_typed
+    def put_share_position(self, share_group: str, topic_filter: str,
+                           position: api.QueuePosition) -> defer.Deferred:
+        return self._sessions.put_share_position(share_group, topic_filter, position)
+
+    # -- retained messages ---------------------------------------------------------------------------------
+
+    @_typed
+    def get_retained(self, topic_filter: str) -> defer.Deferred:
+        try:
+            validate_topic_filter(topic_filter)
+        except (TopicError, UnicodeEncodeError) as exc:
+            raise api.InvalidArgument(f"topic filter {topic_filter!r}: {exc}") from None
+        found = sorted(self._retained.lookup(topic_filter))
+        reads = [self._store.read(cl_offset, size) for _topic, cl_offset, size in found]
+        # A record retention deleted under a disk limit is skipped: the index forgets it on its next pass.
+        d = defer.DeferredList(reads, consumeErrors=True)
+        return d.addCallback(lambda results: tuple(
+            api.RetainedMessage(topic, record) for (topic, _o, _s), (ok, record) in zip(found, results) if ok))
+
+    @_typed
+    def put_retained(self, message: rec.Message) -> defer.Deferred:
+        m = _check_message(message)
+        if m.kind != rec.RecordKind.MQTT_PUBLISH or not m.retain or not m.body:
+            raise api.InvalidArgument("put_retained takes an MQTT publish with the retain flag and a payload "
+                                      "(delete_retained clears a topic)")
+        self._check_topic(m.topic)
+        if self._retained.would_exceed(m.topic, len(m.body)):
+            raise api.QuotaExceeded(f"retaining {len(m.body)} bytes on {m.topic!r} exceeds the retained limits "
+                                    f"(max_messages {self._retained.max_messages}, "
+                                    f"max_bytes {self._retained.max_bytes})")
+        return self.append(m)
+
+    @_typed
+    def delete_retained(self, topic: str) -> defer.Deferred:
+        self._check_topic(topic)
+        return self.append(rec.Message(topic, b"", rec.RecordKind.MQTT_PUBLISH, 0, True))
+
+    @staticmethod
+    def _check_topic(topic: str) -> None:
+        try:
+            validate_topic_name(topic)
+        except (TopicError, UnicodeEncodeError) as exc:
+            raise api.InvalidArgument(f"topic {topic!r}: {exc}") from None
+
+    # -- timers -------------------------------------------------------------------------------------------------
+
+    @_typed
+    def schedule_timer(self, message: rec.Message, deliver_at_ms: int) -> defer.Deferred:
+        return self._timers.schedule(_check_message(message), deliver_at_ms).addCallback(_result)
+
+    @_typed
+    def cancel_timer(self, timer_id: int) -> defer.Deferred:
+        def failed(failure):
+            if failure.check(TimerNotFound):
+                raise api.NotFound(failure.getErrorMessage())
+            raise api.Unavailable(failure.getErrorMessage())
+
+        return self._timers.cancel(timer_id).addErrback(failed)
+
+    # -- native queues --------------------------------------------------------------------------------------------
+
+    @_typed
+    def native_produce(self, address: api.NativeAddress, items: tuple[api.NativeItem, ...]) -> defer.Deferred:
+        return self._native.native_produce(address, items)
+
+    @_typed
+    def native_consume(self, address: api.NativeAddress, max_data_bytes: int | None = None) -> defer.Deferred:
+        return self._native.native_consume(address, max_data_bytes)
+
+    @_typed
+    def native_confirm(self, address: api.NativeAddress, msg_id: int) -> defer.Deferred:
+        return self._native.native_confirm(address, msg_id)
+
+    @_typed
+    def native_pop(self, address: api.NativeAddress, invisible_time_s: int | None = None,
+                   max_data_bytes: int | None = None) -> defer.Deferred:
+        return self._native.native_pop(address, invisible_time_s, max_data_bytes)
+
+    @_typed
+    def native_ack(self, address: api.NativeAddress, msg_id: int) -> defer.Deferred:
+        return self._native.native_ack(address, msg_id)
+
+    @_typed
+    def native_change_invisible_time(self, address: api.NativeAddress, msg_id: int,
+                                     invisible_time_s: int) -> defer.Deferred:
+        return self._native.native_change_invisible_time(address, msg_id, invisible_time_s)

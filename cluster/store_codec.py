@@ -1,0 +1,384 @@
+"""The msgpack mapping of ``store.api``: how store calls, results and errors cross a process boundary.
+
+Schema-directed, no type tags on the wire: a value is packed as plain msgpack
+(a dataclass as the list of its fields in declaration order, tuples and
+frozensets as arrays, enums as their values, ``Message``/``Record`` like any
+dataclass) and the receiver rebuilds it from the type the interface declares
+for that argument or result: the ``store.api`` Protocols' annotations are the
+schema. Both ends must therefore run the same interface version (the RPC
+handshake's business). Values of the wrong type are refused when packed, and
+bytes that do not fit the schema raise ``CodecError`` when unpacked.
+
+Frames:
+
+- call: ``[operation name, [argument, ...]]`` (every parameter, defaults applied;
+  callbacks stay local: ``watch_queue``'s callback is the RPC's event stream);
+- result: the result value;
+- error: ``[code, message]``, rebuilt as the ``StoreError`` subclass of that code
+  (any other exception crosses as ``InternalError``).
+
+It lives in ``cluster/`` rather than ``store/`` because only ``cluster/`` speaks
+RPC and ``store/`` may not import msgpack (DESIGN's package table); the proxy
+side sees the interface, never its encoding.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import enum
+import functools
+import inspect
+import types
+import typing
+from typing import Any, Callable, NamedTuple
+
+import msgpack
+
+from store import api
+
+__all__ = ["CodecError", "OPERATIONS", "Operation", "decode", "encode", "pack", "pack_call", "pack_error",
+           "pack_result", "unpack", "unpack_call", "unpack_error", "unpack_result"]
+
+
+class CodecError(ValueError):
+    """A value that does not fit its declared type, or bytes that are no valid frame."""
+
+
+class Operation(NamedTuple):
+    """One operation of the interface, as the codec sees it."""
+
+    name: str
+    signature: inspect.Signature  # without ``self``
+    wire: tuple[tuple[str, Any], ...]  # (parameter, type) of what crosses, in order
+    local: tuple[str, ...]  # parameters that never cross (callbacks)
+    returns: Any  # the type the Deferred fires with
+
+
+def _operations() -> dict[str, Operation]:
+    ops: dict[str, Operation] = {}
+    for proto in api.Store.__mro__:
+        if proto is api.Store or proto in (typing.Protocol, typing.Generic, object):
+            continue
+        for name, fn in vars(proto).items():
+            if name.startswith("_") or not inspect.isfunction(fn):
+                continue
+            hints = typing.get_type_hints(fn)
+            sig = inspect.signature(fn)
+            sig = sig.replace(parameters=list(sig.parameters.values())[1:])
+            wire, local = [], []
+            for p in sig.parameters:
+                hint = hints[p]
+                if typing.get_origin(hint) is collections.abc.Callable:
+                    local.append(p)
+                else:
+                    _converter(hint)  # fail at import for a type the codec cannot carry
+                    wire.append((p, hint))
+            (returns,) = typing.get_args(hints["return"])
+            _converter(returns)
+            ops[name] = Operation(name, sig, tuple(wire), tuple(local), returns)
+    return ops
+
+
+# -- values -----------------------------------------------------------------------------------------
+
+_NONE = type(None)
+
+
+def _name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint)
+
+
+def _fail(hint: Any, value: Any) -> CodecError:
+    return CodecError(f"expected {_name(hint)}, got {type(value).__name__}")
+
+
+def _scalar(kind: type) -> tuple[Callable, Callable]:
+    def check(value):
+        # bool is an int, and an IntEnum too: refuse both where a plain int is declared
+        if type(value) is kind or (kind is int and isinstance(value, int)
+                                   and not isinstance(value, (bool, enum.Enum))):
+            return int(value) if kind is int else value
+        raise _fail(kind, value)
+
+    return check, check
+
+
+def _bytes() -> tuple[Callable, Callable]:
+    def enc(value):
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            return bytes(value)
+        raise _fail(bytes, value)
+
+    def dec(value):
+        if type(value) is bytes:
+            return value
+        raise _fail(bytes, value)
+
+    return enc, dec
+
+
+def _float() -> tuple[Callable, Callable]:
+    def conv(value):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise _fail(float, value)
+
+    return conv, conv
+
+
+def _optional(inner: Any) -> tuple[Callable, Callable]:
+    enc_i, dec_i = _converter(inner)
+    return (lambda v: None if v is None else enc_i(v)), (lambda v: None if v is None else dec_i(v))
+
+
+def _sequence(item: Any, build: Callable, accept: tuple[type, ...], hint: Any) -> tuple[Callable, Callable]:
+    enc_i, dec_i = _converter(item)
+
+    def enc(value):
+        if not isinstance(value, accept):
+            raise _fail(hint, value)
+        items = [enc_i(v) for v in value]
+        if build is frozenset:
+            try:
+                items.sort()  # one encoding per set, whatever its iteration order
+            except TypeError:
+                pass
+        return items
+
+    def dec(value):
+        if type(value) is not list:
+            raise _fail(hint, value)
+        return build(dec_i(v) for v in value)
+
+    return enc, dec
+
+
+def _fixed_tuple(items: tuple, hint: Any) -> tuple[Callable, Callable]:
+    convs = [_converter(i) for i in items]
+
+    def enc(value):
+        if not isinstance(value, (tuple, list)) or len(value) != len(convs):
+            raise _fail(hint, value)
+        return [e(v) for (e, _d), v in zip(convs, value)]
+
+    def dec(value):
+        if type(value) is not list or len(value) != len(convs):
+            raise _fail(hint, value)
+        return tuple(d(v) for (_e, d), v in zip(convs, value))
+
+    return enc, dec
+
+
+def _mapping(key: Any, val: Any, hint: Any) -> tuple[Callable, Callable]:
+    enc_k, dec_k = _converter(key)
+    enc_v, dec_v = _converter(val)
+
+    def enc(value):
+        if not isinstance(value, collections.abc.Mapping):
+            raise _fail(hint, value)
+        return {enc_k(k): enc_v(v) for k, v in value.items()}
+
+    def dec(value):
+        if type(value) is not dict:
+            raise _fail(hint, value)
+        return {dec_k(k): dec_v(v) for k, v in value.items()}
+
+    return enc, dec
+
+
+def _enum(cls: type[enum.Enum]) -> tuple[Callable, Callable]:
+    def enc(value):
+        if not isinstance(value, cls):
+            raise _fail(cls, value)
+        return value.value
+
+    def dec(value):
+        try:
+            return cls(value)
+        except (ValueError, TypeError):
+            raise CodecError(f"{value!r} is not a {cls.__name__}") from None
+
+    return enc, dec
+
+
+def _dataclass(cls: type) -> tuple[Callable, Callable]:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    convs = [_converter(hints[n]) for n in names]  # the interface's types do not recurse
+
+    def enc(value):
+        if not isinstance(value, cls):
+            raise _fail(cls, value)
+        return [e(getattr(value, n)) for (e, _d), n in zip(convs, names)]
+
+    def dec(value):
+        if type(value) is not list or len(value) != len(names):
+            raise CodecError(f"expected {cls.__name__} as {len(names)} fields, got {type(value).__name__}")
+        return cls(*[d(v) for (_e, d), v in zip(convs, value)])
+
+    return enc, dec
+
+
+@functools.cache
+def _converter(hint: Any) -> tuple[Callable, Callable]:
+    """(encode, decode) for values of ``hint``; CodecError for a type the wire cannot carry."""
+    if hint is _NONE or hint is None:  # Deferred[None] keeps a bare None
+        return _scalar(_NONE)
+    if hint in (int, str, bool):
+        return _scalar(hint)
+    if hint is bytes:
+        return _bytes()
+    if hint is float:
+        return _float()
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return _enum(hint)
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return _dataclass(hint)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        rest = [a for a in args if a is not _NONE]
+        if len(rest) == 1 and len(args) == 2:
+            return _optional(rest[0])
+    elif origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return _sequence(args[0], tuple, (tuple, list), hint)
+        if args:
+            return _fixed_tuple(args, hint)
+    elif origin is frozenset:
+        return _sequence(args[0], frozenset, (set, frozenset), hint)
+    elif origin in (dict, collections.abc.Mapping):
+        return _mapping(args[0], args[1], hint)
+    raise CodecError(f"the store codec cannot carry values of type {hint!r}")
+
+
+def encode(value: Any, hint: Any) -> Any:
+    """``value`` (of type ``hint``) as plain msgpack-able data; CodecError if it is not of that type."""
+    return _converter(hint)[0](value)
+
+
+def decode(data: Any, hint: Any) -> Any:
+    """The value of type ``hint`` that ``encode`` turned into ``data``; CodecError if it does not fit."""
+    return _converter(hint)[1](data)
+
+
+def _packb(data: Any) -> bytes:
+    try:
+        return msgpack.packb(data, use_bin_type=True)
+    except (OverflowError, UnicodeEncodeError, ValueError, TypeError) as exc:  # ints past 64 bits, lone surrogates
+        raise CodecError(f"cannot be packed: {exc}") from None
+
+
+def pack(value: Any, hint: Any) -> bytes:
+    """``value`` of type ``hint`` as msgpack bytes."""
+    return _packb(encode(value, hint))
+
+
+def _unpackb(data: bytes) -> Any:
+    try:
+        return msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True)
+    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError, TypeError) as exc:
+        raise CodecError(f"not a msgpack frame: {exc}") from None
+
+
+def unpack(data: bytes, hint: Any) -> Any:
+    """The value of type ``hint`` packed in ``data``."""
+    return decode(_unpackb(data), hint)
+
+
+# -- frames --------------------------------------------------------------------------------------
+
+OPERATIONS: dict[str, Operation] = _operations()
+
+
+def _operation(name: Any) -> Operation:
+    op = OPERATIONS.get(name) if isinstance(name, str) else None
+    if op is None:
+        raise CodecError(f"unknown store operation {name!r}")
+    return op
+
+
+def pack_call(name: str, args: tuple = (), kwargs: dict | None = None) -> bytes:
+    """A call frame for ``name(*args, **kwargs)`` (callbacks left out); CodecError for a bad argument."""
+    op = _operation(name)
+    try:
+        bound = op.signature.bind(*args, **(kwargs or {}))
+    except TypeError as exc:
+        raise CodecError(f"{name}: {exc}") from None
+    bound.apply_defaults()
+    values = []
+    for param, hint in op.wire:
+        try:
+            values.append(encode(bound.arguments[param], hint))
+        except CodecError as exc:
+            raise CodecError(f"{name}: argument {param}: {exc}") from None
+    try:
+        return _packb([name, values])
+    except CodecError as exc:
+        raise CodecError(f"{name}: {exc}") from None
+
+
+def unpack_call(data: bytes) -> tuple[str, tuple]:
+    """(operation name, wire arguments in order) of a call frame."""
+    frame = _unpackb(data)
+    if type(frame) is not list or len(frame) != 2 or type(frame[1]) is not list:
+        raise CodecError("a call frame is [operation, [arguments]]")
+    op = _operation(frame[0])
+    if len(frame[1]) != len(op.wire):
+        raise CodecError(f"{op.name} takes {len(op.wire)} arguments, the frame has {len(frame[1])}")
+    args = []
+    for (param, hint), value in zip(op.wire, frame[1]):
+        try:
+            args.append(decode(value, hint))
+        except CodecError as exc:
+            raise CodecError(f"{op.name}: argument {param}: {exc}") from None
+    return op.name, tuple(args)
+
+
+def pack_result(name: str, value: Any) -> bytes:
+    """A result frame of operation ``name``; CodecError if ``value`` is not what it declares."""
+    try:
+        return pack(value, _operation(name).returns)
+    except CodecError as exc:
+        raise CodecError(f"{name}: result: {exc}") from None
+
+
+def unpack_result(name: str, data: bytes) -> Any:
+    """The result of operation ``name`` packed in ``data``."""
+    try:
+        return unpack(data, _operation(name).returns)
+    except CodecError as exc:
+        raise CodecError(f"{name}: result: {exc}") from None
+
+
+def _error_classes() -> dict[str, type[api.StoreError]]:
+    found = {api.StoreError.code: api.StoreError}
+    todo = [api.StoreError]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            found.setdefault(sub.code, sub)
+            todo.append(sub)
+    return found
+
+
+_ERRORS = _error_classes()
+
+
+def pack_error(exc: BaseException) -> bytes:
+    """An error frame: a StoreError keeps its code; anything else becomes ``internal``."""
+    if isinstance(exc, api.StoreError):
+        code, message = exc.code, str(exc)
+    else:
+        code, message = api.InternalError.code, f"{type(exc).__name__}: {exc}"
+    message = " ".join(message.split()).encode("utf-8", "replace").decode("utf-8")  # one line, packable
+    return _packb([code, message])
+
+
+def unpack_error(data: bytes) -> api.StoreError:
+    """The StoreError of an error frame (an unknown code gives a plain StoreError naming it)."""
+    frame = _unpackb(data)
+    if type(frame) is not list or len(frame) != 2 or not all(type(x) is str for x in frame):
+        raise CodecError("an error frame is [code, message]")
+    code, message = frame
+    cls = _ERRORS.get(code)
+    return cls(message) if cls is not None else api.StoreError(f"{code}: {message}")

@@ -1,0 +1,530 @@
+"""The store interface: what a proxy, the native protocol server and Spark's broker mode need from a broker.
+
+Typed ``Protocol``s and frozen, slotted data types only; no implementation.
+``cluster.local_store.LocalStore`` serves it in-process and
+``cluster.loopback_store.LoopbackStore`` proves that every call and result
+survives the RPC codec (``cluster.store_codec``); the remote implementation
+of the clustered roles plugs in beside them.
+
+Rules every implementation keeps (``tests/contract`` checks them on each):
+
+- Every operation returns a Deferred, and a caller never relies on it having
+  fired already: a remote store answers ticks later.
+- Failures are ``StoreError`` subclasses (a code and a one-line message), so
+  they cross an RPC boundary as the same type. Outcomes a caller must handle
+  per message (a message the log cannot take) are statuses, not errors.
+- Queue positions are opaque: a ``QueuePosition`` names the queue, the broker
+  group serving it and the group's own offset. Callers compare positions and
+  move past one with ``next()``; they never compute with offsets, so a filter
+  read from several broker groups needs no change here.
+- Arguments and results are these data types, ``store.record``'s ``Message``
+  and ``Record``, tuples and plain values: nothing a codec cannot carry.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Callable, Protocol, runtime_checkable
+
+from twisted.internet import defer
+
+from store.record import Message, Record
+
+__all__ = [
+    "AppendResult", "AppendStatus", "InvalidArgument", "InternalError", "MessageLog", "NativeAddress",
+    "NativeDelivery", "NativeError", "NativeItem", "NativeProduced", "NativeQueues", "NotFound", "OutboundState",
+    "QueuePosition", "Queues", "QuotaExceeded", "ReadResult", "QueuedMessage", "Retained", "RetainedMessage",
+    "SessionMeta", "SessionState", "Sessions", "Store", "StoreError", "SubscriptionState", "Timers", "Unavailable",
+    "Watch", "WrongGroup",
+]
+
+
+# -- errors ----------------------------------------------------------------------------------------
+
+class StoreError(Exception):
+    """A failed store operation: ``code`` names the kind, the message says what and why in one line."""
+
+    code = "store_error"
+
+
+class InvalidArgument(StoreError):
+    """The call is malformed: a bad topic filter, packet id, queue name, max_count..."""
+
+    code = "invalid_argument"
+
+
+class NotFound(StoreError):
+    """The call names something the store does not hold: a filter without interest, a timer, a watch."""
+
+    code = "not_found"
+
+
+class WrongGroup(StoreError):
+    """A position (or other state) of a broker group this store does not serve."""
+
+    code = "wrong_group"
+
+
+class QuotaExceeded(StoreError):
+    """A limit refuses the write: retained messages or bytes."""
+
+    code = "quota_exceeded"
+
+
+class Unavailable(StoreError):
+    """The store cannot serve now (not open, closing, a disk error): the call may succeed later."""
+
+    code = "unavailable"
+
+
+class NativeError(StoreError):
+    """A native-protocol request the queue engine refused; the message is the reply's ``reason``."""
+
+    code = "native_error"
+
+
+class InternalError(StoreError):
+    """An unexpected failure inside the store (a bug): logged there, reported here."""
+
+    code = "internal"
+
+
+# -- the message log ---------------------------------------------------------------------------------
+
+class AppendStatus(enum.Enum):
+    """Outcome of one append (RocketMQ's nouns, as ``store.message_store.PutStatus``)."""
+
+    PUT_OK = "PUT_OK"
+    MESSAGE_ILLEGAL = "MESSAGE_ILLEGAL"  # cannot be encoded (bad UTF-8, too big, bad qos): nothing kept
+    OS_ERROR = "OS_ERROR"  # the write failed (disk full, I/O error): nothing kept
+    FLUSH_DISK_FAILED = "FLUSH_DISK_FAILED"  # sync flush: written, but the fsync failed
+    SERVICE_NOT_AVAILABLE = "SERVICE_NOT_AVAILABLE"  # the store is not open
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """What an append resolves to."""
+
+    status: AppendStatus
+    offset: int = -1
+    """Commit-log offset of the record (-1 when nothing was kept): the native ``msg_id``, a timer's id."""
+    queues: tuple[str, ...] = ()
+    """The queues the record was indexed in (topic queue, one light queue per matching filter, ...)."""
+    reason: str = ""
+    """Why, when the status is not ``PUT_OK``."""
+
+    @property
+    def ok(self) -> bool:
+        return self.status is AppendStatus.PUT_OK
+
+
+@runtime_checkable
+class MessageLog(Protocol):
+    """Writing messages: each is stored once, in the commit log, and indexed in its target queues."""
+
+    def append(self, message: Message) -> defer.Deferred[AppendResult]:
+        """Store one message; fires after its record is written (and, under the sync flush policy, fsynced).
+
+        Fires with an ``AppendResult``: ``PUT_OK`` with the commit-log offset and
+        target queues, or another status when the message was not kept. By then
+        the record is indexed, so a read of its queues sees it.
+        """
+
+    def append_batch(self, messages: tuple[Message, ...]) -> defer.Deferred[tuple[AppendResult, ...]]:
+        """Store many messages in one write; fires with one ``AppendResult`` per message, in order."""
+
+
+# -- queues --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class QueuePosition:
+    """A place in one queue as one broker group numbers it; opaque to callers.
+
+    Compare positions of the same queue and group with ``<``/``<=``; step past
+    one with ``next()``. Comparing positions of different queues or groups is a
+    ``TypeError`` (they are not ordered).
+    """
+
+    queue: str
+    """Queue name: a light queue (``add_filter``'s answer), a topic queue or a native queue."""
+    group: str
+    """The broker group whose copy of the queue this position is in."""
+    offset: int
+    """That group's own queue offset: never compute with it."""
+
+    def next(self) -> QueuePosition:
+        """The position right after this one."""
+        return QueuePosition(self.queue, self.group, self.offset + 1)
+
+    def _key(self, other: object) -> int:
+        if not isinstance(other, QueuePosition) or (other.queue, other.group) != (self.queue, self.group):
+            raise TypeError(f"positions of different queues or groups are not ordered: {self!r} vs {other!r}")
+        return other.offset
+
+    def __lt__(self, other: QueuePosition) -> bool:
+        return self.offset < self._key(other)
+
+    def __le__(self, other: QueuePosition) -> bool:
+        return self.offset <= self._key(other)
+
+    def __gt__(self, other: QueuePosition) -> bool:
+        return self.offset > self._key(other)
+
+    def __ge__(self, other: QueuePosition) -> bool:
+        return self.offset >= self._key(other)
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedMessage:
+    """One message read from a queue, at its position."""
+
+    position: QueuePosition
+    record: Record
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    """What ``read_queue`` returns."""
+
+    messages: tuple[QueuedMessage, ...]
+    next: QueuePosition
+    """Where the next read continues (after the last message, or past what is gone)."""
+    lost: int = 0
+    """Entries between the position asked for and ``next`` that retention deleted before anyone read them."""
+
+
+@dataclass(frozen=True, slots=True)
+class Watch:
+    """A registration for a queue's news (``watch_queue``); hand it back to ``unwatch_queue``."""
+
+    queue: str
+    watch_id: int
+
+
+@runtime_checkable
+class Queues(Protocol):
+    """Light queues (one per topic filter in use), topic consume queues and native queues: read, watch, filter."""
+
+    def first_positions(self, queue: str) -> defer.Deferred[tuple[QueuePosition, ...]]:
+        """The oldest readable position of ``queue`` in every broker group that holds it (one today).
+
+        An unknown queue is empty: its first position is where its first entry will go.
+        """
+
+    def end_positions(self, queue: str) -> defer.Deferred[tuple[QueuePosition, ...]]:
+        """The position the next entry of ``queue`` will get, in every broker group that holds it."""
+
+    def read_queue(self, position: QueuePosition, max_count: int) -> defer.Deferred[ReadResult]:
+        """Up to ``max_count`` messages of ``position.queue`` from ``position`` on, oldest first.
+
+        Reads are bounded in count (at most 1,000) and bytes, so fewer may come
+        back; an empty result means nothing is stored there yet. Fails with
+        ``InvalidArgument`` for ``max_count`` < 1 and ``WrongGroup`` for a
+        position of a group this store does not serve.
+        """
+
+    def add_filter(self, topic_filter: str) -> defer.Deferred[str]:
+        """Register one more subscriber's interest in ``topic_filter``; fires with its light queue's name.
+
+        Messages appended after this fires and matching the filter are indexed in
+        that queue. Reference-counted. Fails with ``InvalidArgument`` for an
+        invalid filter.
+        """
+
+    def remove_filter(self, topic_filter: str) -> defer.Deferred[None]:
+        """Drop one reference to ``topic_filter``'s interest (the queue stays until collected).
+
+        Fails with ``NotFound`` if nobody holds interest in it.
+        """
+
+    def watch_queue(self, queue: str, callback: Callable[[str], None]) -> defer.Deferred[Watch]:
+        """Call ``callback(queue)`` whenever ``queue`` gains entries; fires with the ``Watch`` once registered.
+
+        News raised in one tick is merged: one call per queue per tick, some tick
+        after the append that caused it. The callback then reads from its own
+        position; the event carries nothing else.
+        """
+
+    def unwatch_queue(self, watch: Watch) -> defer.Deferred[None]:
+        """Stop a watch; fires once no more calls will come. ``NotFound`` for an unknown watch."""
+
+
+# -- session state ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class SessionMeta:
+    """A persistent MQTT session's existence and expiry."""
+
+    client_id: str
+    expiry_s: int
+    """Session expiry interval (0xFFFFFFFF: never)."""
+    protocol_level: int
+    """4 (MQTT 3.1.1) or 5."""
+    disconnected_at_ms: int | None = None
+    """When its client left (None: connected, or never disconnected since)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionState:
+    """A subscription as persisted, with where its delivery resumes."""
+
+    topic_filter: str
+    qos: int
+    positions: tuple[QueuePosition, ...]
+    """Next position to send from in the filter's light queue, one per broker group holding it.
+
+    Empty for a shared subscription: its share group's positions are kept with ``put_share_position``.
+    """
+    no_local: bool = False
+    retain_as_published: bool = False
+    sub_id: int = 0
+    share_group: str | None = None
+
+    @property
+    def key(self) -> str:
+        """The subscription's name within its session: the filter, or ``$share/<group>/<filter>``."""
+        return self.topic_filter if self.share_group is None else f"$share/{self.share_group}/{self.topic_filter}"
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundState:
+    """An outbound QoS 1/2 PUBLISH sent and not yet acknowledged."""
+
+    packet_id: int
+    subscription_key: str
+    """``SubscriptionState.key`` of the subscription it was sent for."""
+    position: QueuePosition
+    """Its position in that subscription's light queue."""
+    qos: int
+
+
+@dataclass(frozen=True, slots=True)
+class SessionState:
+    """Everything a persistent session needs to resume, as ``get_session`` returns it."""
+
+    meta: SessionMeta
+    subscriptions: tuple[SubscriptionState, ...] = ()
+    """In key order."""
+    outbound: tuple[OutboundState, ...] = ()
+    """In packet-id order."""
+    released: frozenset[int] = frozenset()
+    """Outbound QoS 2 packet ids released (PUBREL owed until PUBCOMP)."""
+    inbound_qos2: frozenset[int] = frozenset()
+    """Inbound QoS 2 packet ids stored whose PUBREL has not come yet (exactly once)."""
+
+
+@runtime_checkable
+class Sessions(Protocol):
+    """Durable MQTT session state: each write fires after the state is durable (survives kill -9).
+
+    Packet ids are 1..65535; anything else fails with ``InvalidArgument``.
+    Writes of one client id apply in call order.
+    """
+
+    def get_session(self, client_id: str) -> defer.Deferred[SessionState | None]:
+        """The stored session of ``client_id`` with everything under it, or None."""
+
+    def list_sessions(self) -> defer.Deferred[tuple[SessionState, ...]]:
+        """Every stored session, in client-id order (restore after a restart, admin listings)."""
+
+    def put_session(self, meta: SessionMeta) -> defer.Deferred[None]:
+        """Create or update a session's existence and expiry."""
+
+    def delete_session(self, client_id: str) -> defer.Deferred[None]:
+        """Remove a session and everything under it (subscriptions, in-flight state); no error if absent."""
+
+    def put_subscription(self, client_id: str, subscription: SubscriptionState) -> defer.Deferred[None]:
+        """Store a subscription under its key (replacing one with the same key).
+
+        Its positions must be in the filter's light queue (else
+        ``InvalidArgument``) and of groups this store serves (else ``WrongGroup``).
+        """
+
+    def delete_subscription(self, client_id: str, key: str) -> defer.Deferred[None]:
+        """Remove the subscription named ``key`` (``SubscriptionState.key``); no error if absent."""
+
+    def put_outbound(self, client_id: str, outbound: OutboundState) -> defer.Deferred[None]:
+        """Record an outbound QoS 1/2 PUBLISH in flight."""
+
+    def delete_outbound(self, client_id: str, packet_id: int) -> defer.Deferred[None]:
+        """Forget an outbound PUBLISH (acknowledged, or released for QoS 2)."""
+
+    def put_released(self, client_id: str, packet_id: int) -> defer.Deferred[None]:
+        """Record that PUBREL was sent for an outbound QoS 2 message."""
+
+    def delete_released(self, client_id: str, packet_id: int) -> defer.Deferred[None]:
+        """Forget a released packet id (PUBCOMP came)."""
+
+    def put_inbound_qos2(self, client_id: str, packet_id: int) -> defer.Deferred[None]:
+        """Record an inbound QoS 2 message stored and answered with PUBREC."""
+
+    def delete_inbound_qos2(self, client_id: str, packet_id: int) -> defer.Deferred[None]:
+        """Forget an inbound QoS 2 packet id (PUBREL came)."""
+
+    def get_share_positions(self, share_group: str,
+                            topic_filter: str) -> defer.Deferred[tuple[QueuePosition, ...]]:
+        """The committed positions of shared subscription ``$share/<share_group>/<topic_filter>``.
+
+        One per broker group that has one; an empty tuple if none was committed.
+        """
+
+    def put_share_position(self, share_group: str, topic_filter: str,
+                           position: QueuePosition) -> defer.Deferred[None]:
+        """Commit a shared group's position in one broker group's copy of the filter's light queue."""
+
+
+# -- retained messages ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class RetainedMessage:
+    """The retained message of one topic."""
+
+    topic: str
+    record: Record
+
+
+@runtime_checkable
+class Retained(Protocol):
+    """The last retained publish per topic (MQTT-3.3.1-5..11)."""
+
+    def get_retained(self, topic_filter: str) -> defer.Deferred[tuple[RetainedMessage, ...]]:
+        """Every retained message whose topic matches ``topic_filter``, in topic order.
+
+        A filter starting with a wildcard does not match ``$`` topics
+        (MQTT-4.7.2-1). ``InvalidArgument`` for an invalid filter.
+        """
+
+    def put_retained(self, message: Message) -> defer.Deferred[AppendResult]:
+        """Append a retained publish (``message.retain`` set, payload not empty); it replaces the topic's one.
+
+        It is delivered to subscribers like any publish. Fails with
+        ``QuotaExceeded`` when the retained limits refuse it and
+        ``InvalidArgument`` for a message that is not a retained MQTT publish
+        with a payload.
+        """
+
+    def delete_retained(self, topic: str) -> defer.Deferred[AppendResult]:
+        """Clear ``topic``'s retained message: appends an empty retained publish (MQTT-3.3.1-10).
+
+        Subscribers of the topic receive that empty publish, as when a client clears it.
+        """
+
+
+# -- timers ------------------------------------------------------------------------------------------------
+
+@runtime_checkable
+class Timers(Protocol):
+    """Delayed delivery: a message parked until its time, then appended like any other."""
+
+    def schedule_timer(self, message: Message, deliver_at_ms: int) -> defer.Deferred[AppendResult]:
+        """Park ``message`` until ``deliver_at_ms`` (ms since the epoch); fires once the timer record is written.
+
+        The result's ``offset`` is the timer's id (``cancel_timer``; the
+        ``msg_id`` a delayed native produce reports). A message that cannot be
+        scheduled gets ``MESSAGE_ILLEGAL``.
+        """
+
+    def cancel_timer(self, timer_id: int) -> defer.Deferred[bool]:
+        """Cancel a scheduled message; fires once the cancellation is written (it survives a restart).
+
+        True: the timer had not come due, it will not be delivered. False: it
+        had come due (it has probably been delivered). ``NotFound`` if
+        ``timer_id`` is not a timer's id.
+        """
+
+
+# -- native queues ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class NativeAddress:
+    """What a native request works on: exactly one of ``queue`` and ``topic``, and optionally a consumer group."""
+
+    queue: str | None = None
+    topic: str | None = None
+    group: str | None = None
+    """None: the queue's own cursor (consume/confirm) or group "default" (topics, POP)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NativeItem:
+    """One message of a native produce (durations in seconds, relative to the produce)."""
+
+    data: bytes
+    delay_s: int = 0
+    ttl_s: int | None = None
+    """None: the configured default for queues, no expiry for topics."""
+    retry_s: int = 0
+    """0: at-most-once; > 0: a consumed message comes back after this long unless confirmed (queues only)."""
+    qos: int = 1
+    """Topics only."""
+    retain: bool = False
+    """Topics only."""
+
+
+@dataclass(frozen=True, slots=True)
+class NativeProduced:
+    """What a native produce resolves to."""
+
+    msg_ids: tuple[int | None, ...]
+    """One per item, in order; None for an item that was not stored."""
+    reason: str = ""
+    """Why some items were not stored (empty when all were)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NativeDelivery:
+    """A message handed out by a native consume or pop."""
+
+    msg_id: int
+    data: bytes
+    attempts: int = 1
+    """Hand-outs so far (above 1: a redelivery)."""
+    topic: str | None = None
+    """For a message read from a topic: its full topic, qos and publisher."""
+    qos: int | None = None
+    client_id: str | None = None
+    dlq_queue: str | None = None
+    """For a dead letter: the queue it came from and its id there."""
+    dlq_msg_id: int | None = None
+
+
+@runtime_checkable
+class NativeQueues(Protocol):
+    """The native queue engine (queue_server semantics): produce/consume/confirm and POP pop/ack/change-invisible.
+
+    Every result fires after the state it reports is durable. A request the
+    engine refuses fails with ``NativeError`` (the reason the client reads);
+    a malformed one with ``InvalidArgument``.
+    """
+
+    def native_produce(self, address: NativeAddress,
+                       items: tuple[NativeItem, ...]) -> defer.Deferred[NativeProduced]:
+        """Store ``items`` to a queue (stored once, indexed in each real queue of a virtual one) or a topic."""
+
+    def native_consume(self, address: NativeAddress,
+                       max_data_bytes: int | None = None) -> defer.Deferred[NativeDelivery | None]:
+        """The next ready message for the address's consumer, or None when nothing is ready.
+
+        ``max_data_bytes`` bounds the reply (UDP): a bigger message fails with
+        ``NativeError`` and stays for a TCP consumer.
+        """
+
+    def native_confirm(self, address: NativeAddress, msg_id: int) -> defer.Deferred[None]:
+        """Confirm a consumed at-least-once message. ``NativeError`` if it is not in flight."""
+
+    def native_pop(self, address: NativeAddress, invisible_time_s: int | None = None,
+                   max_data_bytes: int | None = None) -> defer.Deferred[NativeDelivery | None]:
+        """POP: the next message for the group, invisible for ``invisible_time_s`` unless acked; None if none."""
+
+    def native_ack(self, address: NativeAddress, msg_id: int) -> defer.Deferred[None]:
+        """Acknowledge a popped message. ``NativeError`` if it is not in flight."""
+
+    def native_change_invisible_time(self, address: NativeAddress, msg_id: int,
+                                     invisible_time_s: int) -> defer.Deferred[int]:
+        """Make a popped message visible again ``invisible_time_s`` from now; fires with that time (ms)."""
+
+
+@runtime_checkable
+class Store(MessageLog, Queues, Sessions, Retained, Timers, NativeQueues, Protocol):
+    """The whole store interface (one broker group's, or a cluster's behind one facade)."""

@@ -1,0 +1,369 @@
+"""The store interface's contract, written once and run against every implementation (see conftest.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cluster import store_codec
+from store import api
+from store.record import Message, RecordKind
+from tests.contract.conftest import GROUP, RETAINED_LIMIT
+
+
+def publish(topic: str, body: bytes, qos: int = 1, **kw) -> Message:
+    return Message(topic, body, RecordKind.MQTT_PUBLISH, qos, **kw)
+
+
+def read_all(h, position: api.QueuePosition) -> list[bytes]:
+    """Every body from ``position`` on, following ``next``."""
+    bodies: list[bytes] = []
+    while True:
+        result = h.wait(h.store.read_queue(position, 100))
+        if not result.messages:
+            return bodies
+        bodies += [m.record.body for m in result.messages]
+        position = result.next
+
+
+def subscribe(h, topic_filter: str) -> api.QueuePosition:
+    """Register interest in a filter; the position where its new messages start."""
+    queue = h.wait(h.store.add_filter(topic_filter))
+    (position,) = h.wait(h.store.end_positions(queue))
+    return position
+
+
+def test_every_operation_is_served(store):
+    """The implementation has every operation of the interface."""
+    assert isinstance(store.store, api.Store)
+    assert all(callable(getattr(store.store, name)) for name in store_codec.OPERATIONS)
+
+
+# -- the message log ------------------------------------------------------------------------------------
+
+def test_append_stores_the_message_and_names_its_queues(store):
+    """An append resolves PUT_OK with its commit-log offset and queues, and the message is readable there."""
+    start = subscribe(store, "dev/+/temp")
+    result = store.wait(store.store.append(publish("dev/1/temp", b"21.5", client_id="c1")))
+    assert result.ok and result.offset >= 0
+    assert set(result.queues) == {"%TOPIC%dev", start.queue}
+    got = store.wait(store.store.read_queue(start, 10))
+    (m,) = got.messages
+    assert (m.record.topic, m.record.body, m.record.qos, m.record.client_id) == ("dev/1/temp", b"21.5", 1, "c1")
+    assert m.record.offset == result.offset and m.position == start
+
+
+def test_append_of_an_illegal_message_is_a_status(store):
+    """A message the log cannot take resolves MESSAGE_ILLEGAL (not an error) and nothing is stored."""
+    start = subscribe(store, "bad/#")
+    result = store.wait(store.store.append(publish("bad/qos", b"x", qos=3)))
+    assert result.status is api.AppendStatus.MESSAGE_ILLEGAL and result.offset == -1 and result.reason
+    assert read_all(store, start) == []
+
+
+def test_append_batch_answers_each_message_in_order(store):
+    """A batch resolves one result per message, in order, offsets growing; an empty batch resolves empty."""
+    start = subscribe(store, "b/#")
+    results = store.wait(store.store.append_batch(tuple(publish("b/%d" % i, b"%d" % i) for i in range(5))))
+    assert [r.status for r in results] == [api.AppendStatus.PUT_OK] * 5
+    assert [r.offset for r in results] == sorted(r.offset for r in results)
+    assert read_all(store, start) == [b"0", b"1", b"2", b"3", b"4"]
+    assert store.wait(store.store.append_batch(())) == ()
+
+
+# -- queues ---------------------------------------------------------------------------------------------
+
+def test_read_from_a_position_continues_at_next(store):
+    """A read returns messages with their positions and where to continue; reading from there gets the rest."""
+    start = subscribe(store, "r/#")
+    store.wait(store.store.append_batch(tuple(publish("r/x", b"%d" % i) for i in range(7))))
+    first = store.wait(store.store.read_queue(start, 3))
+    assert [m.record.body for m in first.messages] == [b"0", b"1", b"2"]
+    assert [m.position for m in first.messages] == [start, start.next(), start.next().next()]
+    assert first.next == first.messages[-1].position.next() and first.lost == 0
+    rest = store.wait(store.store.read_queue(first.next, 100))
+    assert [m.record.body for m in rest.messages] == [b"3", b"4", b"5", b"6"]
+    empty = store.wait(store.store.read_queue(rest.next, 100))
+    assert empty.messages == () and empty.next == rest.next
+    (end,) = store.wait(store.store.end_positions(start.queue))
+    assert end == rest.next
+
+
+def test_read_with_a_bad_count_is_refused(store):
+    """max_count below 1 fails with InvalidArgument."""
+    start = subscribe(store, "c/#")
+    assert isinstance(store.error(store.store.read_queue(start, 0)), api.InvalidArgument)
+
+
+def test_positions_belong_to_a_group_and_queue(store):
+    """Positions name the serving group; they order within one queue only; an unknown queue is empty."""
+    (first,) = store.wait(store.store.first_positions("%LMQ%never/used"))
+    (end,) = store.wait(store.store.end_positions("%LMQ%never/used"))
+    assert first == end and first.group == GROUP and first.queue == "%LMQ%never/used"
+    assert first < first.next() and first.next() >= first and not first.next() <= first
+    other = api.QueuePosition("%LMQ%other", GROUP, first.offset)
+    with pytest.raises(TypeError):
+        _ = first < other
+
+
+def test_read_of_another_groups_position_is_refused(store):
+    """A position of a broker group this store does not serve fails with WrongGroup."""
+    start = subscribe(store, "w/#")
+    foreign = api.QueuePosition(start.queue, "elsewhere", start.offset)
+    assert isinstance(store.error(store.store.read_queue(foreign, 10)), api.WrongGroup)
+
+
+def test_filter_interest_decides_what_is_indexed(store):
+    """A light queue gets messages only while someone holds interest in its filter (reference-counted)."""
+    start = subscribe(store, "f/+")
+    assert start.queue == "%LMQ%f/+"
+    store.wait(store.store.add_filter("f/+"))  # a second subscriber
+    store.wait(store.store.append(publish("f/1", b"a")))
+    store.wait(store.store.remove_filter("f/+"))
+    store.wait(store.store.append(publish("f/1", b"b")))  # one reference left: still indexed
+    store.wait(store.store.remove_filter("f/+"))
+    store.wait(store.store.append(publish("f/1", b"c")))
+    assert read_all(store, start) == [b"a", b"b"]
+
+
+def test_filter_errors(store):
+    """An invalid filter fails with InvalidArgument; dropping interest nobody holds with NotFound."""
+    assert isinstance(store.error(store.store.add_filter("a/#/b")), api.InvalidArgument)
+    assert isinstance(store.error(store.store.remove_filter("never/added")), api.NotFound)
+
+
+def test_watch_hears_news_once_per_tick_until_unwatched(store):
+    """A watcher is told the queue name once per tick of appends, and nothing after unwatching."""
+    start = subscribe(store, "n/#")
+    heard: list[str] = []
+    watch = store.wait(store.store.watch_queue(start.queue, heard.append))
+    assert watch.queue == start.queue
+    store.wait(store.store.append_batch((publish("n/1", b"1"), publish("n/2", b"2"))))
+    store.wait(store.store.append(publish("other/1", b"x")))  # not this queue
+    assert heard == [start.queue]
+    store.wait(store.store.unwatch_queue(watch))
+    store.wait(store.store.append(publish("n/3", b"3")))
+    assert heard == [start.queue]
+
+
+def test_unwatch_of_an_unknown_watch_fails(store):
+    """Stopping a watch that does not exist fails with NotFound."""
+    assert isinstance(store.error(store.store.unwatch_queue(api.Watch("%LMQ%x", 12345))), api.NotFound)
+
+
+# -- session state ------------------------------------------------------------------------------------------
+
+def _session(store, client_id: str = "c1") -> tuple[api.SubscriptionState, api.SubscriptionState]:
+    start = subscribe(store, "s/+")
+    store.wait(store.store.put_session(api.SessionMeta(client_id, 3600, 5, None)))
+    plain = api.SubscriptionState("s/+", 1, (start.next(),), no_local=True, sub_id=7)
+    shared = api.SubscriptionState("s/#", 2, (), share_group="g")
+    store.wait(store.store.put_subscription(client_id, plain))
+    store.wait(store.store.put_subscription(client_id, shared))
+    store.wait(store.store.put_outbound(client_id, api.OutboundState(10, plain.key, start, 1)))
+    store.wait(store.store.put_released(client_id, 11))
+    store.wait(store.store.put_inbound_qos2(client_id, 12))
+    return plain, shared
+
+
+def test_session_state_round_trips(store):
+    """Meta, subscriptions, outbound, released and inbound QoS 2 state come back as stored."""
+    plain, shared = _session(store)
+    s = store.wait(store.store.get_session("c1"))
+    assert s.meta == api.SessionMeta("c1", 3600, 5, None)
+    assert s.subscriptions == (shared, plain)  # key order: "$share/g/s/#" < "s/+"
+    (out,) = s.outbound
+    assert (out.packet_id, out.subscription_key, out.qos) == (10, "s/+", 1) and out.position < plain.positions[0]
+    assert s.released == frozenset({11}) and s.inbound_qos2 == frozenset({12})
+    assert store.wait(store.store.get_session("nobody")) is None
+
+
+def test_session_parts_are_removed_one_by_one(store):
+    """Each delete removes exactly its part; a disconnect time is kept on the meta."""
+    plain, shared = _session(store)
+    store.wait(store.store.delete_subscription("c1", shared.key))
+    store.wait(store.store.delete_outbound("c1", 10))
+    store.wait(store.store.delete_released("c1", 11))
+    store.wait(store.store.delete_inbound_qos2("c1", 12))
+    store.wait(store.store.put_session(api.SessionMeta("c1", 3600, 5, store.now_ms())))
+    s = store.wait(store.store.get_session("c1"))
+    assert s == api.SessionState(api.SessionMeta("c1", 3600, 5, store.now_ms()), (plain,))
+
+
+def test_delete_session_removes_everything(store):
+    """delete_session removes a session and all under it; list_sessions shows the others in id order."""
+    _session(store, "c1")
+    store.wait(store.store.put_session(api.SessionMeta("c0", 60, 4, None)))
+    store.wait(store.store.put_session(api.SessionMeta("c2", 60, 4, None)))
+    assert [s.meta.client_id for s in store.wait(store.store.list_sessions())] == ["c0", "c1", "c2"]
+    store.wait(store.store.delete_session("c1"))
+    assert store.wait(store.store.get_session("c1")) is None
+    assert [s.meta.client_id for s in store.wait(store.store.list_sessions())] == ["c0", "c2"]
+    store.wait(store.store.delete_session("c1"))  # absent: no error
+
+
+def test_session_errors(store):
+    """Bad packet ids and positions of the wrong queue fail with InvalidArgument, another group's with WrongGroup."""
+    start = subscribe(store, "e/+")
+    store.wait(store.store.put_session(api.SessionMeta("c1", 60, 5, None)))
+    for pid in (0, 65536):
+        assert isinstance(store.error(store.store.put_released("c1", pid)), api.InvalidArgument)
+        assert isinstance(store.error(store.store.put_outbound("c1", api.OutboundState(pid, "e/+", start, 1))),
+                          api.InvalidArgument)
+    wrong_queue = api.SubscriptionState("e/#", 1, (start,))
+    assert isinstance(store.error(store.store.put_subscription("c1", wrong_queue)), api.InvalidArgument)
+    foreign = api.SubscriptionState("e/+", 1, (api.QueuePosition(start.queue, "elsewhere", 0),))
+    assert isinstance(store.error(store.store.put_subscription("c1", foreign)), api.WrongGroup)
+    assert store.wait(store.store.get_session("c1")).subscriptions == ()
+
+
+def test_share_positions_round_trip(store):
+    """A shared group's committed position comes back; none committed reads as no positions."""
+    start = subscribe(store, "sh/#")
+    assert store.wait(store.store.get_share_positions("g", "sh/#")) == ()
+    store.wait(store.store.put_share_position("g", "sh/#", start.next()))
+    assert store.wait(store.store.get_share_positions("g", "sh/#")) == (start.next(),)
+    foreign = api.QueuePosition(start.queue, "elsewhere", 0)
+    assert isinstance(store.error(store.store.put_share_position("g", "sh/#", foreign)), api.WrongGroup)
+
+
+# -- retained messages -------------------------------------------------------------------------------------
+
+def test_retained_put_get_and_delete(store):
+    """Retained messages are found by exact topic and by wildcard filter; a delete clears one topic."""
+    for topic in ("home/1/t", "home/2/t", "$SYS/x"):
+        assert store.wait(store.store.put_retained(publish(topic, topic.encode(), retain=True))).ok
+    got = store.wait(store.store.get_retained("home/+/t"))
+    assert [(m.topic, m.record.body, m.record.retain) for m in got] == [
+        ("home/1/t", b"home/1/t", True), ("home/2/t", b"home/2/t", True)]
+    assert [m.topic for m in store.wait(store.store.get_retained("#"))] == ["home/1/t", "home/2/t"]  # MQTT-4.7.2-1
+    assert store.wait(store.store.delete_retained("home/1/t")).ok
+    assert [m.topic for m in store.wait(store.store.get_retained("home/#"))] == ["home/2/t"]
+    assert store.wait(store.store.get_retained("nothing/here")) == ()
+
+
+def test_retained_errors(store):
+    """No retain flag, no payload or an invalid filter: InvalidArgument; past the retained limit: QuotaExceeded."""
+    assert isinstance(store.error(store.store.put_retained(publish("t", b"x"))), api.InvalidArgument)
+    assert isinstance(store.error(store.store.put_retained(publish("t", b"", retain=True))), api.InvalidArgument)
+    assert isinstance(store.error(store.store.get_retained("a/#/b")), api.InvalidArgument)
+    for i in range(RETAINED_LIMIT):
+        assert store.wait(store.store.put_retained(publish("q/%d" % i, b"x", retain=True))).ok
+    err = store.error(store.store.put_retained(publish("q/new", b"x", retain=True)))
+    assert isinstance(err, api.QuotaExceeded) and "q/new" in str(err)
+    assert store.wait(store.store.put_retained(publish("q/0", b"replaced", retain=True))).ok  # a replacement fits
+
+
+# -- timers ---------------------------------------------------------------------------------------------------
+
+def test_timer_delivers_at_its_time(store):
+    """A scheduled message is not in its queues before its time and is after it."""
+    start = subscribe(store, "later/#")
+    result = store.wait(store.store.schedule_timer(publish("later/x", b"hi"), store.now_ms() + 1500))
+    assert result.ok and result.offset >= 0
+    store.run_for(1.2)
+    assert read_all(store, start) == []
+    store.run_for(0.6)
+    assert read_all(store, start) == [b"hi"]
+
+
+def test_timer_cancel(store):
+    """Cancelling before the time answers True and nothing comes; after delivery it answers False."""
+    start = subscribe(store, "later/#")
+    gone = store.wait(store.store.schedule_timer(publish("later/gone", b"no"), store.now_ms() + 1000))
+    kept = store.wait(store.store.schedule_timer(publish("later/kept", b"yes"), store.now_ms() + 1000))
+    assert store.wait(store.store.cancel_timer(gone.offset)) is True
+    store.run_for(1.5)
+    assert read_all(store, start) == [b"yes"]
+    assert store.wait(store.store.cancel_timer(kept.offset)) is False
+
+
+def test_timer_errors(store):
+    """Cancelling what is no timer fails with NotFound; a TIMER-kind message cannot be scheduled."""
+    plain = store.wait(store.store.append(publish("t/x", b"plain")))
+    assert isinstance(store.error(store.store.cancel_timer(plain.offset)), api.NotFound)
+    assert isinstance(store.error(store.store.cancel_timer(10**12)), api.NotFound)
+    bad = store.wait(store.store.schedule_timer(Message("t", b"", RecordKind.TIMER), store.now_ms()))
+    assert bad.status is api.AppendStatus.MESSAGE_ILLEGAL
+
+
+# -- native queues ---------------------------------------------------------------------------------------------
+
+Q = api.NativeAddress(queue="jobs")
+
+
+def test_native_produce_consume_confirm(store):
+    """An at-least-once message is handed out once, comes back after retry unless confirmed, then is gone."""
+    produced = store.wait(store.store.native_produce(Q, (api.NativeItem(b"\x00\xffjob", retry_s=2),)))
+    (msg_id,) = produced.msg_ids
+    d = store.wait(store.store.native_consume(Q))
+    assert (d.msg_id, d.data, d.attempts) == (msg_id, b"\x00\xffjob", 1)
+    assert store.wait(store.store.native_consume(Q)) is None  # in flight: invisible
+    store.run_for(2.1)
+    again = store.wait(store.store.native_consume(Q))
+    assert (again.msg_id, again.attempts) == (msg_id, 2)
+    assert store.wait(store.store.native_confirm(Q, msg_id)) is None
+    store.run_for(3)
+    assert store.wait(store.store.native_consume(Q)) is None
+
+
+def test_native_batch_and_delayed_produce(store):
+    """A batch answers one id per item in order; a delayed item is consumable only after its delay."""
+    produced = store.wait(store.store.native_produce(
+        Q, (api.NativeItem(b"a"), api.NativeItem(b"b"), api.NativeItem(b"late", delay_s=1))))
+    assert produced.reason == "" and len(produced.msg_ids) == 3 and all(i is not None for i in produced.msg_ids)
+    assert [store.wait(store.store.native_consume(Q)).data for _ in range(2)] == [b"a", b"b"]
+    assert store.wait(store.store.native_consume(Q)) is None
+    store.run_for(1.2)
+    late = store.wait(store.store.native_consume(Q))
+    assert (late.data, late.msg_id) == (b"late", produced.msg_ids[2])
+
+
+def test_native_topic_consume_reads_mqtt_publishes(store):
+    """Consuming a topic reads MQTT publishes of its first level, with their topic, qos and publisher."""
+    appended = store.wait(store.store.append(publish("sensors/7/t", b"7", qos=1, client_id="dev7")))
+    d = store.wait(store.store.native_consume(api.NativeAddress(topic="sensors")))
+    assert (d.msg_id, d.data, d.topic, d.qos, d.client_id) == (appended.offset, b"7", "sensors/7/t", 1, "dev7")
+    produced = store.wait(store.store.native_produce(api.NativeAddress(topic="sensors/8/cmd"),
+                                                      (api.NativeItem(b"on", qos=0),)))
+    d2 = store.wait(store.store.native_consume(api.NativeAddress(topic="sensors")))
+    assert (d2.msg_id, d2.topic, d2.qos) == (produced.msg_ids[0], "sensors/8/cmd", 0)
+
+
+def test_native_errors(store):
+    """Malformed requests fail with InvalidArgument; requests the engine refuses with NativeError."""
+    both = api.NativeAddress(queue="q", topic="t")
+    assert isinstance(store.error(store.store.native_consume(both)), api.InvalidArgument)
+    assert isinstance(store.error(store.store.native_produce(api.NativeAddress(queue="a,b"),
+                                                              (api.NativeItem(b"x"),))), api.InvalidArgument)
+    assert isinstance(store.error(store.store.native_produce(Q, (api.NativeItem(b"x", delay_s=5, ttl_s=5),))),
+                      api.InvalidArgument)
+    err = store.error(store.store.native_confirm(Q, 424242))
+    assert isinstance(err, api.NativeError) and "not in flight" in str(err)
+
+
+def test_pop_ack_and_change_invisible_time(store):
+    """A popped message is invisible for its time, comes back when moved earlier, and is gone once acked."""
+    group = api.NativeAddress(queue="jobs", group="workers")
+    (msg_id,) = store.wait(store.store.native_produce(Q, (api.NativeItem(b"p"),))).msg_ids
+    d = store.wait(store.store.native_pop(group, invisible_time_s=30))
+    assert (d.msg_id, d.data) == (msg_id, b"p")
+    assert store.wait(store.store.native_pop(group, invisible_time_s=30)) is None
+    visible_at = store.wait(store.store.native_change_invisible_time(group, msg_id, 1))
+    assert visible_at == store.now_ms() + 1000
+    store.run_for(1.1)
+    again = store.wait(store.store.native_pop(group))
+    assert (again.msg_id, again.attempts) == (msg_id, 2)
+    assert store.wait(store.store.native_ack(group, msg_id)) is None
+    store.run_for(31)
+    assert store.wait(store.store.native_pop(group)) is None
+
+
+def test_pop_errors(store):
+    """Acking twice, or moving the invisible time of what is not in flight, fails with NativeError."""
+    group = api.NativeAddress(queue="jobs", group="workers")
+    (msg_id,) = store.wait(store.store.native_produce(Q, (api.NativeItem(b"p"),))).msg_ids
+    store.wait(store.store.native_pop(group))
+    store.wait(store.store.native_ack(group, msg_id))
+    assert isinstance(store.error(store.store.native_ack(group, msg_id)), api.NativeError)
+    assert isinstance(store.error(store.store.native_change_invisible_time(group, msg_id, 5)), api.NativeError)
+    assert isinstance(store.error(store.store.native_pop(group, invisible_time_s=0)), api.InvalidArgument)

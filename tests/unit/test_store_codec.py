@@ -1,0 +1,173 @@
+"""The msgpack mapping of the store interface: every call, result and error survives the round trip."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import typing
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cluster import store_codec as codec
+from store import api
+from store.record import Message, Record, RecordKind
+
+_NONE = type(None)
+
+
+def strategy(hint) -> st.SearchStrategy:
+    """Values of any type the interface uses, within what msgpack can carry (64-bit ints, no lone surrogates)."""
+    if hint is None or hint is _NONE:
+        return st.none()
+    if hint is int:
+        return st.integers(-(2**63), 2**64 - 1)
+    if hint is str:
+        return st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
+    if hint is bytes:
+        return st.binary(max_size=32)
+    if hint is bool:
+        return st.booleans()
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return st.sampled_from(list(hint))
+    if dataclasses.is_dataclass(hint):
+        hints = typing.get_type_hints(hint)
+        return st.builds(hint, *[strategy(hints[f.name]) for f in dataclasses.fields(hint)])
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is tuple:
+        if args[1:] == (Ellipsis,):
+            return st.lists(strategy(args[0]), max_size=3).map(tuple)
+        return st.tuples(*[strategy(a) for a in args])
+    if origin is frozenset:
+        return st.frozensets(strategy(args[0]), max_size=4)
+    if origin in (dict, typing.Mapping.__origin__):
+        return st.dictionaries(strategy(args[0]), strategy(args[1]), max_size=3)
+    if len(args) == 2 and _NONE in args:
+        return st.none() | strategy(next(a for a in args if a is not _NONE))
+    raise AssertionError(f"no strategy for {hint!r}")
+
+
+def _call_strategy():
+    """(name, wire arguments, local arguments): callbacks come last in the interface's signatures."""
+    ops = sorted(codec.OPERATIONS.values(), key=lambda op: op.name)
+    return st.one_of([st.tuples(st.just(op.name), st.tuples(*[strategy(h) for _p, h in op.wire]),
+                                st.just(tuple(print for _ in op.local))) for op in ops])
+
+
+def _result_strategy():
+    ops = sorted(codec.OPERATIONS.values(), key=lambda op: op.name)
+    return st.one_of([st.tuples(st.just(op.name), strategy(op.returns)) for op in ops])
+
+
+def test_every_interface_operation_has_a_schema():
+    """The codec's table holds every public operation of store.api.Store, callbacks kept local."""
+    public = {name for name in dir(api.Store) if not name.startswith("_")}
+    assert set(codec.OPERATIONS) == public
+    assert codec.OPERATIONS["watch_queue"].local == ("callback",)
+    assert all(not op.local for name, op in codec.OPERATIONS.items() if name != "watch_queue")
+
+
+@settings(max_examples=300)
+@given(_call_strategy())
+def test_calls_round_trip(call):
+    """Any call's arguments come out of the frame equal to what went in."""
+    name, args, local = call
+    assert codec.unpack_call(codec.pack_call(name, args + local)) == (name, args)
+
+
+@settings(max_examples=300)
+@given(_result_strategy())
+def test_results_round_trip(result):
+    """Any operation's result comes out of the frame equal to what went in (tuples, frozensets, enums, records)."""
+    name, value = result
+    assert codec.unpack_result(name, codec.pack_result(name, value)) == value
+
+
+@given(strategy(Record), strategy(Message))
+def test_records_and_messages_keep_their_kind_type(record, message):
+    """A record's kind comes back as a RecordKind, its properties as a dict."""
+    r = codec.unpack(codec.pack(record, Record), Record)
+    m = codec.unpack(codec.pack(message, Message), Message)
+    assert type(r.kind) is RecordKind and type(m.kind) is RecordKind and type(r.properties) is dict
+
+
+@given(st.binary(max_size=64))
+def test_garbage_is_a_codec_error(data):
+    """Bytes that are no frame raise CodecError and nothing else."""
+    for unpack in (codec.unpack_call, codec.unpack_error, lambda d: codec.unpack_result("read_queue", d)):
+        try:
+            unpack(data)
+        except codec.CodecError:
+            pass
+
+
+def test_defaults_are_applied_and_sent():
+    """Parameters left out travel with their declared defaults; keyword arguments are bound by name."""
+    address = api.NativeAddress(queue="q")
+    assert codec.unpack_call(codec.pack_call("native_pop", (address,), {"max_data_bytes": 9})) == \
+        ("native_pop", (address, None, 9))
+
+
+@pytest.mark.parametrize("value, hint", [
+    (True, int),  # a bool is no int here
+    (1, bool),
+    (2**64, int),  # past 64 bits
+    (-(2**63) - 1, int),
+    ("\udc80", str),  # a lone surrogate cannot be UTF-8
+    ([1], tuple[str, ...]),
+    ((api.QueuePosition("q", "g", 0),), api.QueuePosition),
+    (("q", "g", 0), api.QueuePosition),
+    (RecordKind.MQTT_PUBLISH, int),  # an IntEnum where a plain int is declared
+    ("PUT_OK", api.AppendStatus),
+])
+def test_values_off_their_type_are_refused(value, hint):
+    """Packing a value that is not of its declared type raises CodecError."""
+    with pytest.raises(codec.CodecError):
+        codec.pack(value, hint)
+
+
+@pytest.mark.parametrize("frame", [
+    ["append", []],  # too few arguments
+    ["append", [1]],  # not a Message
+    ["no_such_operation", []],
+    ["append"],
+    "append",
+])
+def test_call_frames_off_the_schema_are_refused(frame):
+    """A well-formed msgpack frame that does not fit an operation raises CodecError."""
+    with pytest.raises(codec.CodecError):
+        codec.unpack_call(msgpack.packb(frame))
+
+
+def test_wrong_argument_is_named():
+    """The error names the operation and the argument."""
+    with pytest.raises(codec.CodecError, match=r"read_queue: argument position: expected QueuePosition, got str"):
+        codec.pack_call("read_queue", ("q", 10))
+
+
+def test_sets_have_one_encoding():
+    """A frozenset packs the same whatever its iteration order (canonical frames)."""
+    a, b = frozenset([3, 1, 2, 70000]), frozenset([70000, 2, 3, 1])
+    assert codec.pack(a, frozenset[int]) == codec.pack(b, frozenset[int])
+
+
+@pytest.mark.parametrize("cls", [api.StoreError, api.InvalidArgument, api.NotFound, api.WrongGroup,
+                                 api.QuotaExceeded, api.Unavailable, api.NativeError, api.InternalError])
+def test_store_errors_keep_their_type_and_message(cls):
+    """Every StoreError subclass crosses as itself, with its message."""
+    err = codec.unpack_error(codec.pack_error(cls("it broke: details")))
+    assert type(err) is cls and str(err) == "it broke: details"
+
+
+def test_other_exceptions_cross_as_internal_errors_on_one_line():
+    """Any other exception becomes InternalError naming its type, on one line."""
+    err = codec.unpack_error(codec.pack_error(RuntimeError("disk\n  on fire")))
+    assert type(err) is api.InternalError and str(err) == "RuntimeError: disk on fire"
+
+
+def test_an_unknown_error_code_is_a_plain_store_error():
+    """An error code this side does not know (a newer peer) arrives as StoreError naming the code."""
+    err = codec.unpack_error(msgpack.packb(["brand_new", "what happened"]))
+    assert type(err) is api.StoreError and str(err) == "brand_new: what happened"
