@@ -122,14 +122,17 @@ class NodeService(service.MultiService):
         self.reactor = reactor
         self.cfg = cfg
         data_dir = cfg.node.data_dir
-        self.executor = ThreadPoolExecutor(reactor)
+        # fsyncs and RocksDB flushes run here: the commit log, both KVs' WAL syncs, the index flush and the
+        # timer checkpoint can each have one in flight, so none waits for a thread behind another.
+        self.executor = ThreadPoolExecutor(reactor, max_threads=6)
         self.store = MessageStore(data_dir, cfg.store, reactor, self.executor)  # locks the data dir
         self.index = attach_lightqueue(self.store)
         self.retained = RetainedIndex(os.path.join(data_dir, "retained"), cfg.limits.max_retained_messages,
                                       cfg.limits.max_retained_bytes)
         self.store.register_dispatcher(self.retained)
         self.timers = TimerService(self.store, os.path.join(data_dir, "timer"), reactor)  # a dispatcher: before open
-        self.kv = DurableKV(os.path.join(data_dir, "sessions"), reactor, sync=cfg.store.kv_sync)
+        self.kv = DurableKV(os.path.join(data_dir, "sessions"), reactor, sync=cfg.store.kv_sync,
+                             executor=self.executor)
         self.notifier = Notifier(reactor)
         self.store.add_listener(self.notifier.notify)
         self.store.read_soon = self.notifier.watched
@@ -144,7 +147,7 @@ class NodeService(service.MultiService):
                              reactor, mqtt, cfg.limits, timers=self.timers, auth=auth,
                              acl=load_acl(mqtt.acl_file or None))
         self.native = NativeService(self.store, data_dir, from_mapping(NativeConfig, "native", cfg.native), reactor,
-                                    self.timers)
+                                    self.timers, executor=self.executor)
         # Retention keeps what sessions, shared groups and native consumers still owe, and carries
         # retained messages ahead of the segments it deletes.
         self.store.retention.add_holder(self.broker.owed)
