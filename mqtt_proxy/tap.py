@@ -130,7 +130,8 @@ class NodeService(service.MultiService):
         self.retained = RetainedIndex(os.path.join(data_dir, "retained"), cfg.limits.max_retained_messages,
                                       cfg.limits.max_retained_bytes)
         self.store.register_dispatcher(self.retained)
-        self.timers = TimerService(self.store, os.path.join(data_dir, "timer"), reactor)  # a dispatcher: before open
+        self.timers = TimerService(self.store, os.path.join(data_dir, "timer"), reactor,
+                                   executor=self.executor)  # a dispatcher: made before open
         self.kv = DurableKV(os.path.join(data_dir, "sessions"), reactor, sync=cfg.store.kv_sync,
                              executor=self.executor)
         self.notifier = Notifier(reactor)
