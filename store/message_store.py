@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import enum
 import errno
-import itertools
 import fcntl
 import logging
 import os
@@ -359,10 +358,7 @@ class MessageStore:
                 recent[r.offset] = (r, m)  # made into a Record only if someone reads it
                 self._recent_bytes += r.size + RECENT_ENTRY_COST
         if len(recent) > RECENT_RECORDS or self._recent_bytes > RECENT_BYTES:
-            for off in list(itertools.islice(recent, max(len(recent) - RECENT_RECORDS, 64))):
-                self._recent_bytes -= _size(recent.pop(off))
-                if len(recent) <= RECENT_RECORDS and self._recent_bytes <= RECENT_BYTES:
-                    break
+            self._trim_recent()
         self.puts += len(requests)
         self.bytes_in += sum(r.size for r in requests)
         results = [PutResult(PutStatus.PUT_OK, off, q) for off, (_m, _d, q) in zip(offsets, accepted)]
@@ -381,6 +377,27 @@ class MessageStore:
         if touched:
             for listener in self._listeners:
                 listener(touched)
+
+    def _trim_recent(self) -> None:
+        """Drop the oldest kept appends until both bounds hold again.
+
+        A tick can add far more appends than a fixed number of drops takes away
+        (a fan-in tick holds hundreds), so the drops follow the excess. Every
+        kept append is a few objects the garbage collector walks on each full
+        pass, which stops the reactor for the whole walk: the bounds keep that short.
+        """
+        recent = self._recent
+        count, size = len(recent), self._recent_bytes
+        drop = []
+        for off, entry in recent.items():  # oldest first: one pass from the front
+            if count <= RECENT_RECORDS and size <= RECENT_BYTES:
+                break
+            drop.append(off)
+            count -= 1
+            size -= _size(entry)
+        for off in drop:
+            del recent[off]
+        self._recent_bytes = size
 
     # -- reading -----------------------------------------------------------------
 

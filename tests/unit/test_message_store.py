@@ -10,6 +10,7 @@ from twisted.internet import task
 import lightqueue
 from store.config import StoreConfig
 from store.executor import DeferredExecutor, SynchronousExecutor
+from store import message_store
 from store.message_store import MessageStore, PutStatus, StoreLockedError
 from store.record import Message, RecordKind
 
@@ -230,6 +231,21 @@ def test_recent_records_equal_what_the_log_holds(tmp_path):
     assert cached[0] == dataclasses.replace(from_log, properties={
         k: v for k, v in from_log.properties.items() if k != "QUEUES"})
     store.close()
+
+
+def test_recent_appends_stay_within_their_byte_bound_however_big_the_tick(tmp_path, monkeypatch):
+    """Ticks of 500 appends each never leave more than RECENT_BYTES of them in memory (the garbage collector walks
+    every kept append, stopping the reactor meanwhile); the newest stay and still read back."""
+    monkeypatch.setattr(message_store, "RECENT_BYTES", 100_000)
+    store, index, clock = _store(tmp_path)
+    for tick in range(6):
+        results = _put_all(store, clock, [Message(topic="t", body=b"%d-%d" % (tick, i)) for i in range(500)])
+        assert store._recent_bytes <= 100_000 and len(store._recent) > 100
+    assert store._recent_bytes == sum(message_store._size(e) for e in store._recent.values())
+    assert results[-1].offset in store._recent
+    got = []
+    store.read(results[-1].offset).addCallback(got.append)
+    assert got[0].body == b"5-499"
 
 
 def test_index_flush_runs_on_the_executor_and_close_waits_for_it(tmp_path):
