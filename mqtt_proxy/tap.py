@@ -31,6 +31,7 @@ from mqtt_proxy.native.config import NativeConfig
 from mqtt_proxy.native.service import NativeService
 from mqtt_proxy.node_config import load_config
 from mqtt_proxy.protocol import MQTTServerFactory
+from mqtt_proxy.reactor_lag import ReactorLagProbe
 from mqtt_proxy.session_store import SessionStore
 from mqtt_proxy.sys_topics import SysPublisher
 from mqtt_proxy.websocket import websocket_factory
@@ -155,6 +156,7 @@ class NodeService(service.MultiService):
         self.store.retention.add_holder(self.native.engine.owed)
         self.store.retention.add_carrier(self.retained.records_to_carry)
         self.sys = SysPublisher(self.broker, self.store, reactor, cfg.mqtt.sys_interval)
+        self.lag = ReactorLagProbe(reactor)  # twistmq_reactor_lag_seconds: nothing may hold the reactor
         self.ports: list = []
         self.extra_stats = [("native", self.native.stats), ("timer", self.timers.stats)]
         self.streams, self.datagrams = self._listeners()
@@ -170,7 +172,8 @@ class NodeService(service.MultiService):
         ws_factory = websocket_factory(mqtt_factory, node.ws_path, self.reactor, self.cfg.limits.max_packet_size)
         streams += [("mqtt-ws", tls.server_endpoint(self.reactor, d, ca), ws_factory) for d in node.mqtt_ws]
         streams += [("http", endpoints.serverFromString(self.reactor, d), http_site(self.broker, self.store,
-                                                                                    self._extra_stats, self._losses))
+                                                                                    self._extra_stats, self._losses,
+                                                                                    self.lag))
                     for d in node.http]
         streams += [("native", endpoints.serverFromString(self.reactor, d), self.native.tcp_factory())
                     for d in node.native]
@@ -223,6 +226,7 @@ class NodeService(service.MultiService):
             port = self.reactor.listenUDP(port_number, proto, interface=interface)
             self.ports.append(port)
             bound.append(f"{name}={_address(port)}")
+        self.lag.start()  # after recovery, which blocks by design
         print("twistmq ready " + " ".join(bound), file=sys.__stdout__, flush=True)
         log.info("node_ready data_dir=%s", self.cfg.node.data_dir)
 
@@ -238,6 +242,7 @@ class NodeService(service.MultiService):
 
     @defer.inlineCallbacks
     def stopService(self):
+        self.lag.stop()
         self.sys.stop()
         for port in self.ports:
             yield port.stopListening()
