@@ -289,7 +289,9 @@ def fan_in(loop, p, cap, prefix):
     """Scenarios 1 and 2: publishers -> one subscriber on dev/+/temp."""
     npub, qos = p["publishers"], p["qos"]
     per = max(1, p["messages"] // npub)
-    sub = _client("sub", f"{prefix}-sub", [("dev/+/temp", qos)])
+    # ``sub_clean: false`` puts the subscriber on a persistent session: its offsets and in-flight
+    # QoS 1 state then go to the durable KV (what stall_bench measures with kv_sync on).
+    sub = _client("sub", f"{prefix}-sub", [("dev/+/temp", qos)], clean=p.get("sub_clean", True))
     sub.expect(npub, per)
     pubs = [_publisher(i, per, qos, p["window"], prefix) for i in range(npub)]
     _setup(loop, [sub] + pubs)

@@ -4,15 +4,19 @@ Layout (all integers big-endian)::
 
     column family "entries":  key = queue_id (u64) | queue_offset (u64)
                               value = cl_offset (u64) | size (u32) | store_ts (u64)
+                              b"\xff" * 17 -> dispatched commit-log offset (u64), sorting after every entry
     column family "meta":     b"q" | queue_id (u64) -> min (u64) | max (u64) | last_ts (u64) | name (utf-8)
                               b"checkpoint"         -> dispatched commit-log offset (u64)
 
-Each dispatch tick is one WriteBatch that also carries the new checkpoint, so
-whatever RocksDB holds after a crash is a state as of some tick together with
-the log offset it covers; replay from there rebuilds the rest. Queue state
-whose meta lags its entries (a crash between the two manual flushes) is
-checked against the entries on first touch during replay, so a replayed record
-is never indexed twice.
+Each dispatch tick is one WriteBatch that also carries the new checkpoint, into
+both column families. With the WAL off, each family keeps some prefix of those
+batches after a crash, and the manual flush (``flush``) runs on a worker thread
+while the reactor goes on dispatching, so after a crash either family may be
+ahead of the other. Replay starts from the smaller of the two checkpoints;
+queue state whose meta lags or leads its entries is checked against the last
+entry on disk on first touch during replay, so a replayed record is indexed
+exactly once, at the queue offset it had. (A data directory from before the
+entries checkpoint existed replays from the meta checkpoint.)
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ _VALUE = struct.Struct(">QIQ")
 _META = struct.Struct(">QQQ")
 _U64 = struct.Struct(">Q")
 _CHECKPOINT = b"checkpoint"
+_ENTRIES_CHECKPOINT = b"\xff" * 17  # longer than any entry key: sorts after all of them, no queue range holds it
 RESOLVE_CACHE_SIZE = 65536
 ENTRIES_WRITE_BUFFER = 4 << 20  # bytes of light-queue entries held in memory before a flush
 
@@ -83,6 +88,9 @@ class LightQueueIndex:
     def _load(self) -> None:
         raw = self._meta.get(_CHECKPOINT)
         self.dispatched_offset = _U64.unpack(raw)[0] if raw else 0
+        raw = self._entries.get(_ENTRIES_CHECKPOINT)
+        if raw is not None:  # the family that is behind bounds what is durable
+            self.dispatched_offset = min(self.dispatched_offset, _U64.unpack(raw)[0])
         for key, value in self._meta.items(from_key=b"q"):
             if not key.startswith(b"q"):
                 break
@@ -172,7 +180,9 @@ class LightQueueIndex:
             wb.put(b"q" + _U64.pack(qid),
                    _META.pack(self._min[qid], mx[qid], last_ts[qid]) + self._names[qid].encode("utf-8"),
                    self._meta_cf)
-        wb.put(_CHECKPOINT, _U64.pack(end), self._meta_cf)
+        checkpoint = _U64.pack(end)
+        wb.put(_CHECKPOINT, checkpoint, self._meta_cf)
+        wb.put(_ENTRIES_CHECKPOINT, checkpoint, self._entries_cf)
         self._db.write(wb, self._wo)
         self.dispatched_offset = end
         return set(touched.values())
@@ -183,8 +193,9 @@ class LightQueueIndex:
             self._verified.add(qid)
             last = self._last_entry(qid)
             if last is not None:
+                # The entries on disk are the truth: meta may lag them or lead them (see module doc).
                 qoff, last_cl = last
-                self._max[qid] = max(self._max[qid], qoff + 1)
+                self._max[qid] = qoff + 1
                 self._replay_last_cl[qid] = last_cl
         last_cl = self._replay_last_cl.get(qid)
         if last_cl is None:
@@ -320,7 +331,12 @@ class LightQueueIndex:
         return len(dead)
 
     def flush(self) -> None:
-        """Persist memtables: entries first, then meta (whose checkpoint must never run ahead)."""
+        """Persist memtables, entries first, then meta.
+
+        Safe on a worker thread while the reactor dispatches (rocksdict releases
+        the GIL for it): a family flushed later may run ahead of the other, which
+        loading and replay allow for (module doc).
+        """
         self._entries.flush(True)
         self._meta.flush(True)
 

@@ -346,7 +346,12 @@ class RetainedIndex:
         self.drop_below(min_cl_offset)
 
     def flush(self) -> None:
-        """Persist the memtable (entries and checkpoint together)."""
+        """Persist the memtable (entries and checkpoint together).
+
+        The one call that may run on another thread (the store's executor) while
+        the reactor dispatches: one column family, so what a crash leaves is
+        still a prefix of the dispatch batches.
+        """
         self._db.flush(True)
 
     def close(self) -> None:

@@ -12,11 +12,12 @@ from twisted.web import resource, server
 class _BrokerCollector:
     """Reads the live counters at scrape time (no copies to keep in sync)."""
 
-    def __init__(self, broker, store, extra, losses) -> None:
+    def __init__(self, broker, store, extra, losses, lag=None) -> None:
         self.broker = broker
         self.store = store
         self.extra = extra
         self.losses = losses
+        self.lag = lag
 
     def collect(self):
         s = self.broker.stats
@@ -49,6 +50,13 @@ class _BrokerCollector:
         for name, (doc, value) in gauges.items():
             g = GaugeMetricFamily(name, doc)
             g.add_metric([], value)
+            yield g
+        if self.lag is not None:
+            doc = (f"how late a timer asking to run every {self.lag.interval * 1000:g} ms ran, since start "
+                   "(quantile 1 is the maximum)")
+            g = GaugeMetricFamily("twistmq_reactor_lag_seconds", doc, labels=["quantile"])
+            for quantile, value in self.lag.stats().items():
+                g.add_metric([quantile], value)
             yield g
         for prefix, stats in self.extra():
             for key, value in stats.items():
@@ -83,14 +91,15 @@ class Metrics(resource.Resource):
         return generate_latest(self.registry)
 
 
-def http_site(broker, store, extra=lambda: (), losses=lambda: {}) -> server.Site:
+def http_site(broker, store, extra=lambda: (), losses=lambda: {}, lag=None) -> server.Site:
     """A Site with /health and /metrics.
 
     ``extra()`` yields (prefix, {name: value}) for other services; ``losses()``
-    gives {metric name: (help, count)} of messages that went away undelivered.
+    gives {metric name: (help, count)} of messages that went away undelivered;
+    ``lag`` is the node's ``ReactorLagProbe``.
     """
     registry = CollectorRegistry()
-    registry.register(_BrokerCollector(broker, store, extra, losses))
+    registry.register(_BrokerCollector(broker, store, extra, losses, lag))
     root = resource.Resource()
     root.putChild(b"health", Health(store))
     root.putChild(b"metrics", Metrics(registry))

@@ -13,6 +13,7 @@ exit code 2.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -38,6 +39,7 @@ from mqtt_proxy.native.config import NativeConfig
 from mqtt_proxy.native.service import NativeService
 from mqtt_proxy.node_config import load_config, settle, with_flags
 from mqtt_proxy.protocol import MQTTServerFactory
+from mqtt_proxy.reactor_lag import ReactorLagProbe
 from mqtt_proxy.session_store import SessionStore
 from mqtt_proxy.sys_topics import SysPublisher
 from mqtt_proxy.version import twistmq_version
@@ -137,14 +139,18 @@ class NodeService(service.MultiService):
         self.reactor = reactor
         self.cfg = cfg
         data_dir = cfg.node.data_dir
-        self.executor = ThreadPoolExecutor(reactor)
+        # fsyncs and RocksDB flushes run here: the commit log, both KVs' WAL syncs, the index flush and the
+        # timer checkpoint can each have one in flight, so none waits for a thread behind another.
+        self.executor = ThreadPoolExecutor(reactor, max_threads=6)
         self.store = MessageStore(data_dir, cfg.store, reactor, self.executor)  # locks the data dir
         self.index = attach_lightqueue(self.store)
         self.retained = RetainedIndex(os.path.join(data_dir, "retained"), cfg.limits.max_retained_messages,
                                       cfg.limits.max_retained_bytes)
         self.store.register_dispatcher(self.retained)
-        self.timers = TimerService(self.store, os.path.join(data_dir, "timer"), reactor)  # a dispatcher: before open
-        self.kv = DurableKV(os.path.join(data_dir, "sessions"), reactor, sync=cfg.store.kv_sync)
+        self.timers = TimerService(self.store, os.path.join(data_dir, "timer"), reactor,
+                                   executor=self.executor)  # a dispatcher: made before open
+        self.kv = DurableKV(os.path.join(data_dir, "sessions"), reactor, sync=cfg.store.kv_sync,
+                             executor=self.executor)
         self.notifier = Notifier(reactor)
         self.store.add_listener(self.notifier.notify)
         self.store.read_soon = self.notifier.watched
@@ -159,13 +165,14 @@ class NodeService(service.MultiService):
                              reactor, mqtt, cfg.limits, timers=self.timers, auth=auth,
                              acl=load_acl(mqtt.acl_file or None))
         self.native = NativeService(self.store, data_dir, from_mapping(NativeConfig, "native", cfg.native), reactor,
-                                    self.timers)
+                                    self.timers, executor=self.executor)
         # Retention keeps what sessions, shared groups and native consumers still owe, and carries
         # retained messages ahead of the segments it deletes.
         self.store.retention.add_holder(self.broker.owed)
         self.store.retention.add_holder(self.native.engine.owed)
         self.store.retention.add_carrier(self.retained.records_to_carry)
         self.sys = SysPublisher(self.broker, self.store, reactor, cfg.mqtt.sys_interval)
+        self.lag = ReactorLagProbe(reactor)  # twistmq_reactor_lag_seconds: nothing may hold the reactor
         self.ports: list = []
         self.extra_stats = [("native", self.native.stats), ("timer", self.timers.stats)]
         self.log_observer = None  # set by make_node_service: twistd's log observer (see setServiceParent)
@@ -184,7 +191,7 @@ class NodeService(service.MultiService):
         mqtt_factory = MQTTServerFactory(self.broker, self.reactor, cert_identity=tls.peer_identity)
         ws_factory = websocket_factory(mqtt_factory, self.cfg.node.ws_path, self.reactor,
                                        self.cfg.limits.max_packet_size)
-        http = http_site(self.broker, self.store, self._extra_stats, self._losses)
+        http = http_site(self.broker, self.store, self._extra_stats, self._losses, self.lag)
         build = {
             "mqtt": lambda d: (endpoints.serverFromString(self.reactor, _backlog(d)), mqtt_factory),
             "mqtt_tls": lambda d: (tls.tls_server_endpoint(self.reactor, _backlog(d), ca), mqtt_factory),
@@ -245,6 +252,10 @@ class NodeService(service.MultiService):
                                                                          interface=listener.interface))
             self.ports.append(port)
             bound.append(f"{_name(listener)}={_address(port)}")
+        # Everything alive now (modules, recovered state) stays alive: out of the collector's full passes,
+        # which stop the reactor for as long as they walk the heap (measured: about half the pause).
+        gc.freeze()
+        self.lag.start()  # after recovery, which blocks by design
         print("twistmq ready " + " ".join(bound), file=sys.__stdout__, flush=True)
         log.info("node_ready version=%s data_dir=%s log=%s", twistmq_version(), self.cfg.node.data_dir,
                  self.cfg.log.file or "stderr")
@@ -279,6 +290,7 @@ class NodeService(service.MultiService):
     def stopService(self):
         if getattr(self, "_previous_sighup", None) is not None:
             signal.signal(signal.SIGHUP, self._previous_sighup)
+        self.lag.stop()
         self.sys.stop()
         for port in self.ports:
             yield port.stopListening()

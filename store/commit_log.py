@@ -60,6 +60,7 @@ class CommitLog:
         self._write_pos = 0  # bytes in the active segment
         self._read_fds: dict[int, int] = {}
         self._unsynced_fds: list[int] = []  # rolled segments not yet fsynced
+        self._dir_unsynced = False  # a roll created a file whose directory entry is not fsynced yet
         self._sync_lock = threading.Lock()  # one fsync at a time
         self._fd_lock = threading.Lock()  # guards the active fd and offsets against a roll
         self.synced_offset = 0
@@ -175,17 +176,25 @@ class CommitLog:
         self._write_pos += len(data)
 
     def _roll(self) -> None:
-        """Start a new segment where the active one ends."""
+        """Start a new segment where the active one ends.
+
+        Runs on the appending (reactor) thread, so it fsyncs nothing: the old
+        segment's fsync and the directory's (the new file's entry) are owed to
+        the next ``sync()``, which runs on the flush policy's executor and
+        claims no offset in the new segment before both are done.
+        """
         with self._fd_lock:
             self._unsynced_fds.append(self._write_fd)
-            self._new_segment(self._write_base + self._write_pos)
+            self._new_segment(self._write_base + self._write_pos, sync_dir=False)
+            self._dir_unsynced = True
 
-    def _new_segment(self, base: int) -> None:
+    def _new_segment(self, base: int, sync_dir: bool = True) -> None:
         path = os.path.join(self.directory, reader.segment_name(base))
         self._write_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._segments.append(reader.Segment(base, path))
         self._write_base, self._write_pos = base, 0
-        fsync_dir(self.directory)
+        if sync_dir:
+            fsync_dir(self.directory)
 
     def _undo_to(self, base: int, pos: int) -> None:
         """Cut the log back to (base, pos) after a failed append."""
@@ -229,13 +238,21 @@ class CommitLog:
                 offset = self.max_offset
                 fd = self._write_fd
                 rolled, self._unsynced_fds = self._unsynced_fds, []
-            for fd_old in rolled:
-                os.fsync(fd_old)
-                os.close(fd_old)
+                dir_unsynced, self._dir_unsynced = self._dir_unsynced, False
+            try:
+                while rolled:
+                    os.fsync(rolled[0])
+                    os.close(rolled.pop(0))
+                if dir_unsynced:
+                    fsync_dir(self.directory)
+            except OSError:
+                with self._fd_lock:  # owed again: the next sync retries them
+                    self._unsynced_fds[:0] = rolled
+                    self._dir_unsynced = self._dir_unsynced or dir_unsynced
+                raise
             if fd is not None:
                 os.fsync(fd)
             if offset > self.synced_offset:
-
                 self.synced_offset = offset
                 self._write_checkpoint(offset)
             return self.synced_offset

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import enum
 import errno
-import itertools
 import fcntl
 import logging
 import os
@@ -96,7 +95,13 @@ class QueueMessage(NamedTuple):
 
 
 class Dispatcher(Protocol):
-    """Indexes appended records; the commit log never imports its dispatchers."""
+    """Indexes appended records; the commit log never imports its dispatchers.
+
+    A dispatcher may also have ``flush()`` (persist what it indexed) and
+    ``close()``. The store calls ``flush`` every ``index_flush_s`` on the
+    executor's thread, while ``dispatch`` goes on on the reactor's, so it must
+    be safe against that (RocksDB is; a crash must find state it can replay from).
+    """
 
     dispatched_offset: int  # commit-log offset up to which this dispatcher's state is durable
 
@@ -126,7 +131,8 @@ class QueueIndex(Dispatcher, Protocol):
 
     def collect_idle(self, older_than_ts: int) -> int: ...
 
-    def flush(self) -> None: ...
+    def flush(self) -> None:
+        """Persist what is indexed; runs on the executor's thread while ``dispatch`` goes on."""
 
     def close(self) -> None: ...
 
@@ -152,6 +158,7 @@ class MessageStore:
         self._pending: list[tuple[rec.Message, defer.Deferred]] = []
         self._drain_call = None
         self._loops: list[task.LoopingCall] = []
+        self._index_flush: defer.Deferred | None = None  # the index flush running on the executor
         self._lock_fd: int | None = None
         os.makedirs(data_dir, exist_ok=True)
         self._lock_data_dir()  # first, before any index opens files in the directory
@@ -260,7 +267,10 @@ class MessageStore:
                 loop.stop()
         self._loops = []
         self.is_open = False
-        d = self.flush_policy.stop()
+        waits = [self.flush_policy.stop()]
+        if self._index_flush is not None:
+            waits.append(self._index_flush)  # an index cannot close under its own flush
+        d = defer.DeferredList(waits, consumeErrors=True)
 
         def finish(_):
             for disp in self._dispatchers:
@@ -348,10 +358,7 @@ class MessageStore:
                 recent[r.offset] = (r, m)  # made into a Record only if someone reads it
                 self._recent_bytes += r.size + RECENT_ENTRY_COST
         if len(recent) > RECENT_RECORDS or self._recent_bytes > RECENT_BYTES:
-            for off in list(itertools.islice(recent, max(len(recent) - RECENT_RECORDS, 64))):
-                self._recent_bytes -= _size(recent.pop(off))
-                if len(recent) <= RECENT_RECORDS and self._recent_bytes <= RECENT_BYTES:
-                    break
+            self._trim_recent()
         self.puts += len(requests)
         self.bytes_in += sum(r.size for r in requests)
         results = [PutResult(PutStatus.PUT_OK, off, q) for off, (_m, _d, q) in zip(offsets, accepted)]
@@ -370,6 +377,27 @@ class MessageStore:
         if touched:
             for listener in self._listeners:
                 listener(touched)
+
+    def _trim_recent(self) -> None:
+        """Drop the oldest kept appends until both bounds hold again.
+
+        A tick can add far more appends than a fixed number of drops takes away
+        (a fan-in tick holds hundreds), so the drops follow the excess. Every
+        kept append is a few objects the garbage collector walks on each full
+        pass, which stops the reactor for the whole walk: the bounds keep that short.
+        """
+        recent = self._recent
+        count, size = len(recent), self._recent_bytes
+        drop = []
+        for off, entry in recent.items():  # oldest first: one pass from the front
+            if count <= RECENT_RECORDS and size <= RECENT_BYTES:
+                break
+            drop.append(off)
+            count -= 1
+            size -= _size(entry)
+        for off in drop:
+            del recent[off]
+        self._recent_bytes = size
 
     # -- reading -----------------------------------------------------------------
 
@@ -494,15 +522,35 @@ class MessageStore:
         """Append and dispatch the puts waiting for this tick now."""
         self._drain()
 
-    def _flush_index(self) -> None:
-        for disp in self._dispatchers:
-            flush = getattr(disp, "flush", None)
-            if flush is not None:
-                flush()
+    def _flush_index(self) -> defer.Deferred | None:
+        """Flush the derived indexes on the executor: a RocksDB memtable flush writes and fsyncs files.
+
+        rocksdict releases the GIL while it flushes, so the reactor goes on
+        dispatching meanwhile; the indexes allow for that (``Dispatcher.flush``).
+        """
+        flushes = [f for f in (getattr(disp, "flush", None) for disp in self._dispatchers) if f is not None]
+        if not flushes or self._index_flush is not None:
+            return None
+        d = self._index_flush = self._executor.submit(_call_each, flushes)
+
+        def done(result):
+            self._index_flush = None
+            return result
+
+        d.addBoth(done)
+        # A failed flush is logged and the loop goes on: the next one retries, and replay covers a crash meanwhile.
+        d.addErrback(lambda f: log.error("index_flush_failed error=%s", f.getErrorMessage()))
+        return d
 
     def size_bytes(self) -> int:
         """Bytes of commit log on disk."""
         return sum(s.size for s in self.commit_log.segments())
+
+
+def _call_each(calls) -> None:
+    """Run each call in order (one executor job for the whole index flush)."""
+    for call in calls:
+        call()
 
 
 def _size(entry) -> int:

@@ -51,11 +51,13 @@ import json
 import logging
 import os
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 from crc32c import crc32c
 
 from store.timer_log import DEFAULT_SEGMENT_UNITS, UNIT_SIZE, TimerLog, UnitFlag, encode_unit
-from store.timer_wheel import PREVIOUS_SUFFIX, WHEEL_FILE, TimerWheel, WheelFileError, WheelSnapshot
+from store.timer_wheel import (PREVIOUS_SUFFIX, WHEEL_FILE, TimerWheel, WheelFileError, WheelSnapshot,
+                               write_snapshot)
 
 log = logging.getLogger("twistmq.store.timer")
 
@@ -170,8 +172,26 @@ class Timer:
 
     def flush(self) -> None:
         """Blocking: fsync the timer log, then save the wheel snapshot."""
-        self.log.flush()
-        self.wheel.save(self.directory, self.log.end, self._read_time, self._tail_crc(self.log.end))
+        self.flush_later()()
+
+    def flush_later(self, wheel: bool = True) -> Callable[[], None]:
+        """Take what ``flush()`` persists now; return the blocking part, to run on any thread.
+
+        The timer log is written out and its fsync is returned; with ``wheel``
+        a copy of the wheel snapshot is taken now and written by the call,
+        after the fsync (the order ``flush()`` keeps).
+        """
+        sync_log = self.log.sync_later()
+        end = self.log.end
+        snapshot = self.wheel.snapshot(end, self._read_time, self._tail_crc(end)) if wheel else None
+        directory = self.directory
+
+        def persist() -> None:
+            sync_log()
+            if snapshot is not None:
+                write_snapshot(directory, snapshot)
+
+        return persist
 
     def checkpoint_saved(self, cp: TimerCheckpoint) -> list[int]:
         """The owner has persisted ``cp``: drop timer-log segments wholly consumed by it.

@@ -9,7 +9,8 @@ recovery may correct a ``prev_pos`` (``rewrite``).
 Positions are byte offsets across all segments; a segment file is named by the
 position of its first byte. Appends are buffered in memory and handed to the
 operating system by ``write_out()`` (or when the buffer fills); ``flush()``
-also fsyncs. Opening the log cuts a torn or corrupt tail and reports it.
+also fsyncs (``sync_later()`` hands that fsync to another thread). Opening the
+log cuts a torn or corrupt tail and reports it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import os
 import struct
 import mmap
 from dataclasses import dataclass
-from typing import Iterator, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 from crc32c import crc32c
 from store.files import fsync_dir
@@ -232,9 +233,26 @@ class TimerLog:
 
     def flush(self) -> None:
         """Write out and fsync the active segment (sealed ones were fsynced when sealed)."""
+        self.sync_later()()
+
+    def sync_later(self) -> Callable[[], None]:
+        """Write out now; return a call that fsyncs everything written so far, on any thread.
+
+        The call owns a duplicate of the active segment's fd, so a segment roll
+        on the writer's thread meanwhile cannot close it under the fsync.
+        """
         self.write_out()
-        if self._write_fd is not None:
-            os.fsync(self._write_fd)
+        if self._write_fd is None:
+            return lambda: None
+        fd = os.dup(self._write_fd)
+
+        def fsync() -> None:
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+        return fsync
 
     def rewrite(self, pos: int, unit: TimerUnit) -> None:
         """Overwrite the unit at ``pos`` (recovery corrects ``prev_pos`` this way)."""

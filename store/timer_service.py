@@ -37,10 +37,14 @@ Durability (what survives kill -9):
   later copy, hence the set: an id leaves it once the timer has read past the
   slot where its last copy could be.
 
-Only ``stop()``/``close()`` flush synchronously; per checkpoint the reactor pays
-one small timer-log fsync and one small file write, and the 28-bytes-per-slot
-wheel snapshot is written every ``wheel_snapshot_s`` (recovery re-chains the
-timer-log units written after the snapshot it finds).
+A checkpoint is taken on the reactor thread (the timer state, the timer log
+written out, a copy of the 28-bytes-per-slot wheel every ``wheel_snapshot_s``)
+and persisted on the executor: timer-log fsync, wheel snapshot, checkpoint file
+with its fsyncs. It counts as saved (``dispatched_offset`` moves, consumed
+timer-log segments go) only once that returns; meanwhile the wheel goes on
+advancing, and the next checkpoint waits for this one. Only ``close()`` writes
+synchronously (recovery re-chains the timer-log units written after the
+snapshot it finds).
 """
 
 from __future__ import annotations
@@ -50,11 +54,13 @@ import json
 import logging
 import os
 import shutil
+import threading
 from typing import Callable, Sequence
 
 from twisted.internet import defer, task
 
 from store import record as rec
+from store.executor import SynchronousExecutor
 from store.message_store import DispatchRequest, MessageStore, PutResult, PutStatus
 from store.timer import EnqueueStatus, Timer, TimerCheckpoint, TimerEntry
 
@@ -80,7 +86,8 @@ class TimerService:
 
     def __init__(self, store: MessageStore, directory: str, clock, precision_ms: int = 100, *,
                  slot_count: int | None = None, checkpoint_interval_s: float = 1.0,
-                 wheel_snapshot_s: float = 30.0, hop_ms: int | None = None, max_per_tick: int = 20_000) -> None:
+                 wheel_snapshot_s: float = 30.0, hop_ms: int | None = None, max_per_tick: int = 20_000,
+                 executor=None) -> None:
         if getattr(store, "is_open", False):
             raise RuntimeError("TimerService must be created before store.open() (it replays as a dispatcher)")
         self.store = store
@@ -95,6 +102,10 @@ class TimerService:
             hop_ms = max(precision_ms, min(DEFAULT_HOP_MS, retention_ms // 2))
         self.hop_ms = hop_ms
         self.max_per_tick = max_per_tick
+        self._executor = executor if executor is not None else SynchronousExecutor()
+        self._saving: defer.Deferred | None = None  # a checkpoint being persisted on the executor
+        self._file_lock = threading.Lock()  # the checkpoint files: a worker's save against close()
+        self._files_closed = False
         os.makedirs(directory, exist_ok=True)
         saved = self._load_checkpoint()
         self.dispatched_offset = saved[1] if saved else 0
@@ -137,11 +148,11 @@ class TimerService:
         except FileNotFoundError:
             return None
 
-    def _save_checkpoint(self, cp: TimerCheckpoint, dispatched: int) -> None:
+    def _save_checkpoint(self, cp: TimerCheckpoint, dispatched: int, cancelled: dict[int, int]) -> None:
         path = os.path.join(self.directory, CHECKPOINT_FILE)
         tmp = path + ".tmp"
         body = json.dumps({"timer": json.loads(cp.to_json()), "dispatched_offset": dispatched,
-                           "cancelled": {str(k): v for k, v in self._cancelled.items()}}).encode()
+                           "cancelled": {str(k): v for k, v in cancelled.items()}}).encode()
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.write(fd, body)
@@ -355,30 +366,51 @@ class TimerService:
                 d.callback(None)
 
     def _maybe_checkpoint(self) -> None:
-        if self._cp_wanted and not self._backlog and self._outstanding == 0 and not self._closed:
+        if (self._cp_wanted and not self._backlog and self._outstanding == 0 and not self._closed
+                and self._saving is None):
             self.checkpoint()
 
     def checkpoint(self, wheel: bool | None = None) -> TimerCheckpoint:
-        """Persist the timer state now (callers must hold the barrier: nothing handed out and unput)."""
+        """Take the timer state now and persist it on the executor (callers must hold the barrier:
+        nothing handed out and unput, and no other checkpoint being saved)."""
         now = self._now()
         cp = self.timer.checkpoint()
         if wheel is None:
             wheel = now - self._last_wheel_ms >= self._wheel_interval_ms
         if wheel:
-            self.timer.flush()
             self._last_wheel_ms = now
-        else:
-            self.timer.log.flush()
         if cp.read_time_ms is not None:  # every copy of these was handed out (and dropped) before cp
             for timer_id in [t for t, slot in self._cancelled.items() if slot < cp.read_time_ms]:
                 del self._cancelled[timer_id]
-        self._save_checkpoint(cp, self._dispatched_end)
-        self.dispatched_offset = self._dispatched_end
-        self.timer.checkpoint_saved(cp)
+        persist_timer = self.timer.flush_later(wheel)
+        dispatched = self._dispatched_end
+        cancelled = dict(self._cancelled)  # the executor writes this copy: the reactor goes on changing the set
         self._cp_wanted = False
         self._last_cp_ms = now
-        self.checkpoints += 1
+        d = self._saving = self._executor.submit(self._persist, persist_timer, cp, dispatched, cancelled)
+        d.addCallbacks(self._saved, self._save_failed, callbackArgs=(cp, dispatched))
         return cp
+
+    def _persist(self, persist_timer: Callable[[], None], cp: TimerCheckpoint, dispatched: int,
+                 cancelled: dict[int, int]) -> None:
+        """On the executor: fsync the timer log, write the wheel if taken, then the checkpoint file."""
+        with self._file_lock:
+            if self._files_closed:  # close() saved a newer checkpoint already
+                return
+            persist_timer()
+            self._save_checkpoint(cp, dispatched, cancelled)
+
+    def _saved(self, _, cp: TimerCheckpoint, dispatched: int) -> None:
+        self._saving = None
+        self.dispatched_offset = max(self.dispatched_offset, dispatched)
+        if not self._closed:
+            self.timer.checkpoint_saved(cp)
+        self.checkpoints += 1
+
+    def _save_failed(self, failure) -> None:
+        self._saving = None
+        self._cp_wanted = True  # the next tick tries again
+        log.error("timer_checkpoint_failed error=%s", failure.getErrorMessage())
 
     def _wait_drained(self) -> defer.Deferred:
         if self._outstanding == 0:
@@ -394,7 +426,15 @@ class TimerService:
         self._loop = None
         if self._closed:
             return defer.succeed(None)
-        return self._wait_drained().addCallback(lambda _: self.close())
+        return self._wait_drained().addCallback(lambda _: self._wait_saved()).addCallback(lambda _: self.close())
+
+    def _wait_saved(self) -> defer.Deferred:
+        """Fires once the checkpoint being persisted (if any) is saved or has failed."""
+        if self._saving is None:
+            return defer.succeed(None)
+        d: defer.Deferred = defer.Deferred()
+        self._saving.addBoth(lambda result: (d.callback(None), result)[1])
+        return d
 
     def close(self) -> None:
         """Synchronous close (the store calls it from ``close()``): final checkpoint if safe, then flush."""
@@ -404,9 +444,23 @@ class TimerService:
             self._loop.stop()
         self._loop = None
         if not self._backlog and self._outstanding == 0:
-            self.checkpoint(wheel=True)
+            self._checkpoint_now()
         self._closed = True
+        with self._file_lock:  # a checkpoint a worker has not saved yet is older: it must not land after
+            self._files_closed = True
         self.timer.close()
+
+    def _checkpoint_now(self) -> None:
+        """The final checkpoint, written here and now (shutdown: blocking is fine)."""
+        cp = self.timer.checkpoint()
+        dispatched = self._dispatched_end
+        with self._file_lock:
+            self.timer.flush()
+            self._save_checkpoint(cp, dispatched, dict(self._cancelled))
+            self._files_closed = True
+        self.dispatched_offset = dispatched
+        self.timer.checkpoint_saved(cp)
+        self.checkpoints += 1
 
     # -- observation --------------------------------------------------------------------------
 

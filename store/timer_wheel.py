@@ -4,7 +4,8 @@ Slot ``i`` serves every time ``t`` with ``(t // precision_ms) % slot_count == i`
 it remembers which of those times it currently holds, so a slot whose stored
 time is not the one asked for counts as empty (the wheel has wrapped since).
 The wheel lives in memory (``slot_count`` x 28 bytes) and is saved as a whole,
-atomically, by ``save()``; the previous snapshot is kept next to it so that
+atomically, by ``save()`` (or ``snapshot()`` now and ``write_snapshot()`` later,
+on another thread); the previous snapshot is kept next to it so that
 recovery can fall back to it (see ``store.timer``).
 """
 
@@ -111,21 +112,14 @@ class TimerWheel:
 
     def save(self, directory: str, log_pos: int, read_time_ms: int | None, tail_crc: int = 0) -> str:
         """Write a snapshot atomically (temp file, fsync, rename), keeping the previous one."""
-        path = os.path.join(directory, WHEEL_FILE)
-        tmp = path + ".tmp"
+        return write_snapshot(directory, self.snapshot(log_pos, read_time_ms, tail_crc))
+
+    def snapshot(self, log_pos: int, read_time_ms: int | None, tail_crc: int = 0) -> bytes:
+        """The bytes of a snapshot of the wheel as it is now (a copy: the wheel may change after)."""
         head = _HEADER.pack(_MAGIC, _VERSION, self.slot_count, self.precision_ms, log_pos,
                             _NO_TIME if read_time_ms is None else read_time_ms, tail_crc, 0)
         crc = crc32c(self._slots, crc32c(head[:-4]))
-        with open(tmp, "wb") as f:
-            f.write(head[:-4] + crc.to_bytes(4, "big"))
-            f.write(self._slots)
-            f.flush()
-            os.fsync(f.fileno())
-        if os.path.exists(path):
-            os.replace(path, path + PREVIOUS_SUFFIX)
-        os.replace(tmp, path)
-        fsync_dir(directory)
-        return path
+        return head[:-4] + crc.to_bytes(4, "big") + bytes(self._slots)
 
     @classmethod
     def load(cls, path: str, slot_count: int, precision_ms: int) -> WheelSnapshot:
@@ -150,3 +144,21 @@ class TimerWheel:
         wheel = cls(slot_count, precision_ms)
         wheel._slots[:] = body
         return WheelSnapshot(wheel, log_pos, None if read_time == _NO_TIME else read_time, tail_crc, path)
+
+
+def write_snapshot(directory: str, data: bytes) -> str:
+    """Write ``TimerWheel.snapshot()`` bytes atomically (temp file, fsync, rename), keeping the previous one.
+
+    Touches no wheel, so it may run on a worker thread.
+    """
+    path = os.path.join(directory, WHEEL_FILE)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    if os.path.exists(path):
+        os.replace(path, path + PREVIOUS_SUFFIX)
+    os.replace(tmp, path)
+    fsync_dir(directory)
+    return path

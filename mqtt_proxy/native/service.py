@@ -15,15 +15,19 @@ STATE_DIR = "native"
 
 
 class NativeService:
-    """``NativeService(store, data_dir, config, clock, timers)``; ``open()`` before listening, ``stop()`` before the store closes."""
+    """``NativeService(store, data_dir, config, clock, timers, executor)``; ``open()`` before listening,
+    ``stop()`` before the store closes.
 
-    def __init__(self, store, data_dir: str, config: NativeConfig, clock, timers=None) -> None:
+    ``executor`` runs the KV's WAL fsyncs (``kv_sync``) off the reactor thread; without one they run inline.
+    """
+
+    def __init__(self, store, data_dir: str, config: NativeConfig, clock, timers=None, executor=None) -> None:
         self.store = store
         self.config = config
         self.clock = clock
         self.timers = timers
         sync = bool(getattr(getattr(store, "config", None), "kv_sync", False))
-        self.kv = DurableKV(os.path.join(data_dir, STATE_DIR), clock, sync=sync)
+        self.kv = DurableKV(os.path.join(data_dir, STATE_DIR), clock, sync=sync, executor=executor)
         self.engine = NativeEngine(store, self.kv, config, clock, timers)
         self.counters = self.engine.counters
         self.connections: set = set()

@@ -70,3 +70,17 @@ def test_idle_connections_all_connect(broker_name):
     assert result["errors"] == [], result["errors"]
     assert result["delivered"] == SMOKE_PARAMS[5]["connections"], result
     assert result["rss_before"] and result["rss_after"], result
+
+
+@pytest.mark.slow
+def test_stall_bench_prints_its_table(capsys):
+    """bench/stall_bench.py runs a tiny before/after pair (both this checkout) and prints lateness and msg/s."""
+    from bench import stall_bench
+    from bench.brokers import REPO
+
+    assert stall_bench.main(["--repo", str(REPO), "--reps", "1", "--messages", "400", "--cap", str(CAP)]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| 1 ") or line.startswith("| 2 ")]
+    assert len(rows) == 2 and all("400/400" in row for row in rows), out
+    after = next(row for row in rows if "after" in row)
+    assert after.split("|")[6].strip() != "-", "the node's own twistmq_reactor_lag_seconds was scraped"

@@ -134,3 +134,29 @@ def test_read_run_equals_single_reads(tmp_path):
     run = log.read_run(offsets[start], sizes[start:start + 20])
     assert run == [log.read(o, n) for o, n in zip(offsets[start:start + 20], sizes[start:start + 20])]
     log.close()
+
+
+def test_roll_fsyncs_nothing_on_the_appending_thread(tmp_path, monkeypatch):
+    """A segment roll owes its fsyncs (old segment, directory) to the next sync(): append itself never fsyncs."""
+    log = _open(tmp_path, segment_size=4096)
+    fsynced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (fsynced.append(fd), real_fsync(fd))[1])
+    log.append([_msg(i, size=300) for i in range(40)])
+    assert len(log.segments()) > 1 and fsynced == [], "rolling wrote no fsync on the appender's thread"
+    assert log.sync() == log.max_offset
+    rolled = len(log.segments()) - 1
+    assert len(fsynced) == rolled + 2, "every rolled segment, the directory once, then the active segment"
+
+
+def test_sync_after_a_failed_roll_fsync_retries_it(tmp_path, monkeypatch):
+    """If fsyncing a rolled segment fails, sync() claims nothing new and the next sync fsyncs it again."""
+    log = _open(tmp_path, segment_size=4096)
+    log.append([_msg(i, size=300) for i in range(20)])
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(5, "EIO")))
+    with pytest.raises(OSError):
+        log.sync()
+    assert log.synced_offset == 0
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert log.sync() == log.max_offset

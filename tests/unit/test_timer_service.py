@@ -24,7 +24,7 @@ T0_MS = int(T0 * 1000)
 class Node:
     """A store + light-queue index + timer service on one clock, restartable as after kill -9."""
 
-    def __init__(self, path, executor=None, clock=None, **kw):
+    def __init__(self, path, executor=None, clock=None, timer_executor=None, **kw):
         self.path = str(path)
         self.clock = clock or task.Clock()
         if clock is None:
@@ -34,7 +34,8 @@ class Node:
                                   executor or SynchronousExecutor())
         self.index = lightqueue.attach(self.store)
         kw.setdefault("slot_count", 600)
-        self.timers = TimerService(self.store, os.path.join(self.path, "timer"), self.clock, 100, **kw)
+        self.timers = TimerService(self.store, os.path.join(self.path, "timer"), self.clock, 100,
+                                   executor=timer_executor, **kw)
         self.store.open()
         self.timers.start()
 
@@ -334,3 +335,43 @@ def test_cancel_survives_a_crash_after_checkpoint(tmp_path):
     assert n.bodies("%TOPIC%c") == []
     with open(os.path.join(tmp_path, "timer", CHECKPOINT_FILE)) as f:
         assert json.load(f)["cancelled"] == {}  # forgotten once its slot was read past
+
+
+def test_checkpoint_is_written_off_the_reactor_and_counts_only_once_saved(tmp_path, monkeypatch):
+    """The tick takes the checkpoint and returns without an fsync; until the executor has written it, the file and
+    dispatched_offset stay as they were, delivery goes on, and no second checkpoint starts."""
+    store_ex, timer_ex = DeferredExecutor(), DeferredExecutor()
+    n = Node(tmp_path, store_ex, checkpoint_interval_s=1.0, wheel_snapshot_s=0.5, timer_executor=timer_ex)
+    path = os.path.join(n.path, "timer", CHECKPOINT_FILE)
+    n.schedule(Message("c", b"x"), n.now_ms() + 1500)
+    fsyncs = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (fsyncs.append(fd), real_fsync(fd))[1])
+    n.run_for(1.2)
+    assert len(timer_ex.pending) == 1 and fsyncs == [], "checkpoint taken; its fsyncs wait on the executor"
+    assert not os.path.exists(path) and n.timers.dispatched_offset == 0 and n.timers.checkpoints == 0
+    n.run_for(1.3)  # due at 1.5 s; the next checkpoint falls due at 2.2 s
+    assert n.bodies("%TOPIC%c") == [b"x"], "the wheel goes on while the checkpoint is being saved"
+    assert len(timer_ex.pending) == 1 and fsyncs == [], "the next checkpoint waits for this one"
+    timer_ex.run_pending()
+    assert len(fsyncs) >= 4, "timer log, wheel snapshot and its directory, checkpoint file and its directory"
+    with open(path) as f:
+        saved = json.load(f)
+    assert n.timers.checkpoints == 1 and n.timers.dispatched_offset == saved["dispatched_offset"] > 0
+    assert os.path.exists(os.path.join(n.path, "timer", "timer", "wheel"))
+
+
+def test_stop_waits_for_the_checkpoint_being_saved_then_saves_the_last(tmp_path):
+    """stop() lets a checkpoint in flight finish before the final, synchronous one, which is the one on disk."""
+    timer_ex = DeferredExecutor()
+    n = Node(tmp_path, checkpoint_interval_s=1.0, timer_executor=timer_ex)
+    n.schedule(Message("c", b"x"), n.now_ms() + 60_000)
+    n.run_for(1.2)
+    assert len(timer_ex.pending) == 1
+    stopped = []
+    n.timers.stop().addCallback(stopped.append)
+    assert stopped == [], "the checkpoint being saved is waited for"
+    timer_ex.run_pending()
+    assert stopped == [None] and n.timers.checkpoints == 2
+    with open(os.path.join(n.path, "timer", CHECKPOINT_FILE)) as f:
+        assert json.load(f)["dispatched_offset"] == n.store.commit_log.max_offset
