@@ -33,12 +33,12 @@ from twisted.internet import defer
 
 from lightqueue.names import native_queue_name, topic_queue_name
 from lightqueue.topic import first_level
-from mqtt_proxy.message_props import EXPIRES_AT
 from mqtt_proxy.native import codec
 from mqtt_proxy.native.codec import Item, Request
 from mqtt_proxy.native.config import NativeConfig
 from mqtt_proxy.native.state import NO_EXPIRY, Cursor, InFlight, decode_inflight, encode_inflight
 from store import record as rec
+from store.record import EXPIRES_AT
 from store.kv import DurableKV
 from store.message_store import MessageStore, PutResult, PutStatus
 from store.retention import Owed
