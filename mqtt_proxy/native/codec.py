@@ -17,8 +17,8 @@ import json
 from typing import Any
 
 from lightqueue.topic import TopicError, validate_topic_name
-from mqtt_proxy.native.config import NativeConfig, check_queue_name
 from store.api import native_types
+from store.config import NativeConfig, check_queue_name
 
 # The request vocabulary is the store's (the queue engine serves it); re-exported here for the protocol's users.
 Request, Item = native_types.Request, native_types.Item

@@ -11,7 +11,7 @@ Storage model:
 - a produce to a topic is one ``MQTT_PUBLISH`` record, so MQTT subscribers get it;
 - ``msg_id`` is the commit-log offset of the record the produce wrote (for a
   delayed message the TIMER record's, carried on as ``ORIGIN``);
-- consumers are ``Cursor``s (``state.py``) keyed by (store queue, group), kept in
+- consumers are ``Cursor``s (``native_state.py``) keyed by (store queue, group), kept in
   a ``DurableKV`` under ``DATA_DIR/native``: ``o|queue NUL group`` -> offset and
   ``f|queue NUL group NUL msg_id`` -> in-flight entry. Every reply that reports a change
   of that state is sent after the KV batch holding it is durable.
@@ -33,10 +33,10 @@ from twisted.internet import defer
 
 from lightqueue.names import native_queue_name, topic_queue_name
 from lightqueue.topic import first_level
-from mqtt_proxy.native.config import NativeConfig
-from mqtt_proxy.native.state import NO_EXPIRY, Cursor, InFlight, decode_inflight, encode_inflight
+from lightqueue.native_state import NO_EXPIRY, Cursor, InFlight, decode_inflight, encode_inflight
 from store import native_types
 from store import record as rec
+from store.config import NativeConfig
 from store.kv import DurableKV
 from store.message_store import MessageStore, PutResult, PutStatus
 from store.native_types import Item, Request
