@@ -1,4 +1,4 @@
-"""Store configuration, the native queues' section, and the checked TOML-section loader every package's config uses."""
+"""Store configuration, the native queues' section, and the checked TOML-section loader all configs use."""
 
 from __future__ import annotations
 

@@ -20,11 +20,11 @@ from lightqueue.topic import TopicError, validate_topic_name
 from store.api import native_types
 from store.config import NativeConfig, check_queue_name
 
-# The request vocabulary is the store's (the queue engine serves it); re-exported here for the protocol's users.
+# The request vocabulary is the store's (the queue engine serves it); re-exported for the protocol's users.
 Request, Item = native_types.Request, native_types.Item
 ACTIONS, ACTION_CODES = native_types.ACTIONS, native_types.ACTION_CODES
-PRODUCE, CONSUME, CONFIRM, MONITOR, QUEUE_LIST = (native_types.PRODUCE, native_types.CONSUME, native_types.CONFIRM,
-                                                  native_types.MONITOR, native_types.QUEUE_LIST)
+PRODUCE, CONSUME, CONFIRM = native_types.PRODUCE, native_types.CONSUME, native_types.CONFIRM
+MONITOR, QUEUE_LIST = native_types.MONITOR, native_types.QUEUE_LIST
 POP, ACK, CHANGE_INVISIBLE_TIME = native_types.POP, native_types.ACK, native_types.CHANGE_INVISIBLE_TIME
 NODE_MONITOR, NODE_QUEUE_LIST = native_types.NODE_MONITOR, native_types.NODE_QUEUE_LIST
 error_reply, encode_data = native_types.error_reply, native_types.encode_data

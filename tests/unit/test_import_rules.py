@@ -24,7 +24,7 @@ LOADS_ROCKSDICT = {
     "mqtt_proxy.subscribe": "imports mqtt_proxy.session",
     "mqtt_proxy.broker": "imports mqtt_proxy.session and mqtt_proxy.session_store",
     "mqtt_proxy.protocol": "imports mqtt_proxy.subscribe",
-    "mqtt_proxy.native.service": "the service wiring: builds lightqueue's NativeEngine on a store.kv DurableKV",
+    "mqtt_proxy.native.service": "wiring: builds lightqueue's NativeEngine on a store.kv DurableKV",
     "mqtt_proxy.tap": "the composition root (store, lightqueue, every service), moving to cluster/",
 }
 
@@ -41,7 +41,7 @@ print(json.dumps(culprit))
 
 
 def _first_loading_rocksdict(modules: list[str]) -> str | None:
-    """In a fresh interpreter, import ``modules`` in order; the first whose import loaded rocksdict, or None."""
+    """Import ``modules`` in order in a fresh interpreter; the first that loaded rocksdict, or None."""
     out = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(modules)], capture_output=True, text=True,
                          timeout=120, check=True)
     return json.loads(out.stdout)
@@ -57,22 +57,22 @@ def test_the_known_list_names_real_modules():
 
 
 def test_mqtt_proxy_modules_do_not_load_rocksdict():
-    """Importing any mqtt_proxy module outside the known list, all of them together, leaves rocksdict unloaded."""
+    """Importing every mqtt_proxy module outside the known list, all together, leaves rocksdict unloaded."""
     clean = [m for m in _mqtt_proxy_modules() if m not in LOADS_ROCKSDICT]
     assert len(clean) > 30  # the walk found the package (a broken walk must not pass as clean)
     culprit = _first_loading_rocksdict(clean)
-    assert culprit is None, f"importing {culprit} loads rocksdict: mqtt_proxy may import only store's interface " \
-                            f"modules and lightqueue's topic rules"
+    assert culprit is None, (f"importing {culprit} loads rocksdict: mqtt_proxy may import only store's "
+                             f"interface modules and lightqueue's topic rules")
 
 
 def test_the_known_list_only_shrinks():
     """Each module on the known list still loads rocksdict; once it does not, it must leave the list."""
     for name in sorted(LOADS_ROCKSDICT):
-        assert _first_loading_rocksdict([name]) == name, f"{name} no longer loads rocksdict: remove it from " \
-                                                         f"LOADS_ROCKSDICT"
+        loader = _first_loading_rocksdict([name])
+        assert loader == name, f"{name} no longer loads rocksdict: remove it from LOADS_ROCKSDICT"
 
 
 def test_topic_rules_and_native_client_load_no_rocksdict():
-    """What spark and push import from the other packages (topic rules, the native client) loads no rocksdict."""
+    """What spark and push import from other packages (topic rules, native client) loads no rocksdict."""
     assert _first_loading_rocksdict(["lightqueue.topic", "lightqueue.topic_trie", "lightqueue.names",
                                      "mqtt_proxy.native.client", "store.api", "store.config"]) is None
