@@ -43,7 +43,7 @@ def serve(data_dir: str, port: int) -> None:
     from twisted.internet import reactor
 
     import lightqueue
-    from mqtt_proxy.native.config import NativeConfig
+    from store.config import NativeConfig
     from mqtt_proxy.native.service import NativeService
     from store.config import StoreConfig
     from store.executor import ThreadPoolExecutor

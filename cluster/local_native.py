@@ -16,7 +16,7 @@ from typing import Any
 from twisted.internet import defer
 
 from mqtt_proxy.native import codec
-from mqtt_proxy.native.engine import NativeEngine
+from lightqueue.native_engine import NativeEngine
 from store import api
 
 

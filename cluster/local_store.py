@@ -26,7 +26,7 @@ from cluster.local_sessions import LocalSessions, position_offset
 from lightqueue.names import QueueNameError
 from lightqueue.retained_index import RetainedIndex
 from lightqueue.topic import TopicError, validate_topic_filter, validate_topic_name
-from mqtt_proxy.native.engine import NativeEngine
+from lightqueue.native_engine import NativeEngine
 from mqtt_proxy.session_store import SessionStore
 from push.notifier import Notifier
 from store import api

@@ -10,7 +10,10 @@ with the MQTT 5.0 shared-subscription clauses (section 4.8.2) for ``$share``.
   whose first level is a wildcard (MQTT-4.7.2-1).
 
 ``filter_matches`` is the naive reference of the matching rules; the broker
-matches through ``lightqueue.topic_trie.TopicTrie``, which is tested against it.
+matches through ``lightqueue.topic_trie.TopicTrie``, which is tested against it,
+and readers that test many records against one filter (Spark) use ``TopicMatcher``.
+This module imports nothing: ``mqtt_proxy``, ``push`` and ``spark`` import it
+without loading the RocksDB side of ``lightqueue``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ __all__ = [
     "MAX_LENGTH",
     "SHARE_PREFIX",
     "TopicError",
+    "TopicMatcher",
     "filter_matches",
     "first_level",
     "is_system",
@@ -173,3 +177,29 @@ def filter_matches(topic_filter: str, topic: str) -> bool:
         if level != "+" and level != topic_levels[index]:
             return False
     return len(filter_levels) == len(topic_levels)
+
+
+class TopicMatcher:
+    """One validated topic filter that tests topic names, remembering its answers for topics seen again.
+
+    Raises ``TopicError`` for an invalid filter. Meant for a reader that tests
+    many records against one filter (Spark's ``topicFilter``): topics repeat, so
+    the answers are cached (up to ``MAX_CACHED`` topics, then computed each time).
+    """
+
+    __slots__ = ("filter", "_cache")
+    MAX_CACHED = 100_000
+
+    def __init__(self, topic_filter: str) -> None:
+        validate_topic_filter(topic_filter)
+        self.filter = topic_filter
+        self._cache: dict[str, bool] = {}
+
+    def matches(self, topic: str) -> bool:
+        """Tell whether the topic name *topic* matches this filter."""
+        hit = self._cache.get(topic)
+        if hit is None:
+            hit = filter_matches(self.filter, topic)
+            if len(self._cache) < self.MAX_CACHED:
+                self._cache[topic] = hit
+        return hit

@@ -49,7 +49,7 @@ def sections():
     """(section name, dataclass) in file order; the native section joins when its package is present."""
     out = list(SECTIONS.items())
     try:
-        from mqtt_proxy.native.config import NativeConfig
+        from store.config import NativeConfig
     except ImportError:
         return out
     return out + [("native", NativeConfig)]

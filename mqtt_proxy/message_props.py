@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 
 from mqtt_proxy.codec import NO_PROPERTIES, Properties
+from store.record import EXPIRES_AT  # the store's property: native ttl uses it too
 
-EXPIRES_AT = "exp"  # absolute ms
 PAYLOAD_FORMAT = "pfi"
 CONTENT_TYPE = "ct"
 RESPONSE_TOPIC = "rt"

@@ -35,7 +35,6 @@ from mqtt_proxy.auth.passwords import PasswordFile, PasswordFileError
 from mqtt_proxy.auth.reload import Reloader, security_targets
 from mqtt_proxy.broker import Broker
 from mqtt_proxy.http import http_site
-from mqtt_proxy.native.config import NativeConfig
 from mqtt_proxy.native.service import NativeService
 from mqtt_proxy.node_config import load_config, settle, with_flags
 from mqtt_proxy.protocol import MQTTServerFactory
@@ -46,7 +45,7 @@ from mqtt_proxy.version import twistmq_version
 from mqtt_proxy.websocket import websocket_factory
 from push.notifier import Notifier
 from push.read_cache import ReadCache
-from store.config import ConfigError, from_mapping
+from store.config import ConfigError, NativeConfig, from_mapping
 from store.executor import ThreadPoolExecutor
 from store.kv import DurableKV
 from store.message_store import MessageStore, StoreLockedError

@@ -16,19 +16,19 @@ commit-log offset (its ``msg_id``). Consuming is not replayable: a Spark action
 that runs the read twice (``count()`` then ``collect()``) gets two different
 slices, so ``cache()`` or write the result. Batch reads only.
 
-Plain sockets and ``json``: ``spark`` does not import the broker's packages.
+It speaks through the project's blocking native client
+(``mqtt_proxy.native.client``), which loads no broker-side module.
 """
 
 from __future__ import annotations
 
 import base64
-import json
-import socket
 import time
 from typing import Iterator
 
 import pyarrow as pa
 
+from mqtt_proxy.native.client import BlockingClient
 from spark.batches import ARROW_SCHEMA
 from spark.options import ScanOptions
 
@@ -40,37 +40,19 @@ class BrokerReadError(RuntimeError):
     """The broker refused a request or went away; the message names the broker and the reason."""
 
 
-class _Lines:
-    """A JSON-lines connection: send many requests, read the replies in order."""
+def _connect(host: str, port: int, timeout: float) -> BlockingClient:
+    try:
+        return BlockingClient(host, port, timeout)
+    except OSError as exc:
+        raise BrokerReadError(f"twistmq broker {host}:{port}: cannot connect: {exc}") from None
 
-    def __init__(self, host: str, port: int, timeout: float):
-        try:
-            self.sock = socket.create_connection((host, port), timeout=timeout)
-        except OSError as exc:
-            raise BrokerReadError(f"twistmq broker {host}:{port}: cannot connect: {exc}") from None
-        self.where = f"{host}:{port}"
-        self.buf = b""
 
-    def exchange(self, requests: list[dict]) -> list[dict]:
-        self.sock.sendall(b"".join(json.dumps(r).encode() + b"\n" for r in requests))
-        replies = []
-        while len(replies) < len(requests):
-            nl = self.buf.find(b"\n")
-            if nl < 0:
-                try:
-                    chunk = self.sock.recv(1 << 20)
-                except OSError as exc:
-                    raise BrokerReadError(f"twistmq broker {self.where}: {exc}") from None
-                if not chunk:
-                    raise BrokerReadError(f"twistmq broker {self.where} closed the connection")
-                self.buf += chunk
-                continue
-            line, self.buf = self.buf[:nl], self.buf[nl + 1:]
-            replies.append(json.loads(line))
-        return replies
-
-    def close(self) -> None:
-        self.sock.close()
+def _exchange(conn: BlockingClient, where: str, requests: list[dict]) -> list[dict]:
+    """Send ``requests`` pipelined and read their replies in order."""
+    try:
+        return conn.pipeline(requests)
+    except OSError as exc:  # the broker went away or the timeout ran out
+        raise BrokerReadError(f"twistmq broker {where}: {exc}") from None
 
 
 def _payload(reply: dict) -> bytes:
@@ -83,7 +65,7 @@ def _payload(reply: dict) -> bytes:
 def read_broker(opts: ScanOptions) -> Iterator[pa.RecordBatch]:
     """Consume the topic queue through the broker; yield Arrow batches with the data source's columns."""
     host, port = opts.broker
-    conn = _Lines(host, port, opts.broker_timeout)
+    conn, where = _connect(host, port, opts.broker_timeout), f"{host}:{port}"
     matcher = opts.matcher()
     deadline = time.monotonic() + opts.broker_timeout
     cols: dict[str, list] = {f.name: [] for f in ARROW_SCHEMA}
@@ -92,11 +74,11 @@ def read_broker(opts: ScanOptions) -> Iterator[pa.RecordBatch]:
         while left > 0 and time.monotonic() < deadline:
             n = min(PIPELINE, left)
             request = {"action": CONSUME, "topic": opts.broker_topic, "group": opts.group}
-            replies = conn.exchange([dict(request, seq=i) for i in range(n)])
+            replies = _exchange(conn, where, [dict(request, seq=i) for i in range(n)])
             drained = False
             for reply in replies:
                 if reply.get("code") != 0:
-                    raise BrokerReadError(f"twistmq broker {conn.where} refused consume of topic "
+                    raise BrokerReadError(f"twistmq broker {where} refused consume of topic "
                                           f"{opts.broker_topic!r}: {reply.get('reason', reply)}")
                 if "data" not in reply:
                     drained = True  # nothing ready: the group has caught up

@@ -36,9 +36,8 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
+from lightqueue.topic import TopicError, TopicMatcher, validate_topic_filter
 from store.record import RecordKind
-
-from spark.topic import TopicFilterError, TopicMatcher, validate_filter
 
 COMMITLOG = "commitlog"
 
@@ -164,8 +163,8 @@ def parse_options(options: Mapping[str, str], streaming: bool = False) -> ScanOp
         kw = {"commitlog_dir": resolve_commitlog(given.get("path"))}
     if "topicfilter" in given:
         try:
-            validate_filter(given["topicfilter"])
-        except TopicFilterError as exc:
+            validate_topic_filter(given["topicfilter"])
+        except TopicError as exc:
             raise OptionError(f"twistmq option topicFilter={given['topicfilter']!r}: {exc}") from None
         kw["topic_filter"] = given["topicfilter"]
     if "starttime" in given:

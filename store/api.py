@@ -29,6 +29,7 @@ from typing import Callable, Protocol, runtime_checkable
 
 from twisted.internet import defer
 
+from store import native_types  # re-exported: the native request vocabulary the queue engine serves
 from store.record import Message, Record
 
 __all__ = [
@@ -36,7 +37,7 @@ __all__ = [
     "NativeDelivery", "NativeError", "NativeItem", "NativeProduced", "NativeQueues", "NotFound", "OutboundState",
     "QueuePosition", "Queues", "QuotaExceeded", "ReadResult", "QueuedMessage", "Retained", "RetainedMessage",
     "SessionMeta", "SessionState", "Sessions", "Store", "StoreError", "SubscriptionState", "Timers", "Unavailable",
-    "Watch", "WrongGroup",
+    "Watch", "WrongGroup", "native_types",
 ]
 
 

@@ -23,6 +23,9 @@ can walk a segment with no index and stop at the last complete record::
 - The property ``QUEUES`` holds the names of the light queues the record was
   dispatched to, joined by NUL (MQTT forbids U+0000 in topic filters), so that
   replaying the log rebuilds exactly the same index.
+- The property ``exp`` (``EXPIRES_AT``) is a message's absolute expiry in ms
+  since the epoch, the same for MQTT message expiry and native ``ttl``: a
+  message read after it is never delivered.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ MAX_RECORD_SIZE = 256 * 1024 * 1024
 
 QUEUES_PROPERTY = "QUEUES"
 QUEUE_SEPARATOR = "\x00"
+EXPIRES_AT = "exp"  # absolute expiry, ms since the epoch (MQTT message expiry and native ttl alike)
 
 
 class RecordKind(enum.IntEnum):

@@ -14,22 +14,21 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from dataclasses import dataclass
 from typing import Any
 
 from lightqueue.topic import TopicError, validate_topic_name
-from mqtt_proxy.native.config import NativeConfig, check_queue_name
+from store.api import native_types
+from store.config import NativeConfig, check_queue_name
 
-PRODUCE, CONSUME, CONFIRM, MONITOR, QUEUE_LIST = 1, 2, 3, 4, 7
-POP, ACK, CHANGE_INVISIBLE_TIME = 11, 12, 13
-NODE_MONITOR, NODE_QUEUE_LIST = 104, 107
+# The request vocabulary is the store's (the queue engine serves it); re-exported for the protocol's users.
+Request, Item = native_types.Request, native_types.Item
+ACTIONS, ACTION_CODES = native_types.ACTIONS, native_types.ACTION_CODES
+PRODUCE, CONSUME, CONFIRM = native_types.PRODUCE, native_types.CONSUME, native_types.CONFIRM
+MONITOR, QUEUE_LIST = native_types.MONITOR, native_types.QUEUE_LIST
+POP, ACK, CHANGE_INVISIBLE_TIME = native_types.POP, native_types.ACK, native_types.CHANGE_INVISIBLE_TIME
+NODE_MONITOR, NODE_QUEUE_LIST = native_types.NODE_MONITOR, native_types.NODE_QUEUE_LIST
+error_reply, encode_data = native_types.error_reply, native_types.encode_data
 
-ACTIONS: dict[int, str] = {
-    PRODUCE: "produce", CONSUME: "consume", CONFIRM: "confirm", MONITOR: "monitor", QUEUE_LIST: "queue_list",
-    POP: "pop", ACK: "ack", CHANGE_INVISIBLE_TIME: "change_invisible_time",
-    NODE_MONITOR: "node_monitor", NODE_QUEUE_LIST: "node_queue_list",
-}
-ACTION_CODES: dict[str, int] = {name: code for code, name in ACTIONS.items()}
 MAX_SEQ_CHARS = 256
 MAX_GROUP_BYTES = 255
 MAX_MSG_ID = (1 << 63) - 1
@@ -46,38 +45,6 @@ class RequestError(ValueError):
         self.echo = echo or {}
 
 
-@dataclass(frozen=True, slots=True)
-class Item:
-    """One message of a produce (a plain produce has one, a batch produce many)."""
-
-    data: bytes
-    delay: int = 0
-    ttl: int | None = None  # None: the default (queues) or no expiry (topics)
-    retry: int = 0
-    qos: int = 1
-    retain: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Request:
-    """A validated request; ``echo`` holds the fields every reply repeats (action, queue, seq, ...)."""
-
-    action: int
-    echo: dict
-    queue: str | None = None
-    topic: str | None = None
-    group: str | None = None
-    items: tuple[Item, ...] = ()
-    batch: bool = False
-    msg_id: int | None = None
-    invisible_time: int | None = None
-    encoding: str = "utf-8"
-
-    @property
-    def name(self) -> str:
-        return ACTIONS[self.action]
-
-
 # -- replies -------------------------------------------------------------------------------------
 
 def encode_reply(reply: dict) -> bytes:
@@ -86,22 +53,6 @@ def encode_reply(reply: dict) -> bytes:
         return _ENCODER_UTF8.encode(reply).encode("utf-8")
     except UnicodeEncodeError:
         return _ENCODER_ASCII.encode(reply).encode("ascii")
-
-
-def error_reply(reason: str, echo: dict | None = None) -> dict:
-    """``{"code": -1, "reason": ...}`` plus the echoed fields."""
-    out = dict(echo or {})
-    out["code"] = -1
-    out["reason"] = reason
-    return out
-
-
-def encode_data(body: bytes) -> tuple[str, str | None]:
-    """A stored body as reply ``data``: text when it is UTF-8, else base64 (with ``encoding``)."""
-    try:
-        return body.decode("utf-8"), None
-    except UnicodeDecodeError:
-        return base64.b64encode(body).decode("ascii"), "base64"
 
 
 # -- requests ------------------------------------------------------------------------------------

@@ -6,9 +6,9 @@ import os
 
 from twisted.internet import defer, protocol
 
-from mqtt_proxy.native.config import NativeConfig
-from mqtt_proxy.native.engine import NativeEngine
+from lightqueue.native_engine import NativeEngine
 from mqtt_proxy.native.protocol import NativeTCPFactory, NativeUDPProtocol
+from store.config import NativeConfig
 from store.kv import DurableKV
 
 STATE_DIR = "native"

@@ -18,12 +18,11 @@ from twisted.python.failure import Failure
 import lightqueue
 from cluster.local_store import LocalStore
 from cluster.loopback_store import LoopbackStore
+from lightqueue.native_engine import NativeEngine
 from lightqueue.retained_index import RetainedIndex
-from mqtt_proxy.native.config import NativeConfig
-from mqtt_proxy.native.engine import NativeEngine
 from mqtt_proxy.session_store import SessionStore
 from push.notifier import Notifier
-from store.config import StoreConfig
+from store.config import NativeConfig, StoreConfig
 from store.executor import SynchronousExecutor
 from store.kv import DurableKV
 from store.message_store import MessageStore

@@ -17,9 +17,8 @@ from twisted.trial import unittest
 import lightqueue
 from mqtt_proxy.native import protocol as proto_mod
 from mqtt_proxy.native.client import connect
-from mqtt_proxy.native.config import NativeConfig
 from mqtt_proxy.native.service import NativeService
-from store.config import StoreConfig
+from store.config import NativeConfig, StoreConfig
 from store.executor import SynchronousExecutor
 from store.message_store import MessageStore
 from store.record import Message

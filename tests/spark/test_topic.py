@@ -2,7 +2,9 @@
 
 import pytest
 
-from spark.topic import TopicFilterError, TopicMatcher, filter_matches, validate_filter
+from lightqueue.topic import TopicError as TopicFilterError
+from lightqueue.topic import TopicMatcher, filter_matches
+from lightqueue.topic import validate_topic_filter as validate_filter
 from tests.spark.truth import topic_matches
 
 

@@ -21,7 +21,7 @@ KINDS = {rec.RecordKind.MQTT_PUBLISH: "mqtt", rec.RecordKind.NATIVE_MESSAGE: "na
 
 
 def topic_matches(topic_filter: str, topic: str) -> bool:
-    """MQTT matching, written out level by level (independent of spark.topic)."""
+    """MQTT matching, written out level by level (independent of lightqueue.topic)."""
     f, t = topic_filter.split("/"), topic.split("/")
     if topic.startswith("$") and f[0] in ("+", "#"):
         return False

@@ -8,8 +8,7 @@ from hypothesis import strategies as st
 
 from mqtt_proxy.native import codec
 from mqtt_proxy.native.codec import LINE_TOO_LONG, LineBuffer, RequestError, parse_request
-from mqtt_proxy.native.config import NativeConfig
-from store.config import ConfigError, from_mapping
+from store.config import ConfigError, NativeConfig, from_mapping
 
 CFG = NativeConfig()
 

@@ -11,9 +11,8 @@ from twisted.internet import task
 
 import lightqueue
 from mqtt_proxy.native import codec
-from mqtt_proxy.native.config import NativeConfig
 from mqtt_proxy.native.service import NativeService
-from store.config import StoreConfig
+from store.config import NativeConfig, StoreConfig
 from store.executor import SynchronousExecutor
 from store.record import Message, RecordKind
 from store.timer_service import TimerService

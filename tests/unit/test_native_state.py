@@ -1,6 +1,6 @@
 """Unit tests of the retry / invisible-time rules (pure state machine, times in ms)."""
 
-from mqtt_proxy.native.state import NO_EXPIRY, Cursor, decode_inflight, encode_inflight
+from lightqueue.native_state import NO_EXPIRY, Cursor, decode_inflight, encode_inflight
 
 
 def test_at_most_once_only_moves_the_offset():

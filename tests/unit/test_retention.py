@@ -26,13 +26,12 @@ from mqtt_proxy.codec import Connect, MQTTParser, Properties, PubAck, Publish, S
 from mqtt_proxy.codec import SubscriptionOptions
 from mqtt_proxy.config import LimitsConfig, MQTTConfig
 from mqtt_proxy.native import codec as native_codec
-from mqtt_proxy.native.config import NativeConfig
 from mqtt_proxy.native.service import NativeService
 from mqtt_proxy.protocol import MQTTServerFactory
 from mqtt_proxy.session_store import SessionStore
 from push.notifier import Notifier
 from push.read_cache import ReadCache
-from store.config import StoreConfig
+from store.config import NativeConfig, StoreConfig
 from store.executor import SynchronousExecutor
 from store.kv import DurableKV
 from store.message_store import MessageStore

@@ -11,7 +11,7 @@ Storage model:
 - a produce to a topic is one ``MQTT_PUBLISH`` record, so MQTT subscribers get it;
 - ``msg_id`` is the commit-log offset of the record the produce wrote (for a
   delayed message the TIMER record's, carried on as ``ORIGIN``);
-- consumers are ``Cursor``s (``state.py``) keyed by (store queue, group), kept in
+- consumers are ``Cursor``s (``native_state.py``) keyed by (store queue, group), kept in
   a ``DurableKV`` under ``DATA_DIR/native``: ``o|queue NUL group`` -> offset and
   ``f|queue NUL group NUL msg_id`` -> in-flight entry. Every reply that reports a change
   of that state is sent after the KV batch holding it is durable.
@@ -33,14 +33,14 @@ from twisted.internet import defer
 
 from lightqueue.names import native_queue_name, topic_queue_name
 from lightqueue.topic import first_level
-from mqtt_proxy.message_props import EXPIRES_AT
-from mqtt_proxy.native import codec
-from mqtt_proxy.native.codec import Item, Request
-from mqtt_proxy.native.config import NativeConfig
-from mqtt_proxy.native.state import NO_EXPIRY, Cursor, InFlight, decode_inflight, encode_inflight
+from lightqueue.native_state import NO_EXPIRY, Cursor, InFlight, decode_inflight, encode_inflight
+from store import native_types
 from store import record as rec
+from store.config import NativeConfig
 from store.kv import DurableKV
 from store.message_store import MessageStore, PutResult, PutStatus
+from store.native_types import Item, Request
+from store.record import EXPIRES_AT
 from store.retention import Owed
 
 log = logging.getLogger("twistmq.native")
@@ -181,25 +181,25 @@ class NativeEngine:
     def _failed(self, req: Request, failure) -> dict:
         self.counters["errors"] += 1
         if failure.check(EngineError):
-            return codec.error_reply(str(failure.value), req.echo)
+            return native_types.error_reply(str(failure.value), req.echo)
         log.error("native_request_failed action=%s error=%s", req.name, failure.getTraceback())
-        return codec.error_reply(f"internal error: {failure.getErrorMessage()[:200]}", req.echo)
+        return native_types.error_reply(f"internal error: {failure.getErrorMessage()[:200]}", req.echo)
 
     def _dispatch(self, req: Request, max_data_bytes: int | None):
         a = req.action
-        if a == codec.PRODUCE:
+        if a == native_types.PRODUCE:
             return self._produce(req)
-        if a in (codec.CONSUME, codec.POP):
+        if a in (native_types.CONSUME, native_types.POP):
             return self._consume(req, max_data_bytes)
-        if a in (codec.CONFIRM, codec.ACK):
+        if a in (native_types.CONFIRM, native_types.ACK):
             return self._ack(req)
-        if a == codec.CHANGE_INVISIBLE_TIME:
+        if a == native_types.CHANGE_INVISIBLE_TIME:
             return self._change_invisible(req)
-        if a == codec.MONITOR:
+        if a == native_types.MONITOR:
             return self._monitor(req)
-        if a in (codec.QUEUE_LIST, codec.NODE_QUEUE_LIST):
+        if a in (native_types.QUEUE_LIST, native_types.NODE_QUEUE_LIST):
             return self._queue_list()
-        if a == codec.NODE_MONITOR:
+        if a == native_types.NODE_MONITOR:
             return self._node_monitor()
         raise EngineError(f"action {a} is not served")
 
@@ -302,8 +302,8 @@ class NativeEngine:
             if req.queue in self._virtual:
                 raise EngineError(f"{req.queue} is a virtual queue: it only takes writes, "
                                   f"read its real queues {', '.join(self._virtual[req.queue])}")
-            default = TOPIC_GROUP if req.action in (codec.POP, codec.ACK, codec.CHANGE_INVISIBLE_TIME) \
-                else QUEUE_GROUP
+            pop_family = (native_types.POP, native_types.ACK, native_types.CHANGE_INVISIBLE_TIME)
+            default = TOPIC_GROUP if req.action in pop_family else QUEUE_GROUP
             return native_queue_name(req.queue), req.group or default
         return topic_queue_name(first_level(req.topic)), req.group or TOPIC_GROUP
 
@@ -311,7 +311,7 @@ class NativeEngine:
         qname, group = self._source(req)
         c = self._cursor(qname, group)
         now = self.now_ms()
-        pop = req.action == codec.POP
+        pop = req.action == native_types.POP
         pop_ms = req.invisible_time * 1000 if pop else None
         writes: list[defer.Deferred] = []
         expired: list[InFlight] = []
@@ -439,7 +439,7 @@ class NativeEngine:
                 "reason": f"message of {len(record.body)} bytes does not fit a UDP reply: consume it over TCP"}
 
     def _message_reply(self, req: Request, msg_id: int, record: rec.Record, attempts: int) -> dict:
-        data, encoding = codec.encode_data(record.body)
+        data, encoding = native_types.encode_data(record.body)
         reply: dict = {"code": 0, "msg_id": msg_id, "data": data}
         if encoding:
             reply["encoding"] = encoding
