@@ -76,3 +76,12 @@ def test_topic_rules_and_native_client_load_no_rocksdict():
     """What spark and push import from other packages (topic rules, native client) loads no rocksdict."""
     assert _first_loading_rocksdict(["lightqueue.topic", "lightqueue.topic_trie", "lightqueue.names",
                                      "mqtt_proxy.native.client", "store.api", "store.config"]) is None
+
+
+def test_package_table_contracts_hold():
+    """import-linter's contracts (.importlinter, DESIGN.md's package table) are all kept."""
+    import os
+    lint = os.path.join(os.path.dirname(sys.executable), "lint-imports")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    result = subprocess.run([lint, "--no-cache"], cwd=root, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
