@@ -4,9 +4,9 @@ Builds the store, the light-queue and retained indexes, the session store, the
 notifier, the broker and the listeners, from ``conf/twistmq.toml`` (or
 ``--config``) plus command-line flags. If any listener flag is given, exactly
 the listeners given open; otherwise those of the config file. Every listener
-is checked before anything opens (``mqtt_proxy.listeners``); recovery runs
+is checked before anything opens (``cluster.listeners``); recovery runs
 before any listener opens; then one ``twistmq ready`` line on stdout names every
-bound address. The log (``mqtt_proxy.node_log``) goes to stderr or ``[log] file``.
+bound address. The log (``cluster.node_log``) goes to stderr or ``[log] file``.
 A configuration error, or a port that cannot be bound, is one line on stderr and
 exit code 2.
 """
@@ -25,22 +25,23 @@ from twisted.internet.error import CannotListenError
 from twisted.logger import ILogObserver
 from twisted.python import usage
 
+from cluster import node_log
+from cluster.config import load_config, settle, with_flags
+from cluster.http import http_site
+from cluster.version import twistmq_version
 from lightqueue import attach as attach_lightqueue
 from lightqueue.retained_index import RetainedIndex
-from mqtt_proxy import node_log, tls
+from mqtt_proxy import tls
 from mqtt_proxy.auth.acl import ACLError, load_acl
 from mqtt_proxy.auth.authenticator import Authenticator
 from mqtt_proxy.auth.passwords import PasswordFile, PasswordFileError
 from mqtt_proxy.auth.reload import Reloader, security_targets
 from mqtt_proxy.broker import Broker
-from mqtt_proxy.http import http_site
 from mqtt_proxy.native.config import NativeConfig
 from mqtt_proxy.native.service import NativeService
-from mqtt_proxy.node_config import load_config, settle, with_flags
 from mqtt_proxy.protocol import MQTTServerFactory
 from mqtt_proxy.session_store import SessionStore
 from mqtt_proxy.sys_topics import SysPublisher
-from mqtt_proxy.version import twistmq_version
 from mqtt_proxy.websocket import websocket_factory
 from push.notifier import Notifier
 from push.read_cache import ReadCache
@@ -165,7 +166,7 @@ class NodeService(service.MultiService):
         self.store.retention.add_holder(self.broker.owed)
         self.store.retention.add_holder(self.native.engine.owed)
         self.store.retention.add_carrier(self.retained.records_to_carry)
-        self.sys = SysPublisher(self.broker, self.store, reactor, cfg.mqtt.sys_interval)
+        self.sys = SysPublisher(self.broker, self.store, reactor, cfg.mqtt.sys_interval, twistmq_version())
         self.ports: list = []
         self.extra_stats = [("native", self.native.stats), ("timer", self.timers.stats)]
         self.log_observer = None  # set by make_node_service: twistd's log observer (see setServiceParent)
