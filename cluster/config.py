@@ -1,5 +1,5 @@
-"""The node-wide config (``[node]``, ``[log]``) and reading ``conf/twistmq.toml`` (or ``--config FILE``) into every
-package's config dataclasses, settled for a node.
+"""The node-wide config (``[node]``, ``[log]``), and reading ``conf/twistmq.toml`` (or ``--config FILE``)
+into every package's config dataclasses, settled for a node.
 
 Each section maps to one dataclass; an unknown section or key, or a value of
 the wrong type, is a ConfigError that names it, so the node can exit with one

@@ -1,0 +1,255 @@
+"""The ``node`` role (the embedded default): every part in one process, as one service tree.
+
+Builds the store, the light-queue and retained indexes, the timers, the session
+store, the notifier, the native engine, the broker, $SYS and the listeners, from
+``conf/twistmq.toml`` (or ``--config``) plus command-line flags. If any listener
+flag is given, exactly the listeners given open; otherwise those of the config
+file. Every listener is checked before anything opens (``cluster.listeners``).
+The tree (``node_tree``) starts the parts in order, recovery before any listener
+binds, then prints one ``twistmq ready`` line naming every bound address; it
+stops in reverse. The log (``cluster.node_log``) goes to stderr or ``[log] file``.
+A configuration error, or a port that cannot be bound, is one line on stderr and
+exit code 2.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+from twisted.internet import endpoints
+from twisted.python import usage
+
+from cluster import node_log
+from cluster.config import load_config, settle, with_flags
+from cluster.http import http_site
+from cluster.services import (DatagramListenerService, ListenerService, Part, ReadyLine, RoleService,
+                              SignalService)
+from cluster.version import print_version, twistmq_version
+from lightqueue import attach as attach_lightqueue
+from lightqueue.retained_index import RetainedIndex
+from mqtt_proxy import tls
+from mqtt_proxy.auth.acl import ACLError, load_acl
+from mqtt_proxy.auth.authenticator import Authenticator
+from mqtt_proxy.auth.passwords import PasswordFile, PasswordFileError
+from mqtt_proxy.auth.reload import Reloader, security_targets
+from mqtt_proxy.broker import Broker
+from mqtt_proxy.native.config import NativeConfig
+from mqtt_proxy.native.service import NativeService
+from mqtt_proxy.protocol import MQTTServerFactory
+from mqtt_proxy.session_store import SessionStore
+from mqtt_proxy.sys_topics import SysPublisher
+from mqtt_proxy.websocket import websocket_factory
+from push.notifier import Notifier
+from push.read_cache import ReadCache
+from store.config import ConfigError, from_mapping
+from store.executor import ThreadPoolExecutor
+from store.kv import DurableKV
+from store.message_store import MessageStore, StoreLockedError
+from store.timer_service import TimerService
+
+log = logging.getLogger("twistmq.node")
+
+LISTEN_BACKLOG = 4096
+LISTENER_FLAGS = ("mqtt", "mqtt-tls", "mqtt-ws", "native", "native-udp", "http")
+START_ERRORS = (ConfigError, StoreLockedError, tls.TLSConfigError, PasswordFileError, ACLError, OSError)
+"""What a bad configuration raises while the node is built or started: one line, exit code 2."""
+
+
+class NodeOptions(usage.Options):
+    """Options of ``twistmq node``."""
+
+    optParameters = [
+        ["config", "c", None, "TOML config file (default: conf/twistmq.toml of the checkout)"],
+        ["data-dir", "d", None, "data directory (overrides node.data_dir)"],
+        ["mqtt-tls-ca", None, None, "CA file: TLS clients must present a certificate it signed"],
+        ["ws-path", None, None, "URL path of the WebSocket endpoint (default /mqtt)"],
+    ]
+    optFlags = [["use-identity-as-username", None, "with mutual TLS, the certificate identity is the username"]]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.listeners: dict[str, list[str]] = {}
+
+    def _listener(self, kind: str, value: str) -> None:
+        self.listeners.setdefault(kind.replace("-", "_"), []).append(value)
+
+    def opt_mqtt(self, value):
+        """MQTT over TCP listener, a Twisted endpoint description (repeatable), e.g. tcp:1883:interface=127.0.0.1"""
+        self._listener("mqtt", value)
+
+    def opt_mqtt_tls(self, value):
+        """MQTT over TLS listener, e.g. ssl:8883:privateKey=KEY:certKey=CERT (repeatable)"""
+        self._listener("mqtt-tls", value)
+
+    def opt_mqtt_ws(self, value):
+        """MQTT over WebSocket listener: tcp:8083, or ssl:... for secure WebSocket (repeatable)"""
+        self._listener("mqtt-ws", value)
+
+    def opt_native(self, value):
+        """native JSON protocol over TCP, e.g. tcp:9876:interface=127.0.0.1 (repeatable)"""
+        self._listener("native", value)
+
+    def opt_native_udp(self, value):
+        """native JSON protocol over UDP, [HOST:]PORT (repeatable)"""
+        self._listener("native-udp", value)
+
+    def opt_http(self, value):
+        """HTTP listener for /health and /metrics, e.g. tcp:8080:interface=127.0.0.1 (repeatable)"""
+        self._listener("http", value)
+
+    def opt_version(self):
+        """print twistmq's version and exit"""
+        print_version()
+
+
+def node_config(options: NodeOptions):
+    """The config file with the command line applied on top, checked (see ``cluster.config.settle``)."""
+    cfg = load_config(options["config"])
+    changes = {}
+    if options.listeners:
+        for kind in LISTENER_FLAGS:
+            changes[kind.replace("-", "_")] = tuple(options.listeners.get(kind.replace("-", "_"), ()))
+    if options["data-dir"]:
+        changes["data_dir"] = options["data-dir"]
+    if options["mqtt-tls-ca"]:
+        changes["mqtt_tls_ca"] = options["mqtt-tls-ca"]
+    if options["ws-path"]:
+        changes["ws_path"] = options["ws-path"]
+    if options["use-identity-as-username"]:
+        changes["use_identity_as_username"] = True
+    return settle(with_flags(cfg, changes), set(changes))
+
+
+class NodeParts:
+    """Every part of a node, built and wired but not opened (the data dir is locked): the tree opens them."""
+
+    def __init__(self, reactor, cfg) -> None:
+        self.reactor = reactor
+        self.cfg = cfg
+        data_dir = cfg.node.data_dir
+        self.executor = ThreadPoolExecutor(reactor)
+        self.store = MessageStore(data_dir, cfg.store, reactor, self.executor)  # locks the data dir
+        self.index = attach_lightqueue(self.store)
+        self.retained = RetainedIndex(os.path.join(data_dir, "retained"), cfg.limits.max_retained_messages,
+                                      cfg.limits.max_retained_bytes)
+        self.store.register_dispatcher(self.retained)
+        self.timers = TimerService(self.store, os.path.join(data_dir, "timer"), reactor)  # a dispatcher: before open
+        self.kv = DurableKV(os.path.join(data_dir, "sessions"), reactor, sync=cfg.store.kv_sync)
+        self.notifier = Notifier(reactor)
+        self.store.add_listener(self.notifier.notify)
+        self.store.read_soon = self.notifier.watched
+        mqtt = cfg.mqtt
+        # scrypt runs on its own small pool so password checks never queue behind fsyncs.
+        self.auth_executor = ThreadPoolExecutor(reactor, max_threads=2, name="twistmq-auth")
+        auth = Authenticator(PasswordFile.load(mqtt.password_file) if mqtt.password_file else None,
+                             allow_anonymous=mqtt.allow_anonymous, clock=reactor, executor=self.auth_executor,
+                             use_identity_as_username=cfg.node.use_identity_as_username,
+                             base_delay=mqtt.auth_fail_delay, max_delay=mqtt.auth_fail_delay_max)
+        self.broker = Broker(self.store, SessionStore(self.kv), self.notifier, ReadCache(self.store), self.retained,
+                             reactor, mqtt, cfg.limits, timers=self.timers, auth=auth,
+                             acl=load_acl(mqtt.acl_file or None))
+        self.native = NativeService(self.store, data_dir, from_mapping(NativeConfig, "native", cfg.native), reactor,
+                                    self.timers)
+        # Retention keeps what sessions, shared groups and native consumers still owe, and carries
+        # retained messages ahead of the segments it deletes.
+        self.store.retention.add_holder(self.broker.owed)
+        self.store.retention.add_holder(self.native.engine.owed)
+        self.store.retention.add_carrier(self.retained.records_to_carry)
+        self.sys = SysPublisher(self.broker, self.store, reactor, cfg.mqtt.sys_interval, twistmq_version())
+        self.extra_stats = [("native", self.native.stats), ("timer", self.timers.stats)]
+        self.streams, self.datagrams = self._listeners()
+
+    def _listeners(self):
+        """A ListenerService per stream listener, a DatagramListenerService per UDP one, in flag order."""
+        ca = self.cfg.node.mqtt_tls_ca or None
+        mqtt_factory = MQTTServerFactory(self.broker, self.reactor, cert_identity=tls.peer_identity)
+        ws_factory = websocket_factory(mqtt_factory, self.cfg.node.ws_path, self.reactor,
+                                       self.cfg.limits.max_packet_size)
+        http = http_site(self.broker, self.store, self._extra_stats, self._losses)
+        build = {
+            "mqtt": lambda d: (endpoints.serverFromString(self.reactor, _backlog(d)), mqtt_factory),
+            "mqtt_tls": lambda d: (tls.tls_server_endpoint(self.reactor, _backlog(d), ca), mqtt_factory),
+            "mqtt_ws": lambda d: (tls.server_endpoint(self.reactor, d, ca), ws_factory),
+            "http": lambda d: (endpoints.serverFromString(self.reactor, d), http),
+            "native": lambda d: (endpoints.serverFromString(self.reactor, d), self.native.tcp_factory()),
+        }
+        streams, datagrams = [], []
+        for listener in self.cfg.listeners:
+            if listener.key == "native_udp":
+                datagrams.append(DatagramListenerService(listener, self.native.udp_protocol(), self.reactor))
+                continue
+            try:
+                endpoint, factory = build[listener.key](listener.description)
+            except tls.TLSConfigError as exc:
+                raise ConfigError(f"{listener.where}: {exc}") from None
+            streams.append(ListenerService(listener, endpoint, factory))
+        return streams, datagrams
+
+    def reloader(self) -> Reloader:
+        """SIGHUP re-reads the password file, the ACL and the TLS certificates (mqtt_proxy/auth/reload.py)."""
+        contexts = [(svc.listener.key.replace("_", "-"), svc.endpoint.context_factory)
+                    for svc in self.streams if isinstance(svc.endpoint, tls.TLSServerEndpoint)]
+        return Reloader(security_targets(self.broker.auth.password_file, self.broker.acl, contexts))
+
+    def _losses(self):
+        """Messages that went away undelivered, for /metrics: expiry, and what a disk limit deleted."""
+        stats, native = self.broker.stats, self.native.counters
+        return {
+            "twistmq_expired_messages": ("stored messages whose expiry (MQTT message expiry, native ttl) passed "
+                                         "before delivery", stats.messages_expired + native["expired"]),
+            "twistmq_delivery_gap_messages": ("owed messages a reader found deleted by a disk limit",
+                                              stats.messages_gap + native["gap"]),
+            "twistmq_retained_dropped_messages": ("retained messages a disk limit deleted", self.retained.dropped),
+            "twistmq_dead_lettered_messages": ("popped messages moved to a dead-letter queue",
+                                               native["dead_lettered"]),
+        }
+
+    def _extra_stats(self):
+        return [(prefix, fn()) for prefix, fn in self.extra_stats]
+
+
+def node_tree(parts: NodeParts) -> RoleService:
+    """The node's service tree in start order; stop runs it backwards (listeners first, the store last)."""
+    cfg = parts.cfg
+    node = RoleService("node", parts.reactor, START_ERRORS, cfg.log.file)
+    listeners = parts.streams + parts.datagrams
+
+    def announce():
+        log.info("node_ready version=%s data_dir=%s log=%s", twistmq_version(), cfg.node.data_dir,
+                 cfg.log.file or "stderr")
+
+    children = [
+        SignalService("reload", signal.SIGHUP, parts.reloader().reload, parts.reactor),
+        Part("executor", start=parts.executor.start, stop=parts.executor.stop),
+        Part("auth-executor", start=parts.auth_executor.start, stop=parts.auth_executor.stop),
+        Part("sessions-kv", stop=parts.kv.close),  # opened when built; closed after the store
+        Part("store", start=parts.store.open, stop=parts.store.close),
+        Part("timers", start=parts.timers.start, stop=parts.timers.stop),
+        Part("native", start=parts.native.open, stop=parts.native.stop),
+        Part("broker", start=parts.broker.restore, stop=parts.broker.shutdown),
+        Part("sys", start=parts.sys.start, stop=parts.sys.stop),
+        *listeners,
+        ReadyLine(listeners, announce),
+    ]
+    for child in children:
+        child.setServiceParent(node)
+    return node
+
+
+def build_node(options: NodeOptions, reactor) -> RoleService:
+    """Build the node from its options; a bad config or a locked data dir raises one of START_ERRORS."""
+    cfg = node_config(options)
+    observer = node_log.configure(cfg.log)
+    node = node_tree(NodeParts(reactor, cfg))
+    node.log_observer = observer
+    return node
+
+
+def _backlog(description: str) -> str:
+    """Twisted listens with a backlog of 50: a burst of device reconnects overflows it and each
+    dropped SYN costs the device a one-second retry, so MQTT listeners ask for more unless told."""
+    if description.split(":", 1)[0] in ("tcp", "ssl") and "backlog=" not in description:
+        return description + ":backlog=" + str(LISTEN_BACKLOG)
+    return description
