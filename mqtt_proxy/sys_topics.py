@@ -19,7 +19,6 @@ import math
 
 from twisted.internet import task
 
-from mqtt_proxy.version import twistmq_version
 from store import record as rec
 
 LOAD_WINDOWS = (("1min", 60.0), ("5min", 300.0), ("15min", 900.0))
@@ -37,12 +36,12 @@ LOAD_FIGURES = {
 """``load/<name>/...`` -> the BrokerStats counter it averages."""
 
 
-def sys_values(broker, store) -> dict[str, str]:
-    """Topic suffix -> value, as text."""
+def sys_values(broker, store, version: str) -> dict[str, str]:
+    """Topic suffix -> value, as text; *version* is twistmq's, as the composition root read it."""
     s = broker.stats
     sessions = broker.sessions
     return {
-        "version": f"twistmq version {twistmq_version()}",
+        "version": f"twistmq version {version}",
         "uptime": f"{int(broker.clock.seconds() - broker.started_at)} seconds",
         "clients/connected": str(s.clients_connected),
         "clients/disconnected": str(len(sessions) - s.clients_connected),
@@ -84,8 +83,9 @@ class LoadAverage:
 class SysPublisher:
     """Publishes the $SYS values every ``interval`` seconds, retained."""
 
-    def __init__(self, broker, store, clock, interval: float) -> None:
+    def __init__(self, broker, store, clock, interval: float, version: str) -> None:
         self.broker = broker
+        self.version = version
         self.store = store
         self.clock = clock
         self.loop = task.LoopingCall(self.publish)
@@ -103,7 +103,7 @@ class SysPublisher:
 
     def values(self) -> dict[str, str]:
         """Every $SYS/broker/ suffix -> its text now, load figures included (and updated)."""
-        values = sys_values(self.broker, self.store)
+        values = sys_values(self.broker, self.store, self.version)
         now = self.clock.seconds()
         for name, counter in LOAD_FIGURES.items():
             for window, value in self.loads[name].update(now, counter(self.broker.stats)).items():

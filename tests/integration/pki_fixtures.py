@@ -9,7 +9,7 @@ import tempfile
 
 from twisted.internet import ssl
 
-from mqtt_proxy.admin.certs import (Issued, make_ca, make_client_cert, make_self_signed, make_server_cert,
+from cluster.admin.certs import (Issued, make_ca, make_client_cert, make_self_signed, make_server_cert,
                                     write_issued)
 
 

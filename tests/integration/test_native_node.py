@@ -1,6 +1,6 @@
 """The native protocol against a real ``twistd -n twistmq node`` process: produce/consume, SIGKILL, restart.
 
-Skipped until the node role wires the NativeService (``mqtt_proxy/tap.py``).
+Skipped until the node role wires the NativeService (``cluster/node.py``).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import pytest
 from mqtt_proxy.native.client import BlockingClient
 from tests.integration.node import ROOT, NodeProcess
 
-_TAP = os.path.join(ROOT, "mqtt_proxy", "tap.py")
+_TAP = os.path.join(ROOT, "cluster", "node.py")
 _WIRED = os.path.exists(_TAP) and "NativeService" in open(_TAP).read()
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not _WIRED, reason="mqtt_proxy/tap.py does not wire the NativeService yet")]
+              pytest.mark.skipif(not _WIRED, reason="cluster/node.py does not wire the NativeService yet")]
 
 
 def _udp(port: int, obj: dict) -> dict:

@@ -21,7 +21,7 @@ import time
 import pytest
 from cryptography import x509
 
-from mqtt_proxy.admin.certs import make_server_cert, write_issued
+from cluster.admin.certs import make_server_cert, write_issued
 from mqtt_proxy.auth.passwords import hash_password
 from tests.integration.node import TWISTD, NodeProcess
 from tests.integration.pki_fixtures import PKI

@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from mqtt_proxy.admin.certs import make_ca, make_client_cert, write_issued
+from cluster.admin.certs import make_ca, make_client_cert, write_issued
 from tests.integration.node import NodeProcess
 from tests.integration.pki_fixtures import PKI
 from tests.integration.security_support import (Paho, add_user, node_logs, paho_round_trip, raw, toml_str, unique,

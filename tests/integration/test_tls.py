@@ -10,7 +10,7 @@ from twisted.internet.endpoints import SSL4ClientEndpoint
 from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial import unittest
 
-from mqtt_proxy.admin.certs import make_server_cert, write_issued
+from cluster.admin.certs import make_server_cert, write_issued
 from mqtt_proxy.tls import (TLSConfigError, certificate_identity, parse_description, peer_identity,
                             server_endpoint, tls_server_endpoint)
 from tests.integration.pki_fixtures import PKI, temp_dir

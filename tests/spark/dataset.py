@@ -12,7 +12,7 @@ ground truth.
   ground truth uses what it stored; the published content is checked first.
 
 ``node_available()`` says whether the node role exists in this checkout
-(``mqtt_proxy/tap.py``); the ``published`` fixture in ``conftest.py`` picks the
+(``cluster/node.py``); the ``published`` fixture in ``conftest.py`` picks the
 node when it does (``TWISTMQ_SPARK_DATASET=store`` forces the store).
 """
 
@@ -164,7 +164,7 @@ def telemetry(seed: int = 7, devices: int = 6, minutes: int = 12, per_minute: in
 
 def node_available() -> bool:
     """True when this checkout has the node role (the composition root of the MQTT proxy)."""
-    return os.path.exists(os.path.join(ROOT, "mqtt_proxy", "tap.py"))
+    return os.path.exists(os.path.join(ROOT, "cluster", "node.py"))
 
 
 @dataclass

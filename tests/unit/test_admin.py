@@ -8,9 +8,9 @@ import sys
 import pytest
 from cryptography import x509
 
-from mqtt_proxy.admin import passwd
-from mqtt_proxy.admin.errors import AdminError
-from mqtt_proxy.admin.main import main
+from cluster.admin import passwd
+from cluster.admin.errors import AdminError
+from cluster.admin.main import main
 from mqtt_proxy.auth.passwords import PasswordFile
 
 
@@ -19,7 +19,7 @@ def admin_command():
     script = os.path.join(os.path.dirname(sys.executable), "twistmq-admin")
     if os.path.exists(script):
         return [script]
-    return [sys.executable, "-m", "mqtt_proxy.admin.main"]
+    return [sys.executable, "-m", "cluster.admin.main"]
 
 
 def test_real_command_certs_and_passwd(tmp_path):

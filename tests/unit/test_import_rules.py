@@ -25,7 +25,6 @@ LOADS_ROCKSDICT = {
     "mqtt_proxy.broker": "imports mqtt_proxy.session and mqtt_proxy.session_store",
     "mqtt_proxy.protocol": "imports mqtt_proxy.subscribe",
     "mqtt_proxy.native.service": "wiring: builds lightqueue's NativeEngine on a store.kv DurableKV",
-    "mqtt_proxy.tap": "the composition root (store, lightqueue, every service), moving to cluster/",
 }
 
 # Imports the modules one by one and names the first one whose import brought rocksdict in.

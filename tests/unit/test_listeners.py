@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from mqtt_proxy.listeners import check_exposure, is_loopback, parse_listener, unparse
+from cluster.listeners import check_exposure, is_loopback, parse_listener, unparse
 from mqtt_proxy.tls import parse_description
 from store.config import ConfigError
 

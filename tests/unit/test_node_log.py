@@ -10,8 +10,8 @@ import pytest
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from mqtt_proxy.config import LogConfig
-from mqtt_proxy.node_log import FORMAT, configure
+from cluster.config import LogConfig
+from cluster.node_log import FORMAT, configure
 from store.config import ConfigError
 
 LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) \S+ \S")

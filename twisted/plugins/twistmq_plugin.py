@@ -1,5 +1,5 @@
-"""The twistmq twistd plugin: ``twistd -n twistmq node ...`` (see mqtt_proxy/tap.py)."""
+"""The twistmq twistd plugin: ``twistd -n twistmq node ...`` (see cluster/tap.py)."""
 
 from twisted.application.service import ServiceMaker
 
-twistmq = ServiceMaker("twistmq", "mqtt_proxy.tap", "twistmq MQTT/IoT messaging engine", "twistmq")
+twistmq = ServiceMaker("twistmq", "cluster.tap", "twistmq MQTT/IoT messaging engine", "twistmq")

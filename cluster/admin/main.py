@@ -3,7 +3,7 @@
 A subcommand module exposes ``register(subparsers)``, which adds its parser and
 sets ``func=run`` with ``run(args) -> int``. To add one (e.g. ``status``), add
 its module to ``SUBCOMMANDS``. A subcommand reports a user error by raising
-``mqtt_proxy.admin.errors.AdminError``: ``main`` prints it as one line on stderr and exits 2; usage
+``cluster.admin.errors.AdminError``: ``main`` prints it as one line on stderr and exits 2; usage
 errors are one line and exit 2 too.
 """
 
@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mqtt_proxy.admin import certs, passwd
-from mqtt_proxy.admin.errors import AdminError
-from mqtt_proxy.version import twistmq_version
+from cluster.admin import certs, passwd
+from cluster.admin.errors import AdminError
+from cluster.version import twistmq_version
 
 __all__ = ["AdminError", "SUBCOMMANDS", "build_parser", "main"]
 

@@ -13,7 +13,7 @@ import getpass
 import os
 import sys
 
-from mqtt_proxy.admin.errors import AdminError
+from cluster.admin.errors import AdminError
 from mqtt_proxy.auth.passwords import PasswordFile, PasswordFileError, validate_username
 
 __all__ = ["read_password", "register", "run"]

@@ -1,12 +1,13 @@
-"""The composition root of the ``node`` role: ``twistd -n twistmq node [options]``.
+"""The ``node`` role (the embedded default): every part in one process, as one service tree.
 
-Builds the store, the light-queue and retained indexes, the session store, the
-notifier, the broker and the listeners, from ``conf/twistmq.toml`` (or
-``--config``) plus command-line flags. If any listener flag is given, exactly
-the listeners given open; otherwise those of the config file. Every listener
-is checked before anything opens (``mqtt_proxy.listeners``); recovery runs
-before any listener opens; then one ``twistmq ready`` line on stdout names every
-bound address. The log (``mqtt_proxy.node_log``) goes to stderr or ``[log] file``.
+Builds the store, the light-queue and retained indexes, the timers, the session
+store, the notifier, the native engine, the broker, $SYS and the listeners, from
+``conf/twistmq.toml`` (or ``--config``) plus command-line flags. If any listener
+flag is given, exactly the listeners given open; otherwise those of the config
+file. Every listener is checked before anything opens (``cluster.listeners``).
+The tree (``node_tree``) starts the parts in order, recovery before any listener
+binds, then prints one ``twistmq ready`` line naming every bound address; it
+stops in reverse. The log (``cluster.node_log``) goes to stderr or ``[log] file``.
 A configuration error, or a port that cannot be bound, is one line on stderr and
 exit code 2.
 """
@@ -17,31 +18,29 @@ import gc
 import logging
 import os
 import signal
-import sys
-import threading
 
-from twisted.application import service
-from twisted.internet import defer, endpoints
-from twisted.internet.error import CannotListenError
-from twisted.logger import ILogObserver
+from twisted.internet import endpoints
 from twisted.python import usage
 
+from cluster import node_log
+from cluster.config import load_config, settle, with_flags
+from cluster.http import http_site
+from cluster.services import (DatagramListenerService, ListenerService, Part, ReadyLine, RoleService,
+                              SignalService)
+from cluster.version import print_version, twistmq_version
 from lightqueue import attach as attach_lightqueue
 from lightqueue.retained_index import RetainedIndex
-from mqtt_proxy import node_log, tls
+from mqtt_proxy import tls
 from mqtt_proxy.auth.acl import ACLError, load_acl
 from mqtt_proxy.auth.authenticator import Authenticator
 from mqtt_proxy.auth.passwords import PasswordFile, PasswordFileError
 from mqtt_proxy.auth.reload import Reloader, security_targets
 from mqtt_proxy.broker import Broker
-from mqtt_proxy.http import http_site
 from mqtt_proxy.native.service import NativeService
-from mqtt_proxy.node_config import load_config, settle, with_flags
 from mqtt_proxy.protocol import MQTTServerFactory
 from mqtt_proxy.reactor_lag import ReactorLagProbe
 from mqtt_proxy.session_store import SessionStore
 from mqtt_proxy.sys_topics import SysPublisher
-from mqtt_proxy.version import twistmq_version
 from mqtt_proxy.websocket import websocket_factory
 from push.notifier import Notifier
 from push.read_cache import ReadCache
@@ -56,13 +55,7 @@ log = logging.getLogger("twistmq.node")
 LISTEN_BACKLOG = 4096
 LISTENER_FLAGS = ("mqtt", "mqtt-tls", "mqtt-ws", "native", "native-udp", "http")
 START_ERRORS = (ConfigError, StoreLockedError, tls.TLSConfigError, PasswordFileError, ACLError, OSError)
-"""What a bad configuration raises while the node is built: one line and exit code 2, no traceback."""
-
-
-def print_version() -> None:
-    """``--version``: print twistmq's version and exit 0."""
-    print(f"twistmq {twistmq_version()}", file=sys.__stdout__, flush=True)
-    raise SystemExit(0)
+"""What a bad configuration raises while the node is built or started: one line, exit code 2."""
 
 
 class NodeOptions(usage.Options):
@@ -113,7 +106,7 @@ class NodeOptions(usage.Options):
 
 
 def node_config(options: NodeOptions):
-    """The config file with the command line applied on top, checked (see ``node_config.settle``)."""
+    """The config file with the command line applied on top, checked (see ``cluster.config.settle``)."""
     cfg = load_config(options["config"])
     changes = {}
     if options.listeners:
@@ -130,11 +123,10 @@ def node_config(options: NodeOptions):
     return settle(with_flags(cfg, changes), set(changes))
 
 
-class NodeService(service.MultiService):
-    """Opens the store, restores sessions, then binds every listener and says it is ready."""
+class NodeParts:
+    """Every part of a node, built and wired but not opened (the data dir is locked): the tree opens them."""
 
     def __init__(self, reactor, cfg) -> None:
-        super().__init__()
         self.reactor = reactor
         self.cfg = cfg
         data_dir = cfg.node.data_dir
@@ -170,22 +162,13 @@ class NodeService(service.MultiService):
         self.store.retention.add_holder(self.broker.owed)
         self.store.retention.add_holder(self.native.engine.owed)
         self.store.retention.add_carrier(self.retained.records_to_carry)
-        self.sys = SysPublisher(self.broker, self.store, reactor, cfg.mqtt.sys_interval)
+        self.sys = SysPublisher(self.broker, self.store, reactor, cfg.mqtt.sys_interval, twistmq_version())
         self.lag = ReactorLagProbe(reactor)  # twistmq_reactor_lag_seconds: nothing may hold the reactor
-        self.ports: list = []
         self.extra_stats = [("native", self.native.stats), ("timer", self.timers.stats)]
-        self.log_observer = None  # set by make_node_service: twistd's log observer (see setServiceParent)
         self.streams, self.datagrams = self._listeners()
 
-    def setServiceParent(self, parent):  # noqa: N802 - Twisted interface
-        # twistd takes its log observer from the application this service joins, if it has one:
-        # ours sends Twisted's events to the node's own log handler, so every event has one format.
-        if self.log_observer is not None and hasattr(parent, "setComponent"):
-            parent.setComponent(ILogObserver, self.log_observer)
-        return super().setServiceParent(parent)
-
     def _listeners(self):
-        """(listener, endpoint, factory) for every stream listener; (listener, protocol) for UDP, in flag order."""
+        """A ListenerService per stream listener, a DatagramListenerService per UDP one, in flag order."""
         ca = self.cfg.node.mqtt_tls_ca or None
         mqtt_factory = MQTTServerFactory(self.broker, self.reactor, cert_identity=tls.peer_identity)
         ws_factory = websocket_factory(mqtt_factory, self.cfg.node.ws_path, self.reactor,
@@ -201,14 +184,20 @@ class NodeService(service.MultiService):
         streams, datagrams = [], []
         for listener in self.cfg.listeners:
             if listener.key == "native_udp":
-                datagrams.append((listener, self.native.udp_protocol()))
+                datagrams.append(DatagramListenerService(listener, self.native.udp_protocol(), self.reactor))
                 continue
             try:
                 endpoint, factory = build[listener.key](listener.description)
             except tls.TLSConfigError as exc:
                 raise ConfigError(f"{listener.where}: {exc}") from None
-            streams.append((listener, endpoint, factory))
+            streams.append(ListenerService(listener, endpoint, factory))
         return streams, datagrams
+
+    def reloader(self) -> Reloader:
+        """SIGHUP re-reads the password file, the ACL and the TLS certificates (mqtt_proxy/auth/reload.py)."""
+        contexts = [(svc.listener.key.replace("_", "-"), svc.endpoint.context_factory)
+                    for svc in self.streams if isinstance(svc.endpoint, tls.TLSServerEndpoint)]
+        return Reloader(security_targets(self.broker.auth.password_file, self.broker.acl, contexts))
 
     def _losses(self):
         """Messages that went away undelivered, for /metrics: expiry, and what a disk limit deleted."""
@@ -226,82 +215,46 @@ class NodeService(service.MultiService):
     def _extra_stats(self):
         return [(prefix, fn()) for prefix, fn in self.extra_stats]
 
-    def startService(self) -> None:
-        super().startService()
-        self._install_reload()
-        d = defer.maybeDeferred(self._start)
-        d.addErrback(self._start_failed)
 
-    @defer.inlineCallbacks
-    def _start(self):
-        self.executor.start()
-        self.auth_executor.start()
-        self.store.open()
-        self.timers.start()
-        yield self.native.open()
-        yield self.broker.restore()
-        self.sys.start()
-        bound = []
-        for listener, endpoint, factory in self.streams:
-            port = yield _listen(listener, lambda: endpoint.listen(factory))
-            self.ports.append(port)
-            bound.append(f"{_name(listener)}={_address(port)}")
-        for listener, proto in self.datagrams:
-            port = yield _listen(listener, lambda: self.reactor.listenUDP(listener.port, proto,
-                                                                         interface=listener.interface))
-            self.ports.append(port)
-            bound.append(f"{_name(listener)}={_address(port)}")
+def node_tree(parts: NodeParts) -> RoleService:
+    """The node's service tree in start order; stop runs it backwards (listeners first, the store last)."""
+    cfg = parts.cfg
+    node = RoleService("node", parts.reactor, START_ERRORS, cfg.log.file)
+    listeners = parts.streams + parts.datagrams
+
+    def announce():
+        log.info("node_ready version=%s data_dir=%s log=%s", twistmq_version(), cfg.node.data_dir,
+                 cfg.log.file or "stderr")
+
+    children = [
+        SignalService("reload", signal.SIGHUP, parts.reloader().reload, parts.reactor),
+        Part("executor", start=parts.executor.start, stop=parts.executor.stop),
+        Part("auth-executor", start=parts.auth_executor.start, stop=parts.auth_executor.stop),
+        Part("sessions-kv", stop=parts.kv.close),  # opened when built; closed after the store
+        Part("store", start=parts.store.open, stop=parts.store.close),
+        Part("timers", start=parts.timers.start, stop=parts.timers.stop),
+        Part("native", start=parts.native.open, stop=parts.native.stop),
+        Part("broker", start=parts.broker.restore, stop=parts.broker.shutdown),
+        Part("sys", start=parts.sys.start, stop=parts.sys.stop),
+        *listeners,
         # Everything alive now (modules, recovered state) stays alive: out of the collector's full passes,
-        # which stop the reactor for as long as they walk the heap (measured: about half the pause).
-        gc.freeze()
-        self.lag.start()  # after recovery, which blocks by design
-        print("twistmq ready " + " ".join(bound), file=sys.__stdout__, flush=True)
-        log.info("node_ready version=%s data_dir=%s log=%s", twistmq_version(), self.cfg.node.data_dir,
-                 self.cfg.log.file or "stderr")
+        # which stop the reactor for as long as they walk the heap (measured: about half the pause). The lag
+        # probe starts after recovery, which blocks by design.
+        Part("lag-probe", start=lambda: (gc.freeze(), parts.lag.start()), stop=parts.lag.stop),
+        ReadyLine(listeners, announce),
+    ]
+    for child in children:
+        child.setServiceParent(node)
+    return node
 
-    def _start_failed(self, failure) -> None:
-        expected = failure.check(*START_ERRORS)
-        reason = failure.getErrorMessage() if expected else f"cannot start: {failure.getErrorMessage()}"
-        print(f"twistmq: {reason}", file=sys.__stderr__, flush=True)
-        if expected and self.cfg.log.file:
-            log.error("start_failed %s", failure.getErrorMessage())  # the file says why the node stopped
-        elif not expected:
-            log.error("start_failed %s", failure.getTraceback())  # a bug: the traceback is the useful part
-        try:
-            self.store.close()
-            self.kv.close()
-            self.native.kv.close()
-        finally:
-            os._exit(2 if expected else 1)
 
-    def _install_reload(self) -> None:
-        """SIGHUP re-reads the password file, the ACL and the TLS certificates (mqtt_proxy/auth/reload.py)."""
-        contexts = [(listener.key.replace("_", "-"), endpoint.context_factory)
-                    for listener, endpoint, _ in self.streams if isinstance(endpoint, tls.TLSServerEndpoint)]
-        self.reloader = Reloader(security_targets(self.broker.auth.password_file, self.broker.acl, contexts))
-        self._previous_sighup = None
-        if threading.current_thread() is threading.main_thread():  # signal.signal works there only
-            # The handler runs between two bytecodes of the reactor's thread: hand the work to the reactor.
-            self._previous_sighup = signal.signal(
-                signal.SIGHUP, lambda _signum, _frame: self.reactor.callFromThread(self.reloader.reload))
-
-    @defer.inlineCallbacks
-    def stopService(self):
-        if getattr(self, "_previous_sighup", None) is not None:
-            signal.signal(signal.SIGHUP, self._previous_sighup)
-        self.lag.stop()
-        self.sys.stop()
-        for port in self.ports:
-            yield port.stopListening()
-        self.broker.shutdown()
-        yield super().stopService()
-        yield self.native.stop()
-        yield self.timers.stop()
-        yield self.store.close()
-        self.kv.close()
-        self.executor.stop()
-        self.auth_executor.stop()
-        log.info("node_stopped")
+def build_node(options: NodeOptions, reactor) -> RoleService:
+    """Build the node from its options; a bad config or a locked data dir raises one of START_ERRORS."""
+    cfg = node_config(options)
+    observer = node_log.configure(cfg.log)
+    node = node_tree(NodeParts(reactor, cfg))
+    node.log_observer = observer
+    return node
 
 
 def _backlog(description: str) -> str:
@@ -310,60 +263,3 @@ def _backlog(description: str) -> str:
     if description.split(":", 1)[0] in ("tcp", "ssl") and "backlog=" not in description:
         return description + ":backlog=" + str(LISTEN_BACKLOG)
     return description
-
-
-def _address(port) -> str:
-    host = port.getHost()
-    if hasattr(host, "name"):  # a unix socket
-        return host.name.decode() if isinstance(host.name, bytes) else str(host.name)
-    return f"{getattr(host, 'host', '?')}:{getattr(host, 'port', '?')}"
-
-
-def _name(listener) -> str:
-    """The listener's name in the ready line: its flag without dashes (mqtt, mqtt-tls, native-udp, ...)."""
-    return listener.key.replace("_", "-")
-
-
-def _listen(listener, listen) -> defer.Deferred:
-    """Call *listen*; a port that cannot be bound becomes a ConfigError naming the listener, without a traceback."""
-    def failed(failure):
-        failure.trap(CannotListenError)
-        reason = failure.value.socketError
-        reason = getattr(reason, "strerror", None) or str(reason)
-        raise ConfigError(f"cannot listen on {listener.where}: {reason}")
-    return defer.maybeDeferred(listen).addErrback(failed)
-
-
-def make_node_service(options: NodeOptions, reactor=None) -> NodeService:
-    """Build the node; a bad config or a locked data dir exits with one line naming the cause."""
-    if reactor is None:
-        from twisted.internet import reactor  # the composition root is where the global reactor is used
-    try:
-        cfg = node_config(options)
-        observer = node_log.configure(cfg.log)
-        node = NodeService(reactor, cfg)
-    except START_ERRORS as exc:
-        print(f"twistmq: {exc}", file=sys.__stderr__, flush=True)
-        raise SystemExit(2)
-    node.log_observer = observer
-    return node
-
-
-class Options(usage.Options):
-    """``twistd twistmq <role>``."""
-
-    subCommands = [["node", None, NodeOptions, "every role in one process (the embedded default)"]]
-
-    def opt_version(self):
-        """print twistmq's version and exit"""
-        print_version()
-
-    def postOptions(self) -> None:
-        if self.subCommand is None:
-            raise usage.UsageError("name a role: node")
-
-
-def makeService(options: Options):
-    if options.subCommand == "node":
-        return make_node_service(options.subOptions)
-    raise usage.UsageError(f"unknown role {options.subCommand}")

@@ -1,4 +1,5 @@
-"""Reading ``conf/twistmq.toml`` (or ``--config FILE``) into the config dataclasses, and settling it for a node.
+"""The node-wide config (``[node]``, ``[log]``), and reading ``conf/twistmq.toml`` (or ``--config FILE``)
+into every package's config dataclasses, settled for a node.
 
 Each section maps to one dataclass; an unknown section or key, or a value of
 the wrong type, is a ConfigError that names it, so the node can exit with one
@@ -9,7 +10,7 @@ Paths: relative paths in the file (``data_dir``, ``mqtt_tls_ca``,
 listeners) start at the file's directory; command-line values start at the
 working directory. ``settle`` makes every path absolute, checks that the files
 exist (the message names the key and the path it looked at), parses the
-listeners and applies the exposure rule of ``mqtt_proxy.listeners``.
+listeners and applies the exposure rule of ``cluster.listeners``.
 """
 
 from __future__ import annotations
@@ -19,9 +20,55 @@ import os
 import tomllib
 from dataclasses import dataclass
 
-from mqtt_proxy.config import LimitsConfig, LogConfig, MQTTConfig, NodeConfig
-from mqtt_proxy.listeners import FLAGS, Listener, check_exposure, parse_listener, resolve_path
+from cluster.listeners import FLAGS, Listener, check_exposure, parse_listener, resolve_path
+from mqtt_proxy.config import LimitsConfig, MQTTConfig
 from store.config import ConfigError, StoreConfig, from_mapping
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """The ``[node]`` section: where the node keeps its data and what it listens on."""
+
+    data_dir: str = "../data"
+    """Data directory (commit log, indexes, sessions); relative paths start at the config file's directory (the default is the checkout's data/)."""
+    mqtt: tuple[str, ...] = ("tcp:1883:interface=127.0.0.1",)
+    """MQTT over TCP listeners, as Twisted endpoint descriptions (``tcp:PORT:interface=ADDRESS``; without ``interface=`` a listener faces every interface, see allow_anonymous)."""
+    mqtt_tls: tuple[str, ...] = ()
+    """MQTT over TLS listeners (``ssl:8883:privateKey=KEY:certKey=CERT``); relative file names in ssl: listeners of this file start at its directory."""
+    mqtt_tls_ca: str = ""
+    """CA file: when set, TLS clients must present a certificate it signed. A relative path starts at the config file's directory."""
+    mqtt_ws: tuple[str, ...] = ()
+    """MQTT over WebSocket listeners (``tcp:`` plain, ``ssl:`` secure)."""
+    ws_path: str = "/mqtt"
+    """URL path of the WebSocket endpoint."""
+    use_identity_as_username: bool = False
+    """With mutual TLS, the client certificate's CN (or first SAN) becomes the username."""
+    native: tuple[str, ...] = ()
+    """Native JSON protocol over TCP listeners."""
+    native_udp: tuple[str, ...] = ()
+    """Native JSON protocol over UDP, as ``[HOST:]PORT``."""
+    http: tuple[str, ...] = ("tcp:8080:interface=127.0.0.1",)
+    """HTTP listeners: /health and /metrics, without authentication. One reachable from other hosts must name its interface (``interface=0.0.0.0`` for all): a bare ``tcp:8080`` is refused."""
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """The ``[log]`` section: where the node's log goes and how much of it."""
+
+    level: str = "INFO"
+    """Lowest level written: DEBUG, INFO, WARNING, ERROR or CRITICAL (WARNING drops connect, disconnect and other routine lines)."""
+    file: str = ""
+    """Log file, appended to and reopened when moved (logrotate); empty: standard error. A relative path starts at the config file's directory."""
+    connection_messages: bool = True
+    """Log each client's connect and disconnect at INFO (client_connected, client_disconnected, mqtt.auth.ok), as Mosquitto's connection_messages. Refused connects are logged either way."""
+
+    def validate(self) -> None:
+        if self.level.upper() not in LOG_LEVELS:
+            raise ConfigError(f"level must be one of {', '.join(LOG_LEVELS)}, not {self.level!r}")
+
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf", "twistmq.toml")
 

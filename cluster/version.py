@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from importlib import metadata
 
 
@@ -11,3 +12,9 @@ def twistmq_version() -> str:
         return metadata.version("twistmq")
     except metadata.PackageNotFoundError:
         return "unknown"
+
+
+def print_version() -> None:
+    """``--version``: print twistmq's version and exit 0."""
+    print(f"twistmq {twistmq_version()}", file=sys.__stdout__, flush=True)
+    raise SystemExit(0)

@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from mqtt_proxy.admin.errors import AdminError
+from cluster.admin.errors import AdminError
 
 __all__ = [
     "Issued",
