@@ -19,9 +19,12 @@ import json
 import struct
 from dataclasses import dataclass, field
 
+from typing import TYPE_CHECKING
+
 from twisted.internet import defer
 
-from store.kv import DurableKV
+if TYPE_CHECKING:  # the KV is handed in by the composition root; its RocksDB stays on the broker side
+    from store.kv import DurableKV
 
 _PID = struct.Struct(">H")
 SEP = b"\x00"
