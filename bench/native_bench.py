@@ -44,7 +44,7 @@ def serve(data_dir: str, port: int) -> None:
 
     import lightqueue
     from store.config import NativeConfig
-    from mqtt_proxy.native.service import NativeService
+    from cluster.native_service import NativeService
     from store.config import StoreConfig
     from store.executor import ThreadPoolExecutor
     from store.message_store import MessageStore

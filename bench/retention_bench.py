@@ -29,7 +29,7 @@ from store.config import StoreConfig
 from store.executor import SynchronousExecutor
 from store.message_store import MessageStore
 from store.record import Message
-from store.retention import Owed
+from store.api import Owed
 
 RETENTION_S = 60.0
 

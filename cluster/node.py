@@ -36,7 +36,7 @@ from mqtt_proxy.auth.authenticator import Authenticator
 from mqtt_proxy.auth.passwords import PasswordFile, PasswordFileError
 from mqtt_proxy.auth.reload import Reloader, security_targets
 from mqtt_proxy.broker import Broker
-from mqtt_proxy.native.service import NativeService
+from cluster.native_service import NativeService
 from mqtt_proxy.protocol import MQTTServerFactory
 from mqtt_proxy.reactor_lag import ReactorLagProbe
 from mqtt_proxy.session_store import SessionStore

@@ -41,7 +41,7 @@ from store.kv import DurableKV
 from store.message_store import MessageStore, PutResult, PutStatus
 from store.native_types import Item, Request
 from store.record import EXPIRES_AT
-from store.retention import Owed
+from store.api import Owed
 
 log = logging.getLogger("twistmq.native")
 

@@ -26,7 +26,7 @@ from mqtt_proxy.session_store import SessionStore
 from mqtt_proxy.shared import SharedGroup
 from mqtt_proxy.stats import BrokerStats
 from store import record as rec
-from store.retention import Owed
+from store.api import Owed
 
 log = logging.getLogger("twistmq.mqtt.broker")
 

@@ -25,7 +25,7 @@ from mqtt_proxy.codec.reason import DISCONNECT_CODES
 from mqtt_proxy.codec.packets import PING_RESP, Auth, Properties
 from mqtt_proxy.publish import handle_publish, handle_pubrel
 from mqtt_proxy.subscribe import handle_subscribe, handle_unsubscribe
-from store.message_store import PutStatus
+from store.api import AppendStatus as PutStatus
 
 log = logging.getLogger("twistmq.mqtt.protocol")
 

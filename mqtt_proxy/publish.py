@@ -14,7 +14,7 @@ from lightqueue.topic import TopicError, validate_topic_name
 from mqtt_proxy import message_props
 from mqtt_proxy.codec import MQTT_5, NO_PROPERTIES, PubAck, PubComp, PubRec, ReasonCode
 from store import record as rec
-from store.message_store import PutStatus
+from store.api import AppendStatus as PutStatus
 
 log = logging.getLogger("twistmq.mqtt.publish")
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Callable, Protocol, runtime_checkable
+from typing import Callable, NamedTuple, Protocol, runtime_checkable
 
 from twisted.internet import defer
 
@@ -34,7 +34,7 @@ from store.record import Message, Record
 
 __all__ = [
     "AppendResult", "AppendStatus", "InvalidArgument", "InternalError", "MessageLog", "NativeAddress",
-    "NativeDelivery", "NativeError", "NativeItem", "NativeProduced", "NativeQueues", "NotFound", "OutboundState",
+    "NativeDelivery", "NativeError", "NativeItem", "NativeProduced", "NativeQueues", "NotFound", "OutboundState", "Owed",
     "QueuePosition", "Queues", "QuotaExceeded", "ReadResult", "QueuedMessage", "Retained", "RetainedMessage",
     "SessionMeta", "SessionState", "Sessions", "Store", "StoreError", "SubscriptionState", "Timers", "Unavailable",
     "Watch", "WrongGroup", "native_types",
@@ -91,10 +91,20 @@ class InternalError(StoreError):
     code = "internal"
 
 
+# -- retention ----------------------------------------------------------------------------------
+
+class Owed(NamedTuple):
+    """An owner still owes delivery of ``queue`` from ``queue_offset`` on (see ``store.retention``)."""
+
+    owner: str  # who: "session <client id>", "share <group> <filter>", "native <queue> group <group>"
+    queue: str
+    queue_offset: int
+
+
 # -- the message log ---------------------------------------------------------------------------------
 
 class AppendStatus(enum.Enum):
-    """Outcome of one append (RocketMQ's nouns, as ``store.message_store.PutStatus``)."""
+    """Outcome of one append (RocketMQ's nouns; ``store.message_store.PutStatus`` is this enum)."""
 
     PUT_OK = "PUT_OK"
     MESSAGE_ILLEGAL = "MESSAGE_ILLEGAL"  # cannot be encoded (bad UTF-8, too big, bad qos): nothing kept

@@ -11,7 +11,6 @@ Deferred, so the same interface can later sit behind an RPC.
 
 from __future__ import annotations
 
-import enum
 import errno
 import fcntl
 import logging
@@ -22,6 +21,7 @@ from typing import Callable, Iterable, NamedTuple, Protocol, Sequence
 from twisted.internet import defer, task
 
 from store import record as rec
+from store.api import AppendStatus
 from store.commit_log import CommitLog, CommitLogError
 from store.config import StoreConfig
 from store.flush import make_flush_policy
@@ -38,14 +38,7 @@ RECENT_MAX_RECORD = 8192  # larger records are read back from the log: copying t
 RECENT_ENTRY_COST = 400  # bytes of Python objects behind one kept append, beside its record bytes
 
 
-class PutStatus(enum.Enum):
-    """Outcome of a put (RocketMQ's nouns)."""
-
-    PUT_OK = "PUT_OK"
-    MESSAGE_ILLEGAL = "MESSAGE_ILLEGAL"  # cannot be encoded (bad UTF-8, too big, bad qos)
-    OS_ERROR = "OS_ERROR"  # the write failed (disk full, I/O error); nothing was kept
-    FLUSH_DISK_FAILED = "FLUSH_DISK_FAILED"  # sync flush: written, but fsync failed
-    SERVICE_NOT_AVAILABLE = "SERVICE_NOT_AVAILABLE"  # the store is not open
+PutStatus = AppendStatus  # the outcome of a put is the store interface's (store.api), under RocketMQ's name
 
 
 # Not frozen: one is made per message on the hot path, and a frozen dataclass's __init__

@@ -39,20 +39,13 @@ from typing import Callable, Iterable, NamedTuple, Protocol
 from twisted.internet import defer, task
 
 from store import record as rec
+from store.api import Owed
 
 log = logging.getLogger("twistmq.store.retention")
 
 MAX_NAMED_DROPS = 1000  # warnings naming owner and offsets per run; a total line follows
 PLAN_CHUNK = 2000  # owed queues looked up per reactor turn
 CARRIED = "CARRIED"  # property of a re-appended record: the commit-log offset of the one it replaces
-
-
-class Owed(NamedTuple):
-    """An owner still owes delivery of ``queue`` from ``queue_offset`` on."""
-
-    owner: str  # who: "session <client id>", "share <group> <filter>", "native <queue> group <group>"
-    queue: str
-    queue_offset: int
 
 
 class RetentionHolder(Protocol):

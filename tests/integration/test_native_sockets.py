@@ -17,7 +17,7 @@ from twisted.trial import unittest
 import lightqueue
 from mqtt_proxy.native import protocol as proto_mod
 from mqtt_proxy.native.client import connect
-from mqtt_proxy.native.service import NativeService
+from cluster.native_service import NativeService
 from store.config import NativeConfig, StoreConfig
 from store.executor import SynchronousExecutor
 from store.message_store import MessageStore

@@ -15,13 +15,6 @@ import sys
 
 import mqtt_proxy
 
-# Modules that still load rocksdict today, and why. The restructure (issue 13) moves or cuts these
-# imports; the list may only shrink: a module here that has become clean fails the test until it is
-# removed from the list, and a module not here that loads rocksdict fails it too.
-LOADS_ROCKSDICT = {
-    "mqtt_proxy.native.service": "wiring: builds lightqueue's NativeEngine on a store.kv DurableKV",
-}
-
 # Imports the modules one by one and names the first one whose import brought rocksdict in.
 _PROBE = """
 import importlib, json, sys
@@ -45,25 +38,13 @@ def _mqtt_proxy_modules() -> list[str]:
     return ["mqtt_proxy"] + sorted(m.name for m in pkgutil.walk_packages(mqtt_proxy.__path__, "mqtt_proxy."))
 
 
-def test_the_known_list_names_real_modules():
-    """Every module listed as loading rocksdict exists (a moved or renamed module leaves the list)."""
-    assert set(LOADS_ROCKSDICT) <= set(_mqtt_proxy_modules())
-
-
 def test_mqtt_proxy_modules_do_not_load_rocksdict():
-    """Importing every mqtt_proxy module outside the known list, all together, leaves rocksdict unloaded."""
-    clean = [m for m in _mqtt_proxy_modules() if m not in LOADS_ROCKSDICT]
+    """Importing every mqtt_proxy module, all together in a fresh interpreter, leaves rocksdict unloaded."""
+    clean = _mqtt_proxy_modules()
     assert len(clean) > 20  # the walk found the package (a broken walk must not pass as clean)
     culprit = _first_loading_rocksdict(clean)
     assert culprit is None, (f"importing {culprit} loads rocksdict: mqtt_proxy may import only store's "
                              f"interface modules and lightqueue's topic rules")
-
-
-def test_the_known_list_only_shrinks():
-    """Each module on the known list still loads rocksdict; once it does not, it must leave the list."""
-    for name in sorted(LOADS_ROCKSDICT):
-        loader = _first_loading_rocksdict([name])
-        assert loader == name, f"{name} no longer loads rocksdict: remove it from LOADS_ROCKSDICT"
 
 
 def test_topic_rules_and_native_client_load_no_rocksdict():

@@ -11,7 +11,7 @@ from twisted.internet import task
 
 import lightqueue
 from mqtt_proxy.native import codec
-from mqtt_proxy.native.service import NativeService
+from cluster.native_service import NativeService
 from store.config import NativeConfig, StoreConfig
 from store.executor import SynchronousExecutor
 from store.record import Message, RecordKind

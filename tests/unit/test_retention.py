@@ -26,7 +26,7 @@ from mqtt_proxy.codec import Connect, MQTTParser, Properties, PubAck, Publish, S
 from mqtt_proxy.codec import SubscriptionOptions
 from mqtt_proxy.config import LimitsConfig, MQTTConfig
 from mqtt_proxy.native import codec as native_codec
-from mqtt_proxy.native.service import NativeService
+from cluster.native_service import NativeService
 from mqtt_proxy.protocol import MQTTServerFactory
 from mqtt_proxy.session_store import SessionStore
 from push.notifier import Notifier
