@@ -33,7 +33,7 @@ from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 from lightqueue.names import lmq_name, native_queue_name, topic_queue_name
 from lightqueue.topic_trie import TopicTrie
 from store import record as rec
-from store.message_store import DispatchRequest, MessageStore, QueueEntry
+from store.message_store import DispatcherBase, DispatchRequest, MessageStore, QueueEntry
 
 log = logging.getLogger("twistmq.lightqueue")
 
@@ -47,7 +47,7 @@ RESOLVE_CACHE_SIZE = 65536
 ENTRIES_WRITE_BUFFER = 4 << 20  # bytes of light-queue entries held in memory before a flush
 
 
-class LightQueueIndex:
+class LightQueueIndex(DispatcherBase):
     """Queues, their entries and the topic-filter interest that decides what gets indexed."""
 
     def __init__(self, path: str) -> None:

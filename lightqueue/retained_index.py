@@ -36,7 +36,7 @@ from typing import NamedTuple, Sequence
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from store import record as rec
-from store.message_store import DispatchRequest
+from store.message_store import DispatcherBase, DispatchRequest
 from store.retention import CARRIED
 
 __all__ = ["RetainedEntry", "RetainedIndex"]
@@ -70,7 +70,7 @@ class _Node:
         """The retained topic that ends exactly at this node."""
 
 
-class RetainedIndex:
+class RetainedIndex(DispatcherBase):
     """Topic -> last retained message, persisted in RocksDB, matched by topic filter.
 
     ``max_messages`` and ``max_bytes`` (payload bytes; 0 = unlimited) are not

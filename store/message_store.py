@@ -90,10 +90,9 @@ class QueueMessage(NamedTuple):
 class Dispatcher(Protocol):
     """Indexes appended records; the commit log never imports its dispatchers.
 
-    A dispatcher may also have ``flush()`` (persist what it indexed) and
-    ``close()``. The store calls ``flush`` every ``index_flush_s`` on the
-    executor's thread, while ``dispatch`` goes on on the reactor's, so it must
-    be safe against that (RocksDB is; a crash must find state it can replay from).
+    The store calls ``flush`` every ``index_flush_s`` on the executor's thread,
+    while ``dispatch`` goes on on the reactor's, so it must be safe against that
+    (RocksDB is; a crash must find state it can replay from).
     """
 
     dispatched_offset: int  # commit-log offset up to which this dispatcher's state is durable
@@ -103,6 +102,34 @@ class Dispatcher(Protocol):
 
     def reset(self) -> None:
         """Forget everything (the log lost data the index refers to): a full rebuild follows."""
+
+    def begin_replay(self, log_end: int) -> None:
+        """Replay after a restart starts: records below ``log_end`` may already be indexed."""
+
+    def log_truncated(self, min_cl_offset: int) -> None:
+        """Retention deleted the log below ``min_cl_offset``."""
+
+    def flush(self) -> None:
+        """Persist what was indexed (on the executor's thread)."""
+
+    def close(self) -> None:
+        """The store is closing."""
+
+
+class DispatcherBase:
+    """The optional steps of a Dispatcher as no-ops: a dispatcher overrides the ones it needs."""
+
+    def begin_replay(self, log_end: int) -> None:
+        return None
+
+    def log_truncated(self, min_cl_offset: int) -> None:
+        return None
+
+    def flush(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
 
 
 class QueueIndex(Dispatcher, Protocol):
@@ -227,9 +254,7 @@ class MessageStore:
             return
         begin = min(starts)
         for d in self._dispatchers:
-            begin_replay = getattr(d, "begin_replay", None)
-            if begin_replay is not None:
-                begin_replay(end)
+            d.begin_replay(end)
         count = 0
         chunk: list[DispatchRequest] = []
         for r in self.commit_log.iterate(begin, end):
@@ -267,9 +292,7 @@ class MessageStore:
 
         def finish(_):
             for disp in self._dispatchers:
-                close = getattr(disp, "close", None)
-                if close is not None:
-                    close()
+                disp.close()
             self.commit_log.close()
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
@@ -495,9 +518,7 @@ class MessageStore:
     def log_truncated(self) -> None:
         """Retention deleted segments: every dispatcher moves past what is gone."""
         for disp in self._dispatchers:
-            truncated = getattr(disp, "log_truncated", None)
-            if truncated is not None:
-                truncated(self.commit_log.min_offset)
+            disp.log_truncated(self.commit_log.min_offset)
 
     def collect_idle_queues(self) -> int:
         """Delete light queues nobody subscribes to and nothing was stored in for a retention period."""
@@ -521,7 +542,7 @@ class MessageStore:
         rocksdict releases the GIL while it flushes, so the reactor goes on
         dispatching meanwhile; the indexes allow for that (``Dispatcher.flush``).
         """
-        flushes = [f for f in (getattr(disp, "flush", None) for disp in self._dispatchers) if f is not None]
+        flushes = [disp.flush for disp in self._dispatchers]
         if not flushes or self._index_flush is not None:
             return None
         d = self._index_flush = self._executor.submit(_call_each, flushes)

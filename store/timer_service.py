@@ -61,7 +61,7 @@ from twisted.internet import defer, task
 
 from store import record as rec
 from store.executor import SynchronousExecutor
-from store.message_store import DispatchRequest, MessageStore, PutResult, PutStatus
+from store.message_store import DispatcherBase, DispatchRequest, MessageStore, PutResult, PutStatus
 from store.timer import EnqueueStatus, Timer, TimerCheckpoint, TimerEntry
 
 log = logging.getLogger("twistmq.store.timer_service")
@@ -81,7 +81,7 @@ class TimerNotFound(LookupError):
     """``cancel`` was given an id that is not the offset of a TIMER record."""
 
 
-class TimerService:
+class TimerService(DispatcherBase):
     """The store's delayed-delivery service; one per store, shared by MQTT and the native protocol."""
 
     def __init__(self, store: MessageStore, directory: str, clock, precision_ms: int = 100, *,
