@@ -65,7 +65,7 @@ class ReadmeNode(NodeProcess):
     def args(self) -> list[str]:
         return self.argv
 
-    def interrupt(self, timeout: float = 20.0) -> int:
+    def interrupt(self, timeout: float = 60.0) -> int:
         """Ctrl-C, as the README tells the reader to stop a section's node; returns the exit status."""
         self.proc.send_signal(signal.SIGINT)
         try:
