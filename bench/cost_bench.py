@@ -48,6 +48,7 @@ SCENARIOS = ("fan-in", "fan-out", "native")
 TOLERANCE = 1.10  # issue 14: no more than 10 % worse
 PROBE_MS = 1000.0  # stall_node's probe: one tick a second, negligible beside the load
 NATIVE_CONCURRENCY = 8
+MIN_CPU_S = 0.5  # /proc counts CPU in clock ticks (10 ms): below this a run's figure is too coarse to compare
 
 
 def _load_argv(scenario, ports, node_pid, args):
@@ -127,7 +128,7 @@ def summary(results, revs):
             counts[side] = f"{len(costs)}" if len(costs) == len(rs) else f"{len(costs)} of {len(rs)}"
             others += [r["other_cpu"] for r in rs if r["other_cpu"] is not None]
         old, new = medians["old"], medians["new"]
-        ratio = new / old if old and new else None
+        ratio = new / old if old and new is not None else None
         verdict = "-" if ratio is None else ("yes" if ratio <= TOLERANCE else "**no**")
         lines.append(f"| {scenario} | {_fmt(old)} | {_fmt(new)} | {_fmt(ratio, 3)} | {verdict} "
                      f"| {counts['old']}/{counts['new']} | {_fmt(statistics.median(others) if others else None, 2)} |")
@@ -201,6 +202,10 @@ def main(argv=None):
               f"{load_before[0]:.2f} before, {load_after[0]:.2f} after; 'other CPU' is what the rest of the "
               "machine used during the load phase\n")
         print(summary(results, revs))
+        short = sorted({r["scenario"] for r in results if r["node_cpu_s"] < MIN_CPU_S})
+        if short:
+            print(f"\nunder {MIN_CPU_S:g} CPU-s per run (10 ms ticks), too coarse to compare: {', '.join(short)}; "
+                  "raise the message counts")
         failed = [r for r in results if r["error"]]
         for r in failed:
             print(f"\n{r['scenario']} {r['label']}: {r['error']}")
