@@ -77,31 +77,56 @@ def scrape_lag(http_port):
     return out
 
 
-def run_once(label, repo, args, workdir):
-    """One node from ``repo`` under one bounded load; returns a result dict."""
+def start_node(label, repo, workdir, node_args, *, samples, probe_ms=10.0, node_cpu=None, config=CONFIG):
+    """Start ``twistd -n twistmq node`` from ``repo`` (through stall_node.py) and wait until it serves MQTT.
+
+    ``node_args`` are the node's own flags after ``--config`` and ``--data-dir``
+    (at least ``--mqtt tcp:PORT:interface=127.0.0.1``, whose port is probed);
+    the node is pinned to ``node_cpu`` when taskset exists. Returns the Popen.
+    """
     workdir.mkdir(parents=True)
     conf = workdir / "twistmq.toml"
-    conf.write_text(CONFIG)
-    port, http = free_port(), free_port()
-    samples_path = workdir / "lag.json"
+    conf.write_text(config)
+    port = int(node_args[node_args.index("--mqtt") + 1].split(":")[1])
     node_argv = [sys.executable, str(REPO / "bench" / "stall_node.py"), "--repo", str(repo),
-                 "--samples", str(samples_path), "--probe-ms", str(args.probe_ms), "--",
-                 "--config", str(conf), "--data-dir", str(workdir / "data"),
-                 "--mqtt", f"tcp:{port}:interface=127.0.0.1", "--http", f"tcp:{http}:interface=127.0.0.1"]
-    if shutil.which("taskset"):
-        node_argv = ["taskset", "-c", str(args.node_cpu)] + node_argv
+                 "--samples", str(samples), "--probe-ms", str(probe_ms), "--",
+                 "--config", str(conf), "--data-dir", str(workdir / "data")] + list(node_args)
+    if node_cpu is not None and shutil.which("taskset"):
+        node_argv = ["taskset", "-c", str(node_cpu)] + node_argv
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(repo))
     log_path = workdir / "node.log"
     with open(log_path, "wb") as log:
         node = subprocess.Popen(node_argv, cwd=workdir, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    deadline = time.monotonic() + READY_TIMEOUT
+    while not ("twistmq ready" in log_path.read_text(errors="replace") and probe(port)):
+        if node.poll() is not None or time.monotonic() > deadline:
+            stop_node(node)
+            tail = log_path.read_text(errors="replace")[-500:]
+            raise RuntimeError(f"{label} node did not start: {tail}")
+        time.sleep(0.05)
+    return node
+
+
+def stop_node(node):
+    """SIGTERM the node, wait for it (kill it after 30 s)."""
+    if node.poll() is None:
+        node.send_signal(signal.SIGTERM)
+        try:
+            node.wait(30)
+        except subprocess.TimeoutExpired:
+            node.kill()
+            node.wait(10)
+
+
+def run_once(label, repo, args, workdir):
+    """One node from ``repo`` under one bounded load; returns a result dict."""
+    port, http = free_port(), free_port()
+    samples_path = workdir / "lag.json"
+    node = start_node(label, repo, workdir,
+                      ["--mqtt", f"tcp:{port}:interface=127.0.0.1", "--http", f"tcp:{http}:interface=127.0.0.1"],
+                      samples=samples_path, probe_ms=args.probe_ms, node_cpu=args.node_cpu)
     try:
-        deadline = time.monotonic() + READY_TIMEOUT
-        while not ("twistmq ready" in log_path.read_text(errors="replace") and probe(port)):
-            if node.poll() is not None or time.monotonic() > deadline:
-                tail = log_path.read_text(errors="replace")[-500:]
-                raise RuntimeError(f"{label} node did not start: {tail}")
-            time.sleep(0.05)
         params = {"messages": args.messages, "sub_clean": False}
         gen = [sys.executable, "-m", "bench.loadgen", "--port", str(port), "--scenario", "2",
                "--cap", str(args.cap), "--broker-pid", str(node.pid), "--params", json.dumps(params)]
@@ -116,13 +141,7 @@ def run_once(label, repo, args, workdir):
             load = {"error": f"load generator failed ({proc.returncode}): {proc.stderr.strip()[-300:]}"}
         gauge = scrape_lag(http)
     finally:
-        if node.poll() is None:
-            node.send_signal(signal.SIGTERM)
-            try:
-                node.wait(30)
-            except subprocess.TimeoutExpired:
-                node.kill()
-                node.wait(10)
+        stop_node(node)
     try:
         samples = json.loads(samples_path.read_text())
     except (OSError, json.JSONDecodeError):

@@ -84,3 +84,22 @@ def test_stall_bench_prints_its_table(capsys):
     assert len(rows) == 2 and all("400/400" in row for row in rows), out
     after = next(row for row in rows if "after" in row)
     assert after.split("|")[6].strip() != "-", "the node's own twistmq_reactor_lag_seconds was scraped"
+
+
+@pytest.mark.slow
+def test_cost_bench_prints_its_table(capsys):
+    """bench/cost_bench.py runs a tiny old/new pair (both this checkout) per scenario and prints CPU-µs/msg."""
+    from bench import cost_bench
+    from bench.brokers import REPO
+
+    argv = ["--repo", str(REPO), "--reps", "1", "--fan-in", "400", "--fan-out", "20", "--subscribers", "10",
+            "--native-pairs", "20", "--cap", str(CAP)]
+    assert cost_bench.main(argv) == 0
+    out = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): line.split("|") for line in out.splitlines()
+            if line.startswith("| fan-") or line.startswith("| native")}
+    assert sorted(rows) == ["fan-in", "fan-out", "native"], out
+    for cells in rows.values():
+        assert cells[2].strip() != "-" and cells[3].strip() != "-", out  # a tiny run may round to 0 CPU ticks
+        assert cells[5].strip() in ("yes", "**no**", "-"), out
+        assert cells[6].strip() == "1/1", out
