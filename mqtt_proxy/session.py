@@ -20,7 +20,7 @@ from mqtt_proxy.codec.wire import PacketType
 from mqtt_proxy.session_store import StoredSubscription
 
 if TYPE_CHECKING:
-    from mqtt_proxy.broker import Broker
+    from mqtt_proxy.delivery import SessionContext
 
 log = logging.getLogger("twistmq.mqtt.session")
 
@@ -64,8 +64,10 @@ class Outbound:
 class Session:
     """State of one client id, connected or not."""
 
-    def __init__(self, broker: "Broker", client_id: str, level: int, expiry: int) -> None:
-        self.broker = broker
+    def __init__(self, ctx: "SessionContext", client_id: str, level: int, expiry: int) -> None:
+        self.ctx = ctx
+        self.delivery = ctx.delivery
+        self.sessions_db = ctx.sessions_db
         self.client_id = client_id
         self.level = level
         self.expiry = expiry
@@ -110,7 +112,7 @@ class Session:
         """The connection is gone: stop pushing; shared groups hand our messages to others."""
         self.conn = None
         for sub in self.subs.values():
-            self._unwatch(sub)
+            self.unwatch(sub)
             if sub.share is not None:
                 sub.share.member_left(self, sub)
         for pid in [p for p, o in self.outbound.items() if o.group is not None or o.sub_key is None]:
@@ -121,11 +123,12 @@ class Session:
         if sub.share is not None:
             sub.share.member_joined(self, sub)
         else:
-            self.broker.notifier.watch(sub.queue, id(self), self._on_news)
+            self.delivery.watch(sub.queue, id(self), self._on_news)
 
-    def _unwatch(self, sub: Subscription) -> None:
+    def unwatch(self, sub: Subscription) -> None:
+        """Stop hearing of the subscription's queue (shared groups are left through the group)."""
         if sub.share is None:
-            self.broker.notifier.unwatch(sub.queue, id(self))
+            self.delivery.unwatch(sub.queue, id(self))
 
     def _on_news(self, _queue: str) -> None:
         self.pump()
@@ -143,7 +146,7 @@ class Session:
     @property
     def window(self) -> int:
         """How many more QoS>0 messages may be in flight now."""
-        cap = min(self.receive_maximum, self.broker.config.max_inflight)
+        cap = min(self.receive_maximum, self.ctx.max_inflight)
         return cap - len(self.outbound)
 
     # -- sending ------------------------------------------------------------------------------
@@ -160,7 +163,7 @@ class Session:
             if sub is None:
                 self._complete(pid)
                 continue
-            d = self.broker.read_cache.get(sub.queue, o.queue_offset, 1)
+            d = self.delivery.read(sub.queue, o.queue_offset, 1)
             d.addCallback(self._resend_one, pid, sub)
             d.addErrback(lambda f: log.error("resend_failed client=%s error=%s", self.client_id, f.getErrorMessage()))
 
@@ -177,7 +180,7 @@ class Session:
         """Pump once at the end of this tick: acknowledgements arrive in bursts, one read serves them all."""
         if not self._pump_scheduled:
             self._pump_scheduled = True
-            self.broker.clock.callLater(0, self._scheduled_pump)
+            self.delivery.call_soon(self._scheduled_pump)
 
     def _scheduled_pump(self) -> None:
         self._pump_scheduled = False
@@ -209,7 +212,7 @@ class Session:
         if sub.qos > 0 and self.window <= 0:
             return
         sub.reading = True
-        d = self.broker.read_cache.get(sub.queue, sub.next_offset, PUMP_BATCH)
+        d = self.delivery.read(sub.queue, sub.next_offset, PUMP_BATCH)
         d.addCallback(self._deliver_batch, sub)
         d.addErrback(self._read_failed, sub)
 
@@ -221,7 +224,7 @@ class Session:
         sub.reading = False
         if self.conn is None or sub.key not in self.subs:
             return
-        now = self.broker.now_ms()
+        now = self.delivery.now_ms()
         advanced = False
         more = len(messages) == PUMP_BATCH
         if messages and messages[0].queue_offset > sub.next_offset:
@@ -242,7 +245,7 @@ class Session:
             if sub.no_local and record.client_id == self.client_id:
                 continue
             if record.properties and message_props.expired(record.properties, now):
-                self.broker.stats.messages_expired += 1
+                self.delivery.stats.messages_expired += 1
                 continue
             pid = None
             if qos:
@@ -250,7 +253,7 @@ class Session:
                 self.outbound[pid] = Outbound(sub.key, m.queue_offset, qos)
                 sub.inflight.add(m.queue_offset)
                 if self.persistent:
-                    self.broker.sessions_db.save_outbound(self.client_id, pid, sub.key, m.queue_offset, qos)
+                    self.sessions_db.save_outbound(self.client_id, pid, sub.key, m.queue_offset, qos)
             self._send(record, qos, pid, sub)
         if advanced:
             self._dirty_subs.add(sub.key)
@@ -265,7 +268,7 @@ class Session:
         """Owed messages are gone (a disk limit deleted them): count, log, and resume after the gap."""
         lost = first_live - sub.next_offset
         sub.dropped += lost
-        self.broker.stats.messages_gap += lost
+        self.delivery.stats.messages_gap += lost
         log.warning("delivery_gap client=%s queue=%s queue_offsets=[%d,%d) messages=%d",
                     self.client_id, sub.queue, sub.next_offset, first_live, lost)
         sub.next_offset = first_live
@@ -302,7 +305,7 @@ class Session:
             needs_props = (record.properties and message_props.has_v5_fields(record.properties)) or sub.sub_id \
                 or self.alias_maximum
             if needs_props:
-                props = message_props.from_record(record.properties, self.broker.now_ms(),
+                props = message_props.from_record(record.properties, self.delivery.now_ms(),
                                                   (sub.sub_id,) if sub.sub_id else ())
                 alias = self._alias_for(record.topic)
                 if alias is not None:
@@ -312,7 +315,7 @@ class Session:
                         alias_topic = ""
                 props_block = encode_properties(props, PacketType.PUBLISH)
         if props_block is None and not dup:
-            data = self.broker.encoded_publish(record, qos, retain, level)
+            data = self.delivery.encoded_publish(record, qos, retain, level)
             if pid is not None:
                 data = patch_publish(data, packet_id=pid)
         else:
@@ -323,7 +326,7 @@ class Session:
                 self._complete(pid)
             return
         self.conn.write(data)
-        self.broker.stats.sent(len(data))
+        self.delivery.stats.sent(len(data))
 
     def _alias_for(self, topic: str) -> tuple[int, bool] | None:
         if not self.alias_maximum:
@@ -362,8 +365,8 @@ class Session:
             if o.group is None:
                 self._finish_offset(o)  # a shared group counts it delivered only at PUBCOMP
             if self.persistent and o.group is None and o.sub_key is not None:
-                self.broker.sessions_db.delete_outbound(self.client_id, pid)
-                self.broker.sessions_db.save_released(self.client_id, pid)
+                self.sessions_db.delete_outbound(self.client_id, pid)
+                self.sessions_db.save_released(self.client_id, pid)
         self.conn.write(encode(PubRel(pid), self.level))
         return True
 
@@ -376,7 +379,7 @@ class Session:
         if o.group is not None:
             o.group.acked(o.queue_offset)
         elif self.persistent:
-            self.broker.sessions_db.delete_released(self.client_id, pid)
+            self.sessions_db.delete_released(self.client_id, pid)
         self.pump_soon()
         return True
 
@@ -386,9 +389,9 @@ class Session:
             self._finish_offset(o)
         if self.persistent and o.group is None:
             if o.released:
-                self.broker.sessions_db.delete_released(self.client_id, pid)
+                self.sessions_db.delete_released(self.client_id, pid)
             elif o.sub_key is not None:
-                self.broker.sessions_db.delete_outbound(self.client_id, pid)
+                self.sessions_db.delete_outbound(self.client_id, pid)
 
     def _finish_offset(self, o: Outbound) -> None:
         if o.group is not None:
@@ -408,4 +411,4 @@ class Session:
         for key in dirty:
             sub = self.subs.get(key)
             if sub is not None and sub.share is None:
-                self.broker.sessions_db.save_subscription(self.client_id, key, sub.stored())
+                self.sessions_db.save_subscription(self.client_id, key, sub.stored())
