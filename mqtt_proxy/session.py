@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 from mqtt_proxy import message_props
 from mqtt_proxy.codec import NO_PROPERTIES, PubRel, encode, encode_properties, encode_publish, patch_publish
 from mqtt_proxy.codec.wire import PacketType
+from mqtt_proxy.session_state import (DeleteOutbound, DeleteReleased, GroupAcked, Outbound, PumpSoon,
+                                      Resend, SaveOutbound, SaveReleased, SendPubRel, SessionState)
 from mqtt_proxy.session_store import StoredSubscription
 
 if TYPE_CHECKING:
@@ -50,15 +52,8 @@ class Subscription:
                                   self.sub_id, group, self.next_offset)
 
 
-@dataclass
-class Outbound:
-    """A QoS 1/2 PUBLISH sent and not yet completed."""
-
-    sub_key: str | None  # None: a retained message sent on subscribe (not tied to a queue offset)
-    queue_offset: int
-    qos: int
-    released: bool = False  # QoS 2: PUBREC seen, PUBREL sent, waiting for PUBCOMP
-    group: object | None = None
+def _state_attr(name: str) -> property:
+    return property(lambda self: getattr(self.state, name), lambda self, value: setattr(self.state, name, value))
 
 
 class Session:
@@ -69,54 +64,86 @@ class Session:
         self.delivery = ctx.delivery
         self.sessions_db = ctx.sessions_db
         self.client_id = client_id
-        self.level = level
-        self.expiry = expiry
+        self.state = SessionState(level, expiry, ctx.max_inflight)  # everything the protocol decides on
         self.conn = None
-        self.subs: dict[str, Subscription] = {}
-        self.outbound: dict[int, Outbound] = {}
-        self.inbound_qos2: set[int] = set()
-        self._next_pid = 1
-        self.receive_maximum = 65535  # the client's, v5
-        self.max_packet_size = 0  # the client's, 0 = no limit
-        self.alias_maximum = 0  # topic aliases the client accepts from us
-        self._aliases: dict[str, int] = {}
-        self.will = None
         self.will_call = None
         self.stored = False  # something of this session was written to the session store
         self.acl_username = None  # whose ACL rules the will is checked against
-        self.pending_will = None  # the will a delayed will_call will publish
         self.expiry_call = None
         self._dirty_subs: set[str] = set()
         self._pumping = False
         self._pump_again = False
         self._pump_scheduled = False
 
+    # The session's protocol state lives in SessionState; these read and write it there.
+    level = _state_attr("level")
+    expiry = _state_attr("expiry")
+    subs = _state_attr("subs")
+    outbound = _state_attr("outbound")
+    inbound_qos2 = _state_attr("inbound_qos2")
+    receive_maximum = _state_attr("receive_maximum")
+    max_packet_size = _state_attr("max_packet_size")
+    alias_maximum = _state_attr("alias_maximum")
+    will = _state_attr("will")
+    pending_will = _state_attr("pending_will")
+
     @property
     def persistent(self) -> bool:
-        return self.expiry > 0
+        return self.state.persistent
+
+    @property
+    def window(self) -> int:
+        """How many more QoS>0 messages may be in flight now."""
+        return self.state.window
+
+    def carry_out(self, actions) -> None:
+        """Do what the state machine asked: writes, session-store updates, group acks, a pump."""
+        db = self.sessions_db
+        for a in actions:
+            kind = type(a)
+            if kind is SendPubRel:
+                if self.conn is not None:
+                    self.conn.write(encode(PubRel(a.packet_id), self.state.level))
+            elif kind is SaveOutbound:
+                db.save_outbound(self.client_id, a.packet_id, a.sub_key, a.queue_offset, a.qos)
+            elif kind is DeleteOutbound:
+                db.delete_outbound(self.client_id, a.packet_id)
+            elif kind is SaveReleased:
+                db.save_released(self.client_id, a.packet_id)
+            elif kind is DeleteReleased:
+                db.delete_released(self.client_id, a.packet_id)
+            elif kind is GroupAcked:
+                a.group.acked(a.queue_offset)
+            elif kind is PumpSoon:
+                self.pump_soon()
+            elif kind is Resend:
+                self._resend(a)
+            else:
+                raise TypeError(f"session action {a!r} has no adapter")
 
     # -- connection ---------------------------------------------------------------------
 
     def attach(self, conn) -> None:
         """Bind a new connection (fresh or resumed) to this session."""
         self.conn = conn
-        self.level = conn.level
-        self._aliases = {}
+        self.state.attach(conn.level)
         if self.expiry_call is not None and self.expiry_call.active():
             self.expiry_call.cancel()
         self.expiry_call = None
         for sub in self.subs.values():
             self.watch(sub)
 
-    def detach(self) -> None:
-        """The connection is gone: stop pushing; shared groups hand our messages to others."""
+    def detach(self, publish_will: bool) -> list:
+        """The connection is gone: stop pushing; shared groups hand our messages to others.
+
+        Returns the will actions (PublishWill or ScheduleWill) for the registry, which owns the timers.
+        """
         self.conn = None
         for sub in self.subs.values():
             self.unwatch(sub)
             if sub.share is not None:
                 sub.share.member_left(self, sub)
-        for pid in [p for p, o in self.outbound.items() if o.group is not None or o.sub_key is None]:
-            del self.outbound[pid]
+        return self.state.detach(publish_will)
 
     def watch(self, sub: Subscription) -> None:
         """Be told when the subscription's queue (or shared group) has news."""
@@ -133,45 +160,23 @@ class Session:
     def _on_news(self, _queue: str) -> None:
         self.pump()
 
-    # -- packet ids ---------------------------------------------------------------------------
-
-    def allocate_pid(self) -> int:
-        for _ in range(65535):
-            pid = self._next_pid
-            self._next_pid = pid % 65535 + 1
-            if pid not in self.outbound:
-                return pid
-        raise RuntimeError("no free packet identifier")
-
-    @property
-    def window(self) -> int:
-        """How many more QoS>0 messages may be in flight now."""
-        cap = min(self.receive_maximum, self.ctx.max_inflight)
-        return cap - len(self.outbound)
-
     # -- sending ------------------------------------------------------------------------------
 
     def resend_inflight(self) -> None:
         """After a reconnect: PUBREL for released messages, the PUBLISH again (DUP) for the rest."""
-        for pid, o in list(self.outbound.items()):
-            if o.group is not None:
-                continue  # sent by a shared group since attach (a detach forgets the older ones): not a resend
-            if o.released:
-                self.conn.write(encode(PubRel(pid), self.level))
-                continue
-            sub = self.subs.get(o.sub_key) if o.sub_key is not None else None
-            if sub is None:
-                self._complete(pid)
-                continue
-            d = self.delivery.read(sub.queue, o.queue_offset, 1)
-            d.addCallback(self._resend_one, pid, sub)
-            d.addErrback(lambda f: log.error("resend_failed client=%s error=%s", self.client_id, f.getErrorMessage()))
+        self.carry_out(self.state.resend_plan())
+
+    def _resend(self, a: Resend) -> None:
+        sub = self.subs[a.sub_key]
+        d = self.delivery.read(sub.queue, a.queue_offset, 1)
+        d.addCallback(self._resend_one, a.packet_id, sub)
+        d.addErrback(lambda f: log.error("resend_failed client=%s error=%s", self.client_id, f.getErrorMessage()))
 
     def _resend_one(self, messages, pid: int, sub: Subscription) -> None:
         if self.conn is None or pid not in self.outbound:
             return
         if not messages or messages[0].queue_offset != self.outbound[pid].queue_offset:
-            self._complete(pid)  # the record is gone (retention): nothing to resend
+            self.carry_out(self.state.complete(pid))  # the record is gone (retention): nothing to resend
             return
         o = self.outbound[pid]
         self._send(messages[0].record, o.qos, pid, sub, dup=True)
@@ -247,13 +252,9 @@ class Session:
             if record.properties and message_props.expired(record.properties, now):
                 self.delivery.stats.messages_expired += 1
                 continue
-            pid = None
-            if qos:
-                pid = self.allocate_pid()
-                self.outbound[pid] = Outbound(sub.key, m.queue_offset, qos)
-                sub.inflight.add(m.queue_offset)
-                if self.persistent:
-                    self.sessions_db.save_outbound(self.client_id, pid, sub.key, m.queue_offset, qos)
+            pid, actions = self.state.offer(sub, m.queue_offset, qos)
+            if actions:
+                self.carry_out(actions)
             self._send(record, qos, pid, sub)
         if advanced:
             self._dirty_subs.add(sub.key)
@@ -277,20 +278,14 @@ class Session:
     def send_retained(self, record, sub: Subscription) -> None:
         """Send a retained message in answer to a subscribe (RETAIN set, not tied to an offset)."""
         qos = min(sub.qos, record.qos)
-        pid = None
-        if qos:
-            if self.window <= 0:
-                return  # the window is full of live traffic: skip rather than overrun the client
-            pid = self.allocate_pid()
-            self.outbound[pid] = Outbound(None, -1, qos)
+        if qos and self.window <= 0:
+            return  # the window is full of live traffic: skip rather than overrun the client
+        pid = self.state.offer_retained(qos)
         self._send(record, qos, pid, sub, retain=True)
 
     def send_group_message(self, record, qos: int, sub: Subscription, group, queue_offset: int) -> int | None:
         """Send one message of a shared group; return its packet id (None for QoS 0)."""
-        pid = None
-        if qos:
-            pid = self.allocate_pid()
-            self.outbound[pid] = Outbound(sub.key, queue_offset, qos, group=group)
+        pid = self.state.offer_group(sub, queue_offset, qos, group)
         self._send(record, qos, pid, sub)
         return pid
 
@@ -307,7 +302,7 @@ class Session:
             if needs_props:
                 props = message_props.from_record(record.properties, self.delivery.now_ms(),
                                                   (sub.sub_id,) if sub.sub_id else ())
-                alias = self._alias_for(record.topic)
+                alias = self.state.alias_for(record.topic)
                 if alias is not None:
                     alias_id, known = alias
                     props = props.replace(topic_alias=alias_id)
@@ -323,84 +318,30 @@ class Session:
         if self.max_packet_size and len(data) > self.max_packet_size:
             # MQTT-3.1.2-25: never send a client more than it can take; drop it instead.
             if pid is not None:
-                self._complete(pid)
+                self.carry_out(self.state.complete(pid))
             return
         self.conn.write(data)
         self.delivery.stats.sent(len(data))
-
-    def _alias_for(self, topic: str) -> tuple[int, bool] | None:
-        if not self.alias_maximum:
-            return None
-        alias = self._aliases.get(topic)
-        if alias is not None:
-            return alias, True
-        if len(self._aliases) >= self.alias_maximum:
-            return None
-        alias = len(self._aliases) + 1
-        self._aliases[topic] = alias
-        return alias, False
 
     # -- acknowledgements ------------------------------------------------------------------
 
     def on_puback(self, pid: int) -> bool:
         """QoS 1 completed; False if the packet id was not in flight."""
-        o = self.outbound.get(pid)
-        if o is None or o.qos != 1:
-            return False
-        self._complete(pid)
-        self.pump_soon()
-        return True
+        return self._acked(self.state.puback(pid))
 
     def on_pubrec(self, pid: int, failed: bool) -> bool:
         """QoS 2 received by the client: release it (or drop it if the client refused it)."""
-        o = self.outbound.get(pid)
-        if o is None or o.qos != 2:
-            return False
-        if failed:
-            self._complete(pid)
-            self.pump_soon()
-            return True
-        if not o.released:
-            o.released = True
-            if o.group is None:
-                self._finish_offset(o)  # a shared group counts it delivered only at PUBCOMP
-            if self.persistent and o.group is None and o.sub_key is not None:
-                self.sessions_db.delete_outbound(self.client_id, pid)
-                self.sessions_db.save_released(self.client_id, pid)
-        self.conn.write(encode(PubRel(pid), self.level))
-        return True
+        return self._acked(self.state.pubrec(pid, failed))
 
     def on_pubcomp(self, pid: int) -> bool:
         """QoS 2 finished."""
-        o = self.outbound.get(pid)
-        if o is None or not o.released:
+        return self._acked(self.state.pubcomp(pid))
+
+    def _acked(self, actions) -> bool:
+        if actions is None:
             return False
-        del self.outbound[pid]
-        if o.group is not None:
-            o.group.acked(o.queue_offset)
-        elif self.persistent:
-            self.sessions_db.delete_released(self.client_id, pid)
-        self.pump_soon()
+        self.carry_out(actions)
         return True
-
-    def _complete(self, pid: int) -> None:
-        o = self.outbound.pop(pid)
-        if not o.released:
-            self._finish_offset(o)
-        if self.persistent and o.group is None:
-            if o.released:
-                self.sessions_db.delete_released(self.client_id, pid)
-            elif o.sub_key is not None:
-                self.sessions_db.delete_outbound(self.client_id, pid)
-
-    def _finish_offset(self, o: Outbound) -> None:
-        if o.group is not None:
-            o.group.acked(o.queue_offset)
-            return
-        if o.sub_key is not None:
-            sub = self.subs.get(o.sub_key)
-            if sub is not None:
-                sub.inflight.discard(o.queue_offset)
 
     def _persist_offsets(self) -> None:
         if not self._dirty_subs:

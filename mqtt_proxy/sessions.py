@@ -22,12 +22,11 @@ from mqtt_proxy.config import LimitsConfig, MQTTConfig
 from mqtt_proxy.delivery import SessionContext
 from mqtt_proxy.router import SubscriptionRouter
 from mqtt_proxy.session import Outbound, Session
+from mqtt_proxy.session_state import NEVER_EXPIRES, ScheduleWill
 from store import record as rec
 from store.api import Owed
 
 log = logging.getLogger("twistmq.mqtt.broker")  # the logger name is a stable, greppable part of the log lines
-
-NEVER_EXPIRES = 0xFFFFFFFF
 
 
 class SessionRegistry:
@@ -220,31 +219,28 @@ class SessionRegistry:
         if session.conn is not conn:
             return
         self.stats.clients_connected -= 1
-        session.detach()
-        will, session.will = session.will, None
-        if will is not None and publish_will:
-            delay = will.properties.will_delay_interval or 0
-            if delay and session.persistent:
-                delay = min(delay, session.expiry) if session.expiry != NEVER_EXPIRES else delay
-                session.will_call = self.clock.callLater(delay, self._publish_will, session.client_id, will,
-                                                       session.acl_username)
-                session.pending_will = will
+        will_actions = session.detach(publish_will)
+        for action in will_actions:
+            if isinstance(action, ScheduleWill):
+                session.will_call = self.clock.callLater(action.delay, self._publish_will, session.client_id,
+                                                         action.will, session.acl_username)
             else:
-                self._publish_will(session.client_id, will, session.acl_username)
+                self._publish_will(session.client_id, action.will, session.acl_username)
         if not session.persistent:
             self.end_session(session)
         else:
             self.sessions_db.save_session(session.client_id, session.expiry, session.level, self.now_ms())
             session.stored = True
             self._schedule_expiry(session, self.now_ms())
-        log.info("client_disconnected client=%s will=%s", session.client_id, bool(will and publish_will))
+        log.info("client_disconnected client=%s will=%s", session.client_id, bool(will_actions))
 
     def _schedule_expiry(self, session: Session, since_ms: int) -> None:
-        if session.expiry == NEVER_EXPIRES or session.conn is not None:
+        deadline = session.state.expiry_deadline_ms(since_ms)
+        if deadline is None or session.conn is not None:
             return
         if session.expiry_call is not None and session.expiry_call.active():
             session.expiry_call.cancel()
-        delay = max(0.0, (since_ms + session.expiry * 1000 - self.now_ms()) / 1000)
+        delay = max(0.0, (deadline - self.now_ms()) / 1000)
         session.expiry_call = self.clock.callLater(delay, self._expire, session)
 
     def _expire(self, session: Session) -> None:
@@ -253,7 +249,8 @@ class SessionRegistry:
         log.info("session_expired client=%s", session.client_id)
         if session.will_call is not None and session.will_call.active():
             session.will_call.cancel()
-            self._publish_will(session.client_id, session.pending_will, session.acl_username)  # the session ends first
+            for action in session.state.expired():  # MQTT-3.1.3-9: the will goes out when the session ends first
+                self._publish_will(session.client_id, action.will, session.acl_username)
         self.end_session(session)
 
     def end_session(self, session: Session) -> defer.Deferred:
