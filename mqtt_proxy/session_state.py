@@ -154,8 +154,8 @@ class SessionState:
     def detach(self, publish_will: bool) -> list:
         """The connection is gone: shared-group and retained sends are forgotten; the will, if due, goes out.
 
-        MQTT-3.1.3-9: a Will Delay Interval defers the will; it never outlives
-        the session (MQTT-3.1.3-9, MQTT-3.1.2-8: the will is published when the delay ends or the session ends, whichever first).
+        A Will Delay Interval defers the will, which goes out when the delay or the
+        session ends, whichever is first (3.1.3.2.2); a return in time cancels it (MQTT-3.1.3-9).
         """
         self.connected = False
         for pid in [p for p, o in self.outbound.items() if o.group is not None or o.sub_key is None]:
@@ -186,7 +186,7 @@ class SessionState:
 
     @property
     def window(self) -> int:
-        """How many more QoS>0 messages may be in flight now (MQTT-3.3.4-7: the client's Receive Maximum)."""
+        """How many more QoS>0 messages may be in flight now (MQTT-3.3.4-9: the client's Receive Maximum)."""
         return min(self.receive_maximum, self.max_inflight) - len(self.outbound)
 
     def _allocate_pid(self) -> int:
