@@ -1,4 +1,8 @@
-"""An MQTT session: subscriptions with their queue offsets, packet ids and in-flight messages.
+"""An MQTT session's Twisted-side adapter: feeds ``SessionState`` and carries out its actions.
+
+Packet ids, the in-flight window, QoS 1/2 acknowledgements, resends, topic
+aliases and the will live in ``session_state.SessionState`` (no I/O); this
+module reads from queue offsets, writes to the connection and the session store.
 
 A subscription owns an offset into the light queue of its filter, never a copy
 of a message. ``pump`` pulls from each offset (through the read cache), within
@@ -17,7 +21,7 @@ from typing import TYPE_CHECKING
 from mqtt_proxy import message_props
 from mqtt_proxy.codec import NO_PROPERTIES, PubRel, encode, encode_properties, encode_publish, patch_publish
 from mqtt_proxy.codec.wire import PacketType
-from mqtt_proxy.session_state import (DeleteOutbound, DeleteReleased, GroupAcked, Outbound, PumpSoon,
+from mqtt_proxy.session_state import (DeleteOutbound, DeleteReleased, GroupAcked, PumpSoon,
                                       Resend, SaveOutbound, SaveReleased, SendPubRel, SessionState)
 from mqtt_proxy.session_store import StoredSubscription
 

@@ -21,8 +21,8 @@ from mqtt_proxy.codec import MQTT_5, ConnAck, Properties, ReasonCode
 from mqtt_proxy.config import LimitsConfig, MQTTConfig
 from mqtt_proxy.delivery import SessionContext
 from mqtt_proxy.router import SubscriptionRouter
-from mqtt_proxy.session import Outbound, Session
-from mqtt_proxy.session_state import NEVER_EXPIRES, ScheduleWill
+from mqtt_proxy.session import Session
+from mqtt_proxy.session_state import NEVER_EXPIRES, Outbound, ScheduleWill
 from store import record as rec
 from store.api import Owed
 
