@@ -12,15 +12,15 @@ from twisted.web import resource, server
 class _BrokerCollector:
     """Reads the live counters at scrape time (no copies to keep in sync)."""
 
-    def __init__(self, broker, store, extra, losses, lag=None) -> None:
-        self.broker = broker
+    def __init__(self, front, store, extra, losses, lag=None) -> None:
+        self.front = front
         self.store = store
         self.extra = extra
         self.losses = losses
         self.lag = lag
 
     def collect(self):
-        s = self.broker.stats
+        s = self.front.stats
         counters = {
             "twistmq_messages_received": ("PUBLISH packets received", s.messages_received),
             "twistmq_messages_sent": ("PUBLISH packets sent", s.messages_sent),
@@ -44,7 +44,7 @@ class _BrokerCollector:
         yield dropped
         gauges = {
             "twistmq_clients_connected": ("clients connected now", s.clients_connected),
-            "twistmq_sessions": ("sessions held, connected or not", len(self.broker.sessions)),
+            "twistmq_sessions": ("sessions held, connected or not", len(self.front.sessions)),
             "twistmq_store_bytes": ("bytes of commit log on disk", self.store.size_bytes()),
         }
         for name, (doc, value) in gauges.items():
@@ -91,7 +91,7 @@ class Metrics(resource.Resource):
         return generate_latest(self.registry)
 
 
-def http_site(broker, store, extra=lambda: (), losses=lambda: {}, lag=None) -> server.Site:
+def http_site(front, store, extra=lambda: (), losses=lambda: {}, lag=None) -> server.Site:
     """A Site with /health and /metrics.
 
     ``extra()`` yields (prefix, {name: value}) for other services; ``losses()``
@@ -99,7 +99,7 @@ def http_site(broker, store, extra=lambda: (), losses=lambda: {}, lag=None) -> s
     ``lag`` is the node's ``ReactorLagProbe``.
     """
     registry = CollectorRegistry()
-    registry.register(_BrokerCollector(broker, store, extra, losses, lag))
+    registry.register(_BrokerCollector(front, store, extra, losses, lag))
     root = resource.Resource()
     root.putChild(b"health", Health(store))
     root.putChild(b"metrics", Metrics(registry))

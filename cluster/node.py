@@ -1,7 +1,7 @@
 """The ``node`` role (the embedded default): every part in one process, as one service tree.
 
 Builds the store, the light-queue and retained indexes, the timers, the session
-store, the notifier, the native engine, the broker, $SYS and the listeners, from
+store, the notifier, the native engine, the MQTT front end, $SYS and the listeners, from
 ``conf/twistmq.toml`` (or ``--config``) plus command-line flags. If any listener
 flag is given, exactly the listeners given open; otherwise those of the config
 file. Every listener is checked before anything opens (``cluster.listeners``).
@@ -35,7 +35,11 @@ from mqtt_proxy.auth.acl import ACLError, load_acl
 from mqtt_proxy.auth.authenticator import Authenticator
 from mqtt_proxy.auth.passwords import PasswordFile, PasswordFileError
 from mqtt_proxy.auth.reload import Reloader, security_targets
-from mqtt_proxy.broker import Broker
+from mqtt_proxy.delivery import DeliveryPump, SessionContext
+from mqtt_proxy.front_end import MQTTFrontEnd
+from mqtt_proxy.router import SubscriptionRouter
+from mqtt_proxy.sessions import SessionRegistry
+from mqtt_proxy.stats import BrokerStats
 from cluster.native_service import NativeService
 from mqtt_proxy.protocol import MQTTServerFactory
 from mqtt_proxy.reactor_lag import ReactorLagProbe
@@ -152,17 +156,22 @@ class NodeParts:
                              allow_anonymous=mqtt.allow_anonymous, clock=reactor, executor=self.auth_executor,
                              use_identity_as_username=cfg.node.use_identity_as_username,
                              base_delay=mqtt.auth_fail_delay, max_delay=mqtt.auth_fail_delay_max)
-        self.broker = Broker(self.store, SessionStore(self.kv), self.notifier, ReadCache(self.store), self.retained,
-                             reactor, mqtt, cfg.limits, timers=self.timers, auth=auth,
-                             acl=load_acl(mqtt.acl_file or None))
+        # The MQTT front end: a delivery pump and the session store for sessions and shared groups, a
+        # subscription router, a session registry, and the front end the connections talk to.
+        acl = load_acl(mqtt.acl_file or None)
+        session_ctx = SessionContext(DeliveryPump(ReadCache(self.store), self.notifier, reactor, BrokerStats()),
+                                     SessionStore(self.kv), mqtt.max_inflight)
+        router = SubscriptionRouter(self.store, session_ctx, self.retained, acl, cfg.limits)
+        registry = SessionRegistry(session_ctx, router, self.store, auth, acl, mqtt, cfg.limits)
+        self.mqtt = MQTTFrontEnd(registry, router, self.store, timers=self.timers)
         self.native = NativeService(self.store, data_dir, from_mapping(NativeConfig, "native", cfg.native), reactor,
                                     self.timers, executor=self.executor)
         # Retention keeps what sessions, shared groups and native consumers still owe, and carries
         # retained messages ahead of the segments it deletes.
-        self.store.retention.add_holder(self.broker.owed)
+        self.store.retention.add_holder(self.mqtt.owed)
         self.store.retention.add_holder(self.native.engine.owed)
         self.store.retention.add_carrier(self.retained.records_to_carry)
-        self.sys = SysPublisher(self.broker, self.store, reactor, cfg.mqtt.sys_interval, twistmq_version())
+        self.sys = SysPublisher(self.mqtt, self.store, reactor, cfg.mqtt.sys_interval, twistmq_version())
         self.lag = ReactorLagProbe(reactor)  # twistmq_reactor_lag_seconds: nothing may hold the reactor
         self.extra_stats = [("native", self.native.stats), ("timer", self.timers.stats)]
         self.streams, self.datagrams = self._listeners()
@@ -170,10 +179,10 @@ class NodeParts:
     def _listeners(self):
         """A ListenerService per stream listener, a DatagramListenerService per UDP one, in flag order."""
         ca = self.cfg.node.mqtt_tls_ca or None
-        mqtt_factory = MQTTServerFactory(self.broker, self.reactor, cert_identity=tls.peer_identity)
+        mqtt_factory = MQTTServerFactory(self.mqtt, self.reactor, cert_identity=tls.peer_identity)
         ws_factory = websocket_factory(mqtt_factory, self.cfg.node.ws_path, self.reactor,
                                        self.cfg.limits.max_packet_size)
-        http = http_site(self.broker, self.store, self._extra_stats, self._losses, self.lag)
+        http = http_site(self.mqtt, self.store, self._extra_stats, self._losses, self.lag)
         build = {
             "mqtt": lambda d: (endpoints.serverFromString(self.reactor, _backlog(d)), mqtt_factory),
             "mqtt_tls": lambda d: (tls.tls_server_endpoint(self.reactor, _backlog(d), ca), mqtt_factory),
@@ -197,11 +206,11 @@ class NodeParts:
         """SIGHUP re-reads the password file, the ACL and the TLS certificates (mqtt_proxy/auth/reload.py)."""
         contexts = [(svc.listener.key.replace("_", "-"), svc.endpoint.context_factory)
                     for svc in self.streams if isinstance(svc.endpoint, tls.TLSServerEndpoint)]
-        return Reloader(security_targets(self.broker.auth.password_file, self.broker.acl, contexts))
+        return Reloader(security_targets(self.mqtt.auth.password_file, self.mqtt.acl, contexts))
 
     def _losses(self):
         """Messages that went away undelivered, for /metrics: expiry, and what a disk limit deleted."""
-        stats, native = self.broker.stats, self.native.counters
+        stats, native = self.mqtt.stats, self.native.counters
         return {
             "twistmq_expired_messages": ("stored messages whose expiry (MQTT message expiry, native ttl) passed "
                                          "before delivery", stats.messages_expired + native["expired"]),
@@ -234,7 +243,7 @@ def node_tree(parts: NodeParts) -> RoleService:
         Part("store", start=parts.store.open, stop=parts.store.close),
         Part("timers", start=parts.timers.start, stop=parts.timers.stop),
         Part("native", start=parts.native.open, stop=parts.native.stop),
-        Part("broker", start=parts.broker.restore, stop=parts.broker.shutdown),
+        Part("mqtt-sessions", start=parts.mqtt.restore, stop=parts.mqtt.shutdown),
         Part("sys", start=parts.sys.start, stop=parts.sys.stop),
         *listeners,
         # Everything alive now (modules, recovered state) stays alive: out of the collector's full passes,

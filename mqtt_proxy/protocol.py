@@ -1,4 +1,4 @@
-"""The Twisted side of an MQTT connection: bytes to the codec, packets to the broker.
+"""The Twisted side of an MQTT connection: bytes to the codec, packets to the MQTT front end.
 
 Thin on purpose: it owns the transport, the keep-alive and CONNECT timers and
 the two kinds of back-pressure. Writing: it is registered as the transport's
@@ -37,10 +37,10 @@ MAX_BACKLOG = 1000  # packets received between CONNECT and CONNACK
 class MQTTServerProtocol(protocol.Protocol):
     """One client connection."""
 
-    def __init__(self, broker, clock) -> None:
-        self.broker = broker
+    def __init__(self, front, clock) -> None:
+        self.front = front
         self.clock = clock
-        limits = broker.limits
+        limits = front.limits
         self.parser = MQTTParser(max_packet_size=limits.max_packet_size)
         self.level = 4
         self.session = None
@@ -71,11 +71,11 @@ class MQTTServerProtocol(protocol.Protocol):
     def connectionMade(self) -> None:
         peer = self.transport.getPeer()
         self.peer_host = getattr(peer, "host", "?")
-        self.broker.stats.connections_total += 1
-        self.refusal = self.broker.admit(self.peer_host)
-        self.broker.connections.add(self)
+        self.front.stats.connections_total += 1
+        self.refusal = self.front.admit(self.peer_host)
+        self.front.connections.add(self)
         if hasattr(self.transport, "bufferSize"):
-            self.transport.bufferSize = self.broker.limits.max_queued_bytes
+            self.transport.bufferSize = self.front.limits.max_queued_bytes
         self.transport.registerProducer(self, True)
         self._timer = self.clock.callLater(CONNECT_TIMEOUT_S, self._connect_timeout)
 
@@ -83,7 +83,7 @@ class MQTTServerProtocol(protocol.Protocol):
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
-        self.broker.connection_lost(self)
+        self.front.connection_lost(self)
 
     def dataReceived(self, data: bytes) -> None:
         self._last_rx = self.clock.seconds()
@@ -100,7 +100,7 @@ class MQTTServerProtocol(protocol.Protocol):
             self._dispatch(packet)
 
     def _parse_failed(self, exc: ProtocolError) -> None:
-        self.broker.stats.protocol_errors += 1
+        self.front.stats.protocol_errors += 1
         log.info("protocol_error peer=%s client=%s error=%s", self.peer_host, self.client_id, exc)
         if not self.connect_seen:
             if isinstance(exc, UnsupportedProtocolVersion):
@@ -140,23 +140,23 @@ class MQTTServerProtocol(protocol.Protocol):
         kind = type(packet)
         session = self.session
         if kind is Publish:
-            handle_publish(self.broker, self, packet)
+            handle_publish(self.front, self, packet)
         elif kind is PubAck:
             session.on_puback(packet.packet_id)
         elif kind is PubRec:
             session.on_pubrec(packet.packet_id, packet.reason_code >= 0x80)
         elif kind is PubRel:
-            handle_pubrel(self.broker, self, packet)
+            handle_pubrel(self.front, self, packet)
         elif kind is PubComp:
             session.on_pubcomp(packet.packet_id)
         elif kind is Subscribe:
-            handle_subscribe(self.broker, self, packet).addErrback(self._handler_failed, "subscribe")
+            handle_subscribe(self.front.router, self, packet).addErrback(self._handler_failed, "subscribe")
         elif kind is Unsubscribe:
-            handle_unsubscribe(self.broker, self, packet).addErrback(self._handler_failed, "unsubscribe")
+            handle_unsubscribe(self.front.router, self, packet).addErrback(self._handler_failed, "unsubscribe")
         elif kind is PingReq:
             self.transport.write(encode(PING_RESP, self.level))
         elif kind is Disconnect:
-            self.broker.disconnect(self, packet)
+            self.front.disconnect(self, packet)
         elif kind is Auth:
             # No authentication method was agreed in CONNECT, so an AUTH is a protocol error (MQTT-4.12.0-1).
             self.protocol_violation(ReasonCode.PROTOCOL_ERROR, "AUTH without an authentication method")
@@ -178,11 +178,11 @@ class MQTTServerProtocol(protocol.Protocol):
             self.refuse(ReasonCode.BAD_AUTHENTICATION_METHOD)
             return
         keep_alive = packet.keep_alive
-        max_ka = self.broker.config.max_keep_alive
+        max_ka = self.front.config.max_keep_alive
         if max_ka and (keep_alive == 0 or keep_alive > max_ka) and self.level == MQTT_5:
             keep_alive = self.server_keep_alive = max_ka
         self._keep_alive = keep_alive
-        d = self.broker.connect(self, packet)
+        d = self.front.connect(self, packet)
         d.addCallback(self._connected)
         d.addErrback(self._handler_failed, "connect")
 
@@ -199,7 +199,7 @@ class MQTTServerProtocol(protocol.Protocol):
             if self._closing or self.session is None:
                 break
             self._handle(packet)
-        if self._reading_paused and self.pending_puts <= self.broker.limits.max_pending_puts // 2:
+        if self._reading_paused and self.pending_puts <= self.front.limits.max_pending_puts // 2:
             self._resume_reading()
 
     # -- timers -------------------------------------------------------------------------------
@@ -215,7 +215,7 @@ class MQTTServerProtocol(protocol.Protocol):
         limit = self._keep_alive * 1.5
         if idle >= limit:
             log.info("keep_alive_expired client=%s idle=%.1fs", self.client_id, idle)
-            self.broker.server_disconnect(self, ReasonCode.KEEP_ALIVE_TIMEOUT)
+            self.front.server_disconnect(self, ReasonCode.KEEP_ALIVE_TIMEOUT)
             return
         self._timer = self.clock.callLater(limit - idle, self._check_keep_alive)
 
@@ -231,7 +231,7 @@ class MQTTServerProtocol(protocol.Protocol):
 
     def refuse(self, reason: int) -> None:
         """Answer CONNECT with a failure CONNACK and close."""
-        self.broker.stats.connections_refused += 1
+        self.front.stats.connections_refused += 1
         # %r: both come from the client, and quoting keeps a crafted line break out of the log.
         log.info("connect_refused client=%r user=%r peer=%s reason=0x%02X", *self.asked, self.peer_host,
                  int(reason))
@@ -244,7 +244,7 @@ class MQTTServerProtocol(protocol.Protocol):
         log.info("protocol_violation client=%s peer=%s reason=0x%02X %s", self.client_id, self.peer_host,
                  int(reason), message)
         if self.session is not None:
-            self.broker.server_disconnect(self, reason, message)
+            self.front.server_disconnect(self, reason, message)
         else:
             self.close(reason, message)
 
@@ -289,7 +289,7 @@ class MQTTServerProtocol(protocol.Protocol):
 
     def put_started(self) -> None:
         self.pending_puts += 1
-        if self.pending_puts > self.broker.limits.max_pending_puts and not self._reading_paused:
+        if self.pending_puts > self.front.limits.max_pending_puts and not self._reading_paused:
             self._pause_reading()
 
     def qos0_stored(self, result) -> None:
@@ -300,7 +300,7 @@ class MQTTServerProtocol(protocol.Protocol):
 
     def put_finished(self) -> None:
         self.pending_puts -= 1
-        if self._reading_paused and self.pending_puts <= self.broker.limits.max_pending_puts // 2:
+        if self._reading_paused and self.pending_puts <= self.front.limits.max_pending_puts // 2:
             self._resume_reading()
 
     def _pause_reading(self) -> None:
@@ -314,16 +314,16 @@ class MQTTServerProtocol(protocol.Protocol):
 
 
 class MQTTServerFactory(protocol.Factory):
-    """Makes a protocol per connection, all sharing one broker."""
+    """Makes a protocol per connection, all sharing one MQTT front end."""
 
     noisy = False
 
-    def __init__(self, broker, clock, cert_identity=None) -> None:
-        self.broker = broker
+    def __init__(self, front, clock, cert_identity=None) -> None:
+        self.front = front
         self.clock = clock
         self.cert_identity = cert_identity
 
     def buildProtocol(self, addr):
-        p = MQTTServerProtocol(self.broker, self.clock)
+        p = MQTTServerProtocol(self.front, self.clock)
         p.factory = self
         return p

@@ -24,38 +24,38 @@ VALID_TOPICS_CACHE = 100_000
 MQTT_PUBLISH = rec.RecordKind.MQTT_PUBLISH
 
 
-def handle_publish(broker, conn, packet) -> None:
+def handle_publish(front, conn, packet) -> None:
     """One PUBLISH from a connected client."""
     topic = packet.topic
-    if (packet.properties is NO_PROPERTIES and topic in broker.valid_topics and not packet.retain
-            and packet.qos < 2 and not broker.acl.configured and len(packet.payload) <= broker.limits.max_payload
-            and conn.inbound_inflight < broker.config.receive_maximum and topic[0] != "$"):
+    if (packet.properties is NO_PROPERTIES and topic in front.valid_topics and not packet.retain
+            and packet.qos < 2 and not front.acl.configured and len(packet.payload) <= front.limits.max_payload
+            and conn.inbound_inflight < front.config.receive_maximum and topic[0] != "$"):
         # The common case (a device reporting on a known topic, QoS 0 or 1, no properties):
         # every check below would pass, so go straight to the store.
         payload = packet.payload
-        stats = broker.stats
+        stats = front.stats
         stats.messages_received += 1
         stats.bytes_received += len(payload)
         qos = packet.qos
-        message = rec.Message(topic, payload, MQTT_PUBLISH, qos, False, conn.client_id, broker.now_ms(), {})
+        message = rec.Message(topic, payload, MQTT_PUBLISH, qos, False, conn.client_id, front.now_ms(), {})
         conn.put_started()
         if qos == 0:
-            broker.store.submit(message, conn.qos0_stored)
+            front.store.submit(message, conn.qos0_stored)
         else:
             conn.inbound_inflight += 1
             session, packet_id = conn.session, packet.packet_id
-            broker.store.submit(message, lambda result: _stored(result, broker, conn, session, 1, packet_id))
+            front.store.submit(message, lambda result: _stored(result, front, conn, session, 1, packet_id))
         return
     session = conn.session
     level = conn.level
     props = packet.properties
     qos = packet.qos
     topic = packet.topic
-    broker.stats.received(len(packet.payload))
+    front.stats.received(len(packet.payload))
 
     if level == MQTT_5 and props.topic_alias is not None:
         alias = props.topic_alias
-        if alias == 0 or alias > broker.config.topic_alias_maximum:
+        if alias == 0 or alias > front.config.topic_alias_maximum:
             conn.protocol_violation(ReasonCode.TOPIC_ALIAS_INVALID, f"topic alias {alias} is out of range")
             return
         if topic:
@@ -70,31 +70,31 @@ def handle_publish(broker, conn, packet) -> None:
             # A resend of a QoS 2 message already stored: acknowledge, do not store again.
             conn.send(PubRec(packet.packet_id))
             return
-        if conn.inbound_inflight >= broker.config.receive_maximum:
+        if conn.inbound_inflight >= front.config.receive_maximum:
             conn.protocol_violation(ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
-                                    f"more than {broker.config.receive_maximum} unacknowledged QoS 1/2 PUBLISHes")
+                                    f"more than {front.config.receive_maximum} unacknowledged QoS 1/2 PUBLISHes")
             return
-    limits = broker.limits
-    if topic not in broker.valid_topics:  # devices publish to the same topics again and again
+    limits = front.limits
+    if topic not in front.valid_topics:  # devices publish to the same topics again and again
         try:
             validate_topic_name(topic, limits.max_topic_length, limits.max_topic_levels)
         except TopicError as exc:
             conn.protocol_violation(ReasonCode.TOPIC_NAME_INVALID, str(exc))
             return
-        if len(broker.valid_topics) >= VALID_TOPICS_CACHE:
-            broker.valid_topics.clear()
-        broker.valid_topics.add(topic)
+        if len(front.valid_topics) >= VALID_TOPICS_CACHE:
+            front.valid_topics.clear()
+        front.valid_topics.add(topic)
     if len(packet.payload) > limits.max_payload:
         conn.protocol_violation(ReasonCode.PACKET_TOO_LARGE,
                                 f"payload of {len(packet.payload)} bytes exceeds max_payload {limits.max_payload}")
         return
-    if packet.retain and not broker.config.retain_available:
+    if packet.retain and not front.config.retain_available:
         conn.protocol_violation(ReasonCode.RETAIN_NOT_SUPPORTED, "retained messages are not available")
         return
 
-    now = broker.now_ms()
+    now = front.now_ms()
     deliver_at = None
-    if topic.startswith(DELAYED_PREFIX) and broker.timers is not None:
+    if topic.startswith(DELAYED_PREFIX) and front.timers is not None:
         # The ACL and limits apply to the topic the message will really be published on.
         seconds, _, real_topic = topic[len(DELAYED_PREFIX):].partition("/")
         try:
@@ -113,15 +113,15 @@ def handle_publish(broker, conn, packet) -> None:
         # $SYS/... and other $ topics belong to the broker: a client may not publish fake values there.
         refusal = ReasonCode.NOT_AUTHORIZED
         log.info("publish_denied client=%s topic=%s reason=reserved", session.client_id, topic)
-    elif broker.acl.configured and not broker.acl.allowed(conn.acl_username, session.client_id, topic, "write"):
+    elif front.acl.configured and not front.acl.allowed(conn.acl_username, session.client_id, topic, "write"):
         refusal = ReasonCode.NOT_AUTHORIZED
         log.info("publish_denied client=%s user=%s topic=%s", session.client_id, conn.username, topic)
-    elif packet.retain and packet.payload and broker.retained is not None \
-            and broker.retained.would_exceed(topic, len(packet.payload)):
+    elif packet.retain and packet.payload and front.retained is not None \
+            and front.retained.would_exceed(topic, len(packet.payload)):
         refusal = ReasonCode.QUOTA_EXCEEDED
         log.info("retained_quota_exceeded client=%s topic=%s", session.client_id, topic)
     if refusal is not None:
-        broker.stats.messages_dropped += 1
+        front.stats.messages_dropped += 1
         if level == MQTT_5 and qos:
             _ack(conn, qos, packet.packet_id, refusal)
         elif level != MQTT_5 and refusal == ReasonCode.QUOTA_EXCEEDED:
@@ -138,16 +138,16 @@ def handle_publish(broker, conn, packet) -> None:
     conn.put_started()
     packet_id = packet.packet_id
     if deliver_at is not None:
-        d = broker.timers.schedule(message, deliver_at)
-        d.addCallback(_stored, broker, conn, session, qos, packet_id)
+        d = front.timers.schedule(message, deliver_at)
+        d.addCallback(_stored, front, conn, session, qos, packet_id)
         d.addErrback(_put_failed, conn, qos, packet_id)
     elif qos == 0:
-        broker.store.submit(message, conn.qos0_stored)
+        front.store.submit(message, conn.qos0_stored)
     else:
-        broker.store.submit(message, lambda result: _stored(result, broker, conn, session, qos, packet_id))
+        front.store.submit(message, lambda result: _stored(result, front, conn, session, qos, packet_id))
 
 
-def _stored(result, broker, conn, session, qos: int, packet_id) -> None:
+def _stored(result, front, conn, session, qos: int, packet_id) -> None:
     conn.put_finished()
     if result.status is not PutStatus.PUT_OK:
         log.error("put_failed client=%s status=%s reason=%s", session.client_id, result.status.name, result.reason)
@@ -159,7 +159,7 @@ def _stored(result, broker, conn, session, qos: int, packet_id) -> None:
             conn.send(PubAck(packet_id))
     elif qos == 2:
         session.inbound_qos2.add(packet_id)
-        d = broker.sessions_db.save_inbound_qos2(session.client_id, packet_id) if session.persistent else None
+        d = front.sessions_db.save_inbound_qos2(session.client_id, packet_id) if session.persistent else None
 
         def answer(_=None):
             if conn.session is session:
@@ -189,7 +189,7 @@ def _ack(conn, qos: int, packet_id: int, reason: int) -> None:
     conn.send(PubAck(packet_id, reason) if qos == 1 else PubRec(packet_id, reason))
 
 
-def handle_pubrel(broker, conn, packet) -> None:
+def handle_pubrel(front, conn, packet) -> None:
     """Second half of inbound QoS 2: forget the packet id (durably), then PUBCOMP."""
     session = conn.session
     pid = packet.packet_id
@@ -203,6 +203,6 @@ def handle_pubrel(broker, conn, packet) -> None:
         if conn.session is session:
             conn.send(PubComp(pid))
     if session.persistent:
-        broker.sessions_db.delete_inbound_qos2(session.client_id, pid).addCallback(answer)
+        front.sessions_db.delete_inbound_qos2(session.client_id, pid).addCallback(answer)
     else:
         answer()

@@ -1,4 +1,8 @@
-"""An MQTT session: subscriptions with their queue offsets, packet ids and in-flight messages.
+"""An MQTT session's Twisted-side adapter: feeds ``SessionState`` and carries out its actions.
+
+Packet ids, the in-flight window, QoS 1/2 acknowledgements, resends, topic
+aliases and the will live in ``session_state.SessionState`` (no I/O); this
+module reads from queue offsets, writes to the connection and the session store.
 
 A subscription owns an offset into the light queue of its filter, never a copy
 of a message. ``pump`` pulls from each offset (through the read cache), within
@@ -17,10 +21,12 @@ from typing import TYPE_CHECKING
 from mqtt_proxy import message_props
 from mqtt_proxy.codec import NO_PROPERTIES, PubRel, encode, encode_properties, encode_publish, patch_publish
 from mqtt_proxy.codec.wire import PacketType
+from mqtt_proxy.session_state import (DeleteOutbound, DeleteReleased, GroupAcked, PumpSoon,
+                                      Resend, SaveOutbound, SaveReleased, SendPubRel, SessionState)
 from mqtt_proxy.session_store import StoredSubscription
 
 if TYPE_CHECKING:
-    from mqtt_proxy.broker import Broker
+    from mqtt_proxy.delivery import SessionContext
 
 log = logging.getLogger("twistmq.mqtt.session")
 
@@ -50,125 +56,131 @@ class Subscription:
                                   self.sub_id, group, self.next_offset)
 
 
-@dataclass
-class Outbound:
-    """A QoS 1/2 PUBLISH sent and not yet completed."""
-
-    sub_key: str | None  # None: a retained message sent on subscribe (not tied to a queue offset)
-    queue_offset: int
-    qos: int
-    released: bool = False  # QoS 2: PUBREC seen, PUBREL sent, waiting for PUBCOMP
-    group: object | None = None
+def _state_attr(name: str) -> property:
+    return property(lambda self: getattr(self.state, name), lambda self, value: setattr(self.state, name, value))
 
 
 class Session:
     """State of one client id, connected or not."""
 
-    def __init__(self, broker: "Broker", client_id: str, level: int, expiry: int) -> None:
-        self.broker = broker
+    def __init__(self, ctx: "SessionContext", client_id: str, level: int, expiry: int) -> None:
+        self.ctx = ctx
+        self.delivery = ctx.delivery
+        self.sessions_db = ctx.sessions_db
         self.client_id = client_id
-        self.level = level
-        self.expiry = expiry
+        self.state = SessionState(level, expiry, ctx.max_inflight)  # everything the protocol decides on
         self.conn = None
-        self.subs: dict[str, Subscription] = {}
-        self.outbound: dict[int, Outbound] = {}
-        self.inbound_qos2: set[int] = set()
-        self._next_pid = 1
-        self.receive_maximum = 65535  # the client's, v5
-        self.max_packet_size = 0  # the client's, 0 = no limit
-        self.alias_maximum = 0  # topic aliases the client accepts from us
-        self._aliases: dict[str, int] = {}
-        self.will = None
         self.will_call = None
         self.stored = False  # something of this session was written to the session store
         self.acl_username = None  # whose ACL rules the will is checked against
-        self.pending_will = None  # the will a delayed will_call will publish
         self.expiry_call = None
         self._dirty_subs: set[str] = set()
         self._pumping = False
         self._pump_again = False
         self._pump_scheduled = False
 
+    # The session's protocol state lives in SessionState; these read and write it there.
+    level = _state_attr("level")
+    expiry = _state_attr("expiry")
+    subs = _state_attr("subs")
+    outbound = _state_attr("outbound")
+    inbound_qos2 = _state_attr("inbound_qos2")
+    receive_maximum = _state_attr("receive_maximum")
+    max_packet_size = _state_attr("max_packet_size")
+    alias_maximum = _state_attr("alias_maximum")
+    will = _state_attr("will")
+    pending_will = _state_attr("pending_will")
+
     @property
     def persistent(self) -> bool:
-        return self.expiry > 0
+        return self.state.persistent
+
+    @property
+    def window(self) -> int:
+        """How many more QoS>0 messages may be in flight now."""
+        return self.state.window
+
+    def carry_out(self, actions) -> None:
+        """Do what the state machine asked: writes, session-store updates, group acks, a pump."""
+        db = self.sessions_db
+        for a in actions:
+            kind = type(a)
+            if kind is SendPubRel:
+                if self.conn is not None:
+                    self.conn.write(encode(PubRel(a.packet_id), self.state.level))
+            elif kind is SaveOutbound:
+                db.save_outbound(self.client_id, a.packet_id, a.sub_key, a.queue_offset, a.qos)
+            elif kind is DeleteOutbound:
+                db.delete_outbound(self.client_id, a.packet_id)
+            elif kind is SaveReleased:
+                db.save_released(self.client_id, a.packet_id)
+            elif kind is DeleteReleased:
+                db.delete_released(self.client_id, a.packet_id)
+            elif kind is GroupAcked:
+                a.group.acked(a.queue_offset)
+            elif kind is PumpSoon:
+                self.pump_soon()
+            elif kind is Resend:
+                self._resend(a)
+            else:
+                raise TypeError(f"session action {a!r} has no adapter")
 
     # -- connection ---------------------------------------------------------------------
 
     def attach(self, conn) -> None:
         """Bind a new connection (fresh or resumed) to this session."""
         self.conn = conn
-        self.level = conn.level
-        self._aliases = {}
+        self.state.attach(conn.level)
         if self.expiry_call is not None and self.expiry_call.active():
             self.expiry_call.cancel()
         self.expiry_call = None
         for sub in self.subs.values():
             self.watch(sub)
 
-    def detach(self) -> None:
-        """The connection is gone: stop pushing; shared groups hand our messages to others."""
+    def detach(self, publish_will: bool) -> list:
+        """The connection is gone: stop pushing; shared groups hand our messages to others.
+
+        Returns the will actions (PublishWill or ScheduleWill) for the registry, which owns the timers.
+        """
         self.conn = None
         for sub in self.subs.values():
-            self._unwatch(sub)
+            self.unwatch(sub)
             if sub.share is not None:
                 sub.share.member_left(self, sub)
-        for pid in [p for p, o in self.outbound.items() if o.group is not None or o.sub_key is None]:
-            del self.outbound[pid]
+        return self.state.detach(publish_will)
 
     def watch(self, sub: Subscription) -> None:
         """Be told when the subscription's queue (or shared group) has news."""
         if sub.share is not None:
             sub.share.member_joined(self, sub)
         else:
-            self.broker.notifier.watch(sub.queue, id(self), self._on_news)
+            self.delivery.watch(sub.queue, id(self), self._on_news)
 
-    def _unwatch(self, sub: Subscription) -> None:
+    def unwatch(self, sub: Subscription) -> None:
+        """Stop hearing of the subscription's queue (shared groups are left through the group)."""
         if sub.share is None:
-            self.broker.notifier.unwatch(sub.queue, id(self))
+            self.delivery.unwatch(sub.queue, id(self))
 
     def _on_news(self, _queue: str) -> None:
         self.pump()
-
-    # -- packet ids ---------------------------------------------------------------------------
-
-    def allocate_pid(self) -> int:
-        for _ in range(65535):
-            pid = self._next_pid
-            self._next_pid = pid % 65535 + 1
-            if pid not in self.outbound:
-                return pid
-        raise RuntimeError("no free packet identifier")
-
-    @property
-    def window(self) -> int:
-        """How many more QoS>0 messages may be in flight now."""
-        cap = min(self.receive_maximum, self.broker.config.max_inflight)
-        return cap - len(self.outbound)
 
     # -- sending ------------------------------------------------------------------------------
 
     def resend_inflight(self) -> None:
         """After a reconnect: PUBREL for released messages, the PUBLISH again (DUP) for the rest."""
-        for pid, o in list(self.outbound.items()):
-            if o.group is not None:
-                continue  # sent by a shared group since attach (a detach forgets the older ones): not a resend
-            if o.released:
-                self.conn.write(encode(PubRel(pid), self.level))
-                continue
-            sub = self.subs.get(o.sub_key) if o.sub_key is not None else None
-            if sub is None:
-                self._complete(pid)
-                continue
-            d = self.broker.read_cache.get(sub.queue, o.queue_offset, 1)
-            d.addCallback(self._resend_one, pid, sub)
-            d.addErrback(lambda f: log.error("resend_failed client=%s error=%s", self.client_id, f.getErrorMessage()))
+        self.carry_out(self.state.resend_plan())
+
+    def _resend(self, a: Resend) -> None:
+        sub = self.subs[a.sub_key]
+        d = self.delivery.read(sub.queue, a.queue_offset, 1)
+        d.addCallback(self._resend_one, a.packet_id, sub)
+        d.addErrback(lambda f: log.error("resend_failed client=%s error=%s", self.client_id, f.getErrorMessage()))
 
     def _resend_one(self, messages, pid: int, sub: Subscription) -> None:
         if self.conn is None or pid not in self.outbound:
             return
         if not messages or messages[0].queue_offset != self.outbound[pid].queue_offset:
-            self._complete(pid)  # the record is gone (retention): nothing to resend
+            self.carry_out(self.state.complete(pid))  # the record is gone (retention): nothing to resend
             return
         o = self.outbound[pid]
         self._send(messages[0].record, o.qos, pid, sub, dup=True)
@@ -177,7 +189,7 @@ class Session:
         """Pump once at the end of this tick: acknowledgements arrive in bursts, one read serves them all."""
         if not self._pump_scheduled:
             self._pump_scheduled = True
-            self.broker.clock.callLater(0, self._scheduled_pump)
+            self.delivery.call_soon(self._scheduled_pump)
 
     def _scheduled_pump(self) -> None:
         self._pump_scheduled = False
@@ -209,7 +221,7 @@ class Session:
         if sub.qos > 0 and self.window <= 0:
             return
         sub.reading = True
-        d = self.broker.read_cache.get(sub.queue, sub.next_offset, PUMP_BATCH)
+        d = self.delivery.read(sub.queue, sub.next_offset, PUMP_BATCH)
         d.addCallback(self._deliver_batch, sub)
         d.addErrback(self._read_failed, sub)
 
@@ -221,7 +233,7 @@ class Session:
         sub.reading = False
         if self.conn is None or sub.key not in self.subs:
             return
-        now = self.broker.now_ms()
+        now = self.delivery.now_ms()
         advanced = False
         more = len(messages) == PUMP_BATCH
         if messages and messages[0].queue_offset > sub.next_offset:
@@ -242,15 +254,11 @@ class Session:
             if sub.no_local and record.client_id == self.client_id:
                 continue
             if record.properties and message_props.expired(record.properties, now):
-                self.broker.stats.messages_expired += 1
+                self.delivery.stats.messages_expired += 1
                 continue
-            pid = None
-            if qos:
-                pid = self.allocate_pid()
-                self.outbound[pid] = Outbound(sub.key, m.queue_offset, qos)
-                sub.inflight.add(m.queue_offset)
-                if self.persistent:
-                    self.broker.sessions_db.save_outbound(self.client_id, pid, sub.key, m.queue_offset, qos)
+            pid, actions = self.state.offer(sub, m.queue_offset, qos)
+            if actions:
+                self.carry_out(actions)
             self._send(record, qos, pid, sub)
         if advanced:
             self._dirty_subs.add(sub.key)
@@ -265,7 +273,7 @@ class Session:
         """Owed messages are gone (a disk limit deleted them): count, log, and resume after the gap."""
         lost = first_live - sub.next_offset
         sub.dropped += lost
-        self.broker.stats.messages_gap += lost
+        self.delivery.stats.messages_gap += lost
         log.warning("delivery_gap client=%s queue=%s queue_offsets=[%d,%d) messages=%d",
                     self.client_id, sub.queue, sub.next_offset, first_live, lost)
         sub.next_offset = first_live
@@ -274,20 +282,14 @@ class Session:
     def send_retained(self, record, sub: Subscription) -> None:
         """Send a retained message in answer to a subscribe (RETAIN set, not tied to an offset)."""
         qos = min(sub.qos, record.qos)
-        pid = None
-        if qos:
-            if self.window <= 0:
-                return  # the window is full of live traffic: skip rather than overrun the client
-            pid = self.allocate_pid()
-            self.outbound[pid] = Outbound(None, -1, qos)
+        if qos and self.window <= 0:
+            return  # the window is full of live traffic: skip rather than overrun the client
+        pid = self.state.offer_retained(qos)
         self._send(record, qos, pid, sub, retain=True)
 
     def send_group_message(self, record, qos: int, sub: Subscription, group, queue_offset: int) -> int | None:
         """Send one message of a shared group; return its packet id (None for QoS 0)."""
-        pid = None
-        if qos:
-            pid = self.allocate_pid()
-            self.outbound[pid] = Outbound(sub.key, queue_offset, qos, group=group)
+        pid = self.state.offer_group(sub, queue_offset, qos, group)
         self._send(record, qos, pid, sub)
         return pid
 
@@ -302,9 +304,9 @@ class Session:
             needs_props = (record.properties and message_props.has_v5_fields(record.properties)) or sub.sub_id \
                 or self.alias_maximum
             if needs_props:
-                props = message_props.from_record(record.properties, self.broker.now_ms(),
+                props = message_props.from_record(record.properties, self.delivery.now_ms(),
                                                   (sub.sub_id,) if sub.sub_id else ())
-                alias = self._alias_for(record.topic)
+                alias = self.state.alias_for(record.topic)
                 if alias is not None:
                     alias_id, known = alias
                     props = props.replace(topic_alias=alias_id)
@@ -312,7 +314,7 @@ class Session:
                         alias_topic = ""
                 props_block = encode_properties(props, PacketType.PUBLISH)
         if props_block is None and not dup:
-            data = self.broker.encoded_publish(record, qos, retain, level)
+            data = self.delivery.encoded_publish(record, qos, retain, level)
             if pid is not None:
                 data = patch_publish(data, packet_id=pid)
         else:
@@ -320,84 +322,30 @@ class Session:
         if self.max_packet_size and len(data) > self.max_packet_size:
             # MQTT-3.1.2-25: never send a client more than it can take; drop it instead.
             if pid is not None:
-                self._complete(pid)
+                self.carry_out(self.state.complete(pid))
             return
         self.conn.write(data)
-        self.broker.stats.sent(len(data))
-
-    def _alias_for(self, topic: str) -> tuple[int, bool] | None:
-        if not self.alias_maximum:
-            return None
-        alias = self._aliases.get(topic)
-        if alias is not None:
-            return alias, True
-        if len(self._aliases) >= self.alias_maximum:
-            return None
-        alias = len(self._aliases) + 1
-        self._aliases[topic] = alias
-        return alias, False
+        self.delivery.stats.sent(len(data))
 
     # -- acknowledgements ------------------------------------------------------------------
 
     def on_puback(self, pid: int) -> bool:
         """QoS 1 completed; False if the packet id was not in flight."""
-        o = self.outbound.get(pid)
-        if o is None or o.qos != 1:
-            return False
-        self._complete(pid)
-        self.pump_soon()
-        return True
+        return self._acked(self.state.puback(pid))
 
     def on_pubrec(self, pid: int, failed: bool) -> bool:
         """QoS 2 received by the client: release it (or drop it if the client refused it)."""
-        o = self.outbound.get(pid)
-        if o is None or o.qos != 2:
-            return False
-        if failed:
-            self._complete(pid)
-            self.pump_soon()
-            return True
-        if not o.released:
-            o.released = True
-            if o.group is None:
-                self._finish_offset(o)  # a shared group counts it delivered only at PUBCOMP
-            if self.persistent and o.group is None and o.sub_key is not None:
-                self.broker.sessions_db.delete_outbound(self.client_id, pid)
-                self.broker.sessions_db.save_released(self.client_id, pid)
-        self.conn.write(encode(PubRel(pid), self.level))
-        return True
+        return self._acked(self.state.pubrec(pid, failed))
 
     def on_pubcomp(self, pid: int) -> bool:
         """QoS 2 finished."""
-        o = self.outbound.get(pid)
-        if o is None or not o.released:
+        return self._acked(self.state.pubcomp(pid))
+
+    def _acked(self, actions) -> bool:
+        if actions is None:
             return False
-        del self.outbound[pid]
-        if o.group is not None:
-            o.group.acked(o.queue_offset)
-        elif self.persistent:
-            self.broker.sessions_db.delete_released(self.client_id, pid)
-        self.pump_soon()
+        self.carry_out(actions)
         return True
-
-    def _complete(self, pid: int) -> None:
-        o = self.outbound.pop(pid)
-        if not o.released:
-            self._finish_offset(o)
-        if self.persistent and o.group is None:
-            if o.released:
-                self.broker.sessions_db.delete_released(self.client_id, pid)
-            elif o.sub_key is not None:
-                self.broker.sessions_db.delete_outbound(self.client_id, pid)
-
-    def _finish_offset(self, o: Outbound) -> None:
-        if o.group is not None:
-            o.group.acked(o.queue_offset)
-            return
-        if o.sub_key is not None:
-            sub = self.subs.get(o.sub_key)
-            if sub is not None:
-                sub.inflight.discard(o.queue_offset)
 
     def _persist_offsets(self) -> None:
         if not self._dirty_subs:
@@ -408,4 +356,4 @@ class Session:
         for key in dirty:
             sub = self.subs.get(key)
             if sub is not None and sub.share is None:
-                self.broker.sessions_db.save_subscription(self.client_id, key, sub.stored())
+                self.sessions_db.save_subscription(self.client_id, key, sub.stored())

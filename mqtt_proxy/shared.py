@@ -22,8 +22,9 @@ BATCH = 256
 class SharedGroup:
     """Members of one ``$share/group/filter`` and the group's position in the queue."""
 
-    def __init__(self, broker, group: str, topic_filter: str, queue: str, start_offset: int) -> None:
-        self.broker = broker
+    def __init__(self, ctx, group: str, topic_filter: str, queue: str, start_offset: int) -> None:
+        self.delivery = ctx.delivery  # reads, queue news, the clock and the counters
+        self.sessions_db = ctx.sessions_db  # where the committed offset is kept
         self.group = group
         self.topic_filter = topic_filter
         self.queue = queue
@@ -37,10 +38,10 @@ class SharedGroup:
         self.dropped = 0  # owed messages lost to a disk limit (retention)
         self._reading = False
         self._pump_scheduled = False
-        broker.notifier.watch(queue, id(self), lambda _q: self.pump())
+        self.delivery.watch(queue, id(self), lambda _q: self.pump())
 
     def close(self) -> None:
-        self.broker.notifier.unwatch(self.queue, id(self))
+        self.delivery.unwatch(self.queue, id(self))
 
     def member_joined(self, session, sub) -> None:
         if all(s is not session for s, _ in self.members):
@@ -61,7 +62,7 @@ class SharedGroup:
         self.inflight.pop(queue_offset, None)
         if not self._pump_scheduled:  # acknowledgements come in bursts: commit and pump once per tick
             self._pump_scheduled = True
-            self.broker.clock.callLater(0, self._after_acks)
+            self.delivery.call_soon(self._after_acks)
 
     def _after_acks(self) -> None:
         self._pump_scheduled = False
@@ -73,13 +74,13 @@ class SharedGroup:
         committed = min(pending) if pending else self.next_offset
         if committed != self.committed:
             self.committed = committed
-            self.broker.sessions_db.save_group_offset(self.group, self.topic_filter, committed)
+            self.sessions_db.save_group_offset(self.group, self.topic_filter, committed)
 
     def _gap(self, first_live: int) -> None:
         """Owed messages are gone (a disk limit deleted them): count, log, and resume after the gap."""
         lost = first_live - self.next_offset
         self.dropped += lost
-        self.broker.stats.messages_gap += lost
+        self.delivery.stats.messages_gap += lost
         log.warning("delivery_gap share=%s filter=%s queue_offsets=[%d,%d) messages=%d",
                     self.group, self.topic_filter, self.next_offset, first_live, lost)
         self.next_offset = first_live
@@ -104,7 +105,7 @@ class SharedGroup:
         else:
             offset, count = self.next_offset, BATCH
         self._reading = True
-        d = self.broker.read_cache.get(self.queue, offset, count)
+        d = self.delivery.read(self.queue, offset, count)
         d.addCallback(self._deliver, bool(self.redeliver))
         d.addErrback(self._failed)
 
@@ -121,7 +122,7 @@ class SharedGroup:
                 self._commit()  # gone (retention): nothing to redeliver
                 self.pump()
                 return
-        now = self.broker.now_ms()
+        now = self.delivery.now_ms()
         if not redelivery and messages and messages[0].queue_offset > self.next_offset:
             self._gap(messages[0].queue_offset)
         for m in messages:
@@ -129,7 +130,7 @@ class SharedGroup:
                 continue
             record = m.record
             if record.properties and message_props.expired(record.properties, now):
-                self.broker.stats.messages_expired += 1
+                self.delivery.stats.messages_expired += 1
                 if not redelivery:
                     self.next_offset = m.queue_offset + 1
                 progressed = True

@@ -20,11 +20,11 @@ log = logging.getLogger("twistmq.mqtt.subscribe")
 
 
 @defer.inlineCallbacks
-def handle_subscribe(broker, conn, packet):
+def handle_subscribe(router, conn, packet):
     """Answer one SUBSCRIBE with a SUBACK holding a code per filter, then retained messages."""
     session = conn.session
     level = conn.level
-    limits = broker.limits
+    limits = router.limits
     sub_ids = packet.properties.subscription_identifiers
     sub_id = sub_ids[0] if sub_ids else 0
     codes = []
@@ -39,7 +39,7 @@ def handle_subscribe(broker, conn, packet):
         if group is not None and opts.no_local:
             conn.protocol_violation(ReasonCode.PROTOCOL_ERROR, "no local on a shared subscription (MQTT-3.8.3-4)")
             return
-        if not broker.acl.can_subscribe(conn.acl_username, session.client_id, real_filter):
+        if not router.acl.can_subscribe(conn.acl_username, session.client_id, real_filter):
             log.info("subscribe_denied client=%s user=%s filter=%s", session.client_id, conn.username, topic_filter)
             codes.append(ReasonCode.NOT_AUTHORIZED)
             continue
@@ -56,17 +56,17 @@ def handle_subscribe(broker, conn, packet):
             sub = existing
             is_new = False
         else:
-            queue = yield broker.store.add_filter(real_filter)
+            queue = yield router.store.add_filter(real_filter)
             sub = Subscription(topic_filter, real_filter, queue, qos, opts.no_local, opts.retain_as_published, sub_id)
             if group is not None:
-                sub.share = yield broker.shared_group(group, real_filter, queue)
+                sub.share = yield router.shared_group(group, real_filter, queue)
                 sub.share.subscribers += 1
             else:
-                sub.next_offset = yield broker.store.max_offset(queue)
+                sub.next_offset = yield router.store.max_offset(queue)
             if conn.session is not session or topic_filter in session.subs:
-                broker.store.remove_filter(real_filter)  # lost a race with a disconnect or a twin SUBSCRIBE
+                router.store.remove_filter(real_filter)  # lost a race with a disconnect or a twin SUBSCRIBE
                 if sub.share is not None:
-                    broker.drop_group_member(sub)
+                    router.drop_group_member(sub)
                 if conn.session is not session:
                     return
                 sub = session.subs[topic_filter]
@@ -74,7 +74,7 @@ def handle_subscribe(broker, conn, packet):
                 session.subs[topic_filter] = sub
             is_new = True
         if session.persistent:
-            broker.sessions_db.save_subscription(session.client_id, topic_filter, sub.stored())
+            router.sessions_db.save_subscription(session.client_id, topic_filter, sub.stored())
         codes.append(qos)
         if sub.share is None and opts.retain_handling != RetainHandling.DO_NOT_SEND \
                 and not (opts.retain_handling == RetainHandling.SEND_IF_NEW_SUBSCRIPTION and not is_new):
@@ -82,26 +82,26 @@ def handle_subscribe(broker, conn, packet):
         if is_new and session.conn is not None:
             session.watch(sub)
     if session.persistent:
-        yield broker.sessions_db.kv_barrier()
+        yield router.sessions_db.kv_barrier()
     if conn.session is not session:
         return
     conn.send(SubAck(packet.packet_id, tuple(codes)))
     for sub, _ in retained_for:
-        yield send_retained(broker, conn, session, sub)
+        yield send_retained(router, conn, session, sub)
     session.pump()
 
 
 @defer.inlineCallbacks
-def send_retained(broker, conn, session, sub: Subscription):
+def send_retained(router, conn, session, sub: Subscription):
     """Every retained message matching the subscription's filter that the client may read."""
-    if broker.retained is None:
+    if router.retained is None:
         return
-    now = broker.now_ms()
-    for topic, cl_offset, size in broker.retained.lookup(sub.topic_filter):
-        if not broker.acl.allowed(conn.acl_username, session.client_id, topic, "read"):
+    now = router.now_ms()
+    for topic, cl_offset, size in router.retained.lookup(sub.topic_filter):
+        if not router.acl.allowed(conn.acl_username, session.client_id, topic, "read"):
             continue
         try:
-            record = yield broker.store.read(cl_offset, size)
+            record = yield router.store.read(cl_offset, size)
         except Exception as exc:  # noqa: BLE001 - retention may have removed it since the lookup
             log.info("retained_unreadable topic=%s error=%s", topic, exc)
             continue
@@ -113,7 +113,7 @@ def send_retained(broker, conn, session, sub: Subscription):
 
 
 @defer.inlineCallbacks
-def handle_unsubscribe(broker, conn, packet):
+def handle_unsubscribe(router, conn, packet):
     """Drop subscriptions; v5 says per filter whether one existed."""
     session = conn.session
     codes = []
@@ -124,14 +124,14 @@ def handle_unsubscribe(broker, conn, packet):
             continue
         if sub.share is not None:
             sub.share.member_left(session, sub)
-            broker.drop_group_member(sub)
+            router.drop_group_member(sub)
         else:
-            broker.notifier.unwatch(sub.queue, id(session))
-        broker.store.remove_filter(sub.topic_filter)
+            session.unwatch(sub)
+        router.store.remove_filter(sub.topic_filter)
         if session.persistent:
-            broker.sessions_db.delete_subscription(session.client_id, sub.stored())
+            router.sessions_db.delete_subscription(session.client_id, sub.stored())
         codes.append(ReasonCode.SUCCESS)
     if session.persistent:
-        yield broker.sessions_db.kv_barrier()
+        yield router.sessions_db.kv_barrier()
     if conn.session is session:
         conn.send(UnsubAck(packet.packet_id, tuple(codes) if conn.level == MQTT_5 else ()))

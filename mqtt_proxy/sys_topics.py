@@ -36,13 +36,13 @@ LOAD_FIGURES = {
 """``load/<name>/...`` -> the BrokerStats counter it averages."""
 
 
-def sys_values(broker, store, version: str) -> dict[str, str]:
+def sys_values(front, store, version: str) -> dict[str, str]:
     """Topic suffix -> value, as text; *version* is twistmq's, as the composition root read it."""
-    s = broker.stats
-    sessions = broker.sessions
+    s = front.stats
+    sessions = front.sessions
     return {
         "version": f"twistmq version {version}",
-        "uptime": f"{int(broker.clock.seconds() - broker.started_at)} seconds",
+        "uptime": f"{int(front.clock.seconds() - front.started_at)} seconds",
         "clients/connected": str(s.clients_connected),
         "clients/disconnected": str(len(sessions) - s.clients_connected),
         "clients/total": str(len(sessions)),
@@ -56,7 +56,7 @@ def sys_values(broker, store, version: str) -> dict[str, str]:
         "bytes/received": str(s.bytes_received),
         "bytes/sent": str(s.bytes_sent),
         "subscriptions/count": str(sum(len(session.subs) for session in sessions.values())),
-        "retained messages/count": str(broker.retained.count),
+        "retained messages/count": str(front.retained.count),
         "store/bytes": str(store.size_bytes()),
         "sessions": str(len(sessions)),
     }
@@ -83,8 +83,8 @@ class LoadAverage:
 class SysPublisher:
     """Publishes the $SYS values every ``interval`` seconds, retained."""
 
-    def __init__(self, broker, store, clock, interval: float, version: str) -> None:
-        self.broker = broker
+    def __init__(self, front, store, clock, interval: float, version: str) -> None:
+        self.front = front
         self.version = version
         self.store = store
         self.clock = clock
@@ -103,15 +103,15 @@ class SysPublisher:
 
     def values(self) -> dict[str, str]:
         """Every $SYS/broker/ suffix -> its text now, load figures included (and updated)."""
-        values = sys_values(self.broker, self.store, self.version)
+        values = sys_values(self.front, self.store, self.version)
         now = self.clock.seconds()
         for name, counter in LOAD_FIGURES.items():
-            for window, value in self.loads[name].update(now, counter(self.broker.stats)).items():
+            for window, value in self.loads[name].update(now, counter(self.front.stats)).items():
                 values[f"load/{name}/{window}"] = f"{value:.2f}"
         return values
 
     def publish(self) -> None:
-        now = self.broker.now_ms()
+        now = self.front.now_ms()
         messages = [rec.Message("$SYS/broker/" + k, v.encode(), rec.RecordKind.MQTT_PUBLISH, 0, True, "", now)
                     for k, v in self.values().items()]
         self.store.put_batch(messages)

@@ -9,7 +9,7 @@ from twisted.internet.testing import StringTransport
 
 from lightqueue import attach
 from lightqueue.retained_index import RetainedIndex
-from mqtt_proxy.broker import Broker
+from mqtt_proxy.front_end import build_front_end
 from mqtt_proxy.codec import (
     Connect, Disconnect, MQTTParser, Properties, PubAck, Publish, ReasonCode, Subscribe, Subscription,
     SubscriptionOptions, encode,
@@ -41,7 +41,7 @@ class Harness:
         self.notifier = Notifier(self.clock)
         self.store.add_listener(self.notifier.notify)
         self.store.open()
-        self.broker = Broker(self.store, SessionStore(self.kv), self.notifier, ReadCache(self.store), self.retained,
+        self.broker = build_front_end(self.store, SessionStore(self.kv), self.notifier, ReadCache(self.store), self.retained,
                              self.clock, MQTTConfig(sys_interval=0), limits or LimitsConfig())
         self.factory = MQTTServerFactory(self.broker, self.clock)
 

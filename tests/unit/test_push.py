@@ -76,7 +76,7 @@ def test_qos0_publish_to_many_sessions_is_encoded_once(tmp_path):
             c.received()
             subs.append(c)
         encodes = []
-        import mqtt_proxy.broker as broker_module
+        import mqtt_proxy.delivery as broker_module
         real = broker_module.encode_publish
         broker_module.encode_publish = lambda *a: encodes.append(a) or real(*a)
         try:

@@ -21,7 +21,7 @@ from twisted.internet.testing import StringTransport
 
 from lightqueue import attach
 from lightqueue.retained_index import RetainedIndex
-from mqtt_proxy.broker import Broker
+from mqtt_proxy.front_end import build_front_end
 from mqtt_proxy.codec import Connect, MQTTParser, Properties, PubAck, Publish, Subscribe, Subscription, encode
 from mqtt_proxy.codec import SubscriptionOptions
 from mqtt_proxy.config import LimitsConfig, MQTTConfig
@@ -64,7 +64,7 @@ class Node:
         self.store.add_listener(self.notifier.notify)
         self.store.open()
         self.timers.start()
-        self.broker = Broker(self.store, SessionStore(self.kv), self.notifier, ReadCache(self.store), self.retained,
+        self.broker = build_front_end(self.store, SessionStore(self.kv), self.notifier, ReadCache(self.store), self.retained,
                              clock, MQTTConfig(sys_interval=0), LimitsConfig())
         self.native = NativeService(self.store, self.path, NativeConfig(max_reconsume=2), clock, self.timers)
         self.native.open()

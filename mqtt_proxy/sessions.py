@@ -1,74 +1,50 @@
-"""The MQTT broker: sessions by client id, connect/takeover/expiry, will messages.
+"""The session registry: who holds a client id, connect and takeover, session expiry, will messages.
 
-One ``Broker`` per process, on the reactor thread. Connections (see
-``protocol.py``) hand it decoded packets; it answers through them. Inbound
-publishes are in ``publish.py`` and subscriptions in ``subscribe.py``; this
-module owns the life of a session: who holds a client id, when a session ends,
-and what is restored after a restart.
+One ``SessionRegistry`` per process, on the reactor thread. It owns the life of
+a session: CONNECT finds or creates it (taking it over from an older link),
+DISCONNECT or a lost link ends its connection (publishing the will, at once or
+after its delay), expiry forgets it, and ``restore`` brings persistent sessions
+back after a restart. Subscriptions go through the ``SubscriptionRouter``;
+delivery through the ``DeliveryPump`` in the sessions' ``SessionContext``.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections import OrderedDict
 
 from twisted.internet import defer
 
 from mqtt_proxy import message_props
 from mqtt_proxy.auth.acl import ACL
-from mqtt_proxy.auth.authenticator import AuthResult
 from mqtt_proxy.codec import MQTT_5, ConnAck, Properties, ReasonCode
 from mqtt_proxy.config import LimitsConfig, MQTTConfig
-from mqtt_proxy.codec.encoder import encode_publish
-from mqtt_proxy.session import Outbound, Session, Subscription
-from mqtt_proxy.session_store import SessionStore
-from mqtt_proxy.shared import SharedGroup
-from mqtt_proxy.stats import BrokerStats
+from mqtt_proxy.delivery import SessionContext
+from mqtt_proxy.router import SubscriptionRouter
+from mqtt_proxy.session import Session
+from mqtt_proxy.session_state import NEVER_EXPIRES, Outbound, ScheduleWill
 from store import record as rec
 from store.api import Owed
 
-log = logging.getLogger("twistmq.mqtt.broker")
-
-NEVER_EXPIRES = 0xFFFFFFFF
-ENCODE_CACHE = 4096  # encoded PUBLISHes kept for fan-out (one encode serves every subscriber)
-ENCODE_CACHE_BYTES = 4 << 20  # ... in at most this many bytes
-ENCODE_CACHE_MAX_PACKET = 16384  # bigger PUBLISHes are encoded per subscriber rather than held
+log = logging.getLogger("twistmq.mqtt.broker")  # the logger name is a stable, greppable part of the log lines
 
 
-class AllowAll:
-    """The authenticator used when none is given (unit tests): everyone is accepted, unverified."""
+class SessionRegistry:
+    """Sessions by client id, connected or not, and the timers of their expiry and delayed wills."""
 
-    def authenticate(self, username, password, client_id, peer_host, cert_identity=None):
-        return defer.succeed(AuthResult(True, username, "OK", False))
-
-
-class Broker:
-    """Sessions, subscriptions and the wiring to the store, notifier and read cache."""
-
-    def __init__(self, store, sessions_db: SessionStore, notifier, read_cache, retained, clock,
-                 config: MQTTConfig, limits: LimitsConfig, timers=None, auth=None, acl=None) -> None:
-        self.store = store
-        self.sessions_db = sessions_db
-        self.notifier = notifier
-        self.read_cache = read_cache
-        self.retained = retained
-        self.clock = clock
+    def __init__(self, ctx: SessionContext, router: SubscriptionRouter, store, auth, acl: ACL,
+                 config: MQTTConfig, limits: LimitsConfig) -> None:
+        self.ctx = ctx
+        self.router = router
+        self.sessions_db = ctx.sessions_db
+        self.store = store  # wills are published into it
+        self.auth = auth
+        self.acl = acl
         self.config = config
         self.limits = limits
-        self.timers = timers
-        self.auth = auth or AllowAll()
-        self.acl = acl or ACL.allow_all()
-        self.stats = BrokerStats()
+        self.clock = ctx.delivery.clock
+        self.stats = ctx.delivery.stats
         self.sessions: dict[str, Session] = {}
-        self.groups: dict[tuple[str, str], SharedGroup] = {}
-        self.connections: set = set()
-        self.started_at = clock.seconds()
-        self.valid_topics: set[str] = set()  # topic names that passed validation (publish.py)
-        self._encoded: OrderedDict[tuple, bytes] = OrderedDict()
-        self._encoded_bytes = 0
-        self._rate: dict[str, tuple[int, int]] = {}  # address -> (second, connections in it)
-        self.closing = False
 
     def now_ms(self) -> int:
         return int(self.clock.seconds() * 1000)
@@ -87,9 +63,9 @@ class Broker:
                 yield self.sessions_db.delete_session(cid)
                 expired += 1
                 continue
-            session = Session(self, cid, s.level, s.expiry)
+            session = Session(self.ctx, cid, s.level, s.expiry)
             for key, ss in s.subscriptions.items():
-                sub = yield self._restore_subscription(session, key, ss)
+                sub = yield self.router.restore_subscription(session, key, ss)
                 session.subs[key] = sub
             for pid, (key, qoff, qos) in s.outbound.items():
                 session.outbound[pid] = Outbound(key, qoff, qos)
@@ -103,59 +79,6 @@ class Broker:
             self._schedule_expiry(session, s.disconnected_at or now)
             restored += 1
         log.info("sessions_restored sessions=%d expired=%d", restored, expired)
-
-    @defer.inlineCallbacks
-    def _restore_subscription(self, session: Session, key: str, ss):
-        queue = yield self.store.add_filter(ss.topic_filter)
-        sub = Subscription(key, ss.topic_filter, queue, ss.qos, ss.no_local, ss.retain_as_published, ss.sub_id,
-                           next_offset=ss.next_offset)
-        if ss.share_group is not None:
-            sub.share = yield self.shared_group(ss.share_group, ss.topic_filter, queue)
-            sub.share.subscribers += 1
-        return sub
-
-    @defer.inlineCallbacks
-    def shared_group(self, group: str, topic_filter: str, queue: str):
-        """The SharedGroup of ``$share/group/filter``, created at its committed offset."""
-        g = self.groups.get((group, topic_filter))
-        if g is None:
-            start = self.sessions_db.load_group_offset(group, topic_filter)
-            if start is None:
-                start = yield self.store.max_offset(queue)
-                self.sessions_db.save_group_offset(group, topic_filter, start)
-            g = self.groups.get((group, topic_filter))  # created meanwhile by another subscribe?
-            if g is None:
-                g = self.groups[(group, topic_filter)] = SharedGroup(self, group, topic_filter, queue, start)
-        return g
-
-    def drop_group_member(self, sub: Subscription) -> None:
-        g = sub.share
-        g.subscribers -= 1
-        if g.subscribers <= 0:
-            g.close()
-            self.groups.pop((g.group, g.topic_filter), None)
-
-    # -- connection admission ---------------------------------------------------------------
-
-    def admit(self, peer_host: str) -> int | None:
-        """None if a new connection from ``peer_host`` may proceed, else the reason code to refuse it."""
-        if self.closing:
-            return ReasonCode.SERVER_UNAVAILABLE
-        if len(self.connections) >= self.limits.max_connections:
-            return ReasonCode.QUOTA_EXCEEDED
-        rate = self.limits.max_connection_rate
-        if rate > 0:
-            second = int(self.clock.seconds())
-            start, count = self._rate.get(peer_host, (second, 0))
-            if start != second:
-                start, count = second, 0
-                if len(self._rate) > 10000:
-                    self._rate.clear()
-            count += 1
-            self._rate[peer_host] = (start, count)
-            if count > rate:
-                return ReasonCode.CONNECTION_RATE_EXCEEDED
-        return None
 
     # -- CONNECT ------------------------------------------------------------------------------
 
@@ -197,14 +120,14 @@ class Broker:
 
         session = self.sessions.get(client_id)
         if session is not None and session.conn is not None:
-            self._take_over(session)
+            self.take_over(session)
             session = self.sessions.get(client_id)  # a non-persistent session ended with the old link
         session_present = False
         if session is not None and packet.clean_start:
             yield self.end_session(session)
             session = None
         if session is None:
-            session = Session(self, client_id, level, expiry)
+            session = Session(self.ctx, client_id, level, expiry)
             self.sessions[client_id] = session
         else:
             session_present = True
@@ -256,10 +179,10 @@ class Broker:
         log.info("client_connected client=%s level=%d clean=%s expiry=%d present=%s peer=%s",
                  client_id, level, packet.clean_start, expiry, session_present, conn.peer_host)
 
-    def _take_over(self, session: Session) -> None:
+    def take_over(self, session: Session) -> None:
         old = session.conn
         log.info("session_taken_over client=%s", session.client_id)
-        self._conn_gone(old, publish_will=True)
+        self.conn_gone(old, publish_will=True)
         old.close(ReasonCode.SESSION_TAKEN_OVER)
 
     # -- leaving ------------------------------------------------------------------------------
@@ -275,21 +198,20 @@ class Broker:
             if session.expiry == 0 and props.session_expiry_interval != 0:
                 # MQTT-3.14.2-2: cannot make a non-persistent session persistent at the end.
                 conn.close(ReasonCode.PROTOCOL_ERROR)
-                self._conn_gone(conn, publish_will=True)
+                self.conn_gone(conn, publish_will=True)
                 return
             session.expiry = min(props.session_expiry_interval, self.config.session_expiry_max) \
                 if props.session_expiry_interval != NEVER_EXPIRES else NEVER_EXPIRES
         publish_will = packet.reason_code == ReasonCode.DISCONNECT_WITH_WILL_MESSAGE
-        self._conn_gone(conn, publish_will=publish_will)
+        self.conn_gone(conn, publish_will=publish_will)
         conn.close(None)
 
     def connection_lost(self, conn) -> None:
         """The transport closed: without a DISCONNECT first, the will goes out."""
-        self.connections.discard(conn)
         if conn.session is not None:
-            self._conn_gone(conn, publish_will=True)
+            self.conn_gone(conn, publish_will=True)
 
-    def _conn_gone(self, conn, publish_will: bool) -> None:
+    def conn_gone(self, conn, publish_will: bool) -> None:
         session = conn.session
         if session is None:
             return
@@ -297,31 +219,28 @@ class Broker:
         if session.conn is not conn:
             return
         self.stats.clients_connected -= 1
-        session.detach()
-        will, session.will = session.will, None
-        if will is not None and publish_will:
-            delay = will.properties.will_delay_interval or 0
-            if delay and session.persistent:
-                delay = min(delay, session.expiry) if session.expiry != NEVER_EXPIRES else delay
-                session.will_call = self.clock.callLater(delay, self._publish_will, session.client_id, will,
-                                                       session.acl_username)
-                session.pending_will = will
+        will_actions = session.detach(publish_will)
+        for action in will_actions:
+            if isinstance(action, ScheduleWill):
+                session.will_call = self.clock.callLater(action.delay, self._publish_will, session.client_id,
+                                                         action.will, session.acl_username)
             else:
-                self._publish_will(session.client_id, will, session.acl_username)
+                self._publish_will(session.client_id, action.will, session.acl_username)
         if not session.persistent:
             self.end_session(session)
         else:
             self.sessions_db.save_session(session.client_id, session.expiry, session.level, self.now_ms())
             session.stored = True
             self._schedule_expiry(session, self.now_ms())
-        log.info("client_disconnected client=%s will=%s", session.client_id, bool(will and publish_will))
+        log.info("client_disconnected client=%s will=%s", session.client_id, bool(will_actions))
 
     def _schedule_expiry(self, session: Session, since_ms: int) -> None:
-        if session.expiry == NEVER_EXPIRES or session.conn is not None:
+        deadline = session.state.expiry_deadline_ms(since_ms)
+        if deadline is None or session.conn is not None:
             return
         if session.expiry_call is not None and session.expiry_call.active():
             session.expiry_call.cancel()
-        delay = max(0.0, (since_ms + session.expiry * 1000 - self.now_ms()) / 1000)
+        delay = max(0.0, (deadline - self.now_ms()) / 1000)
         session.expiry_call = self.clock.callLater(delay, self._expire, session)
 
     def _expire(self, session: Session) -> None:
@@ -330,7 +249,8 @@ class Broker:
         log.info("session_expired client=%s", session.client_id)
         if session.will_call is not None and session.will_call.active():
             session.will_call.cancel()
-            self._publish_will(session.client_id, session.pending_will, session.acl_username)  # the session ends first
+            for action in session.state.expired():  # MQTT-3.1.3-9: the will goes out when the session ends first
+                self._publish_will(session.client_id, action.will, session.acl_username)
         self.end_session(session)
 
     def end_session(self, session: Session) -> defer.Deferred:
@@ -339,11 +259,7 @@ class Broker:
             del self.sessions[session.client_id]
         if session.expiry_call is not None and session.expiry_call.active():
             session.expiry_call.cancel()
-        for sub in session.subs.values():
-            self.store.remove_filter(sub.topic_filter)
-            if sub.share is not None:
-                self.drop_group_member(sub)
-        session.subs = {}
+        self.router.release(session)
         session.outbound = {}
         if not session.stored:
             return defer.succeed(None)
@@ -364,22 +280,6 @@ class Broker:
         d.addCallback(lambda r: log.info("will_published client=%s topic=%s status=%s",
                                          client_id, will.topic, r.status.name))
 
-    # -- fan-out ---------------------------------------------------------------------------
-
-    def encoded_publish(self, record, qos: int, retain: bool, level: int) -> bytes:
-        """The PUBLISH for ``record`` without v5 properties, encoded once for all its subscribers."""
-        key = (record.offset, qos, retain, level)
-        data = self._encoded.get(key)
-        if data is None:
-            data = encode_publish(record.topic, record.body, qos, retain, False, 1 if qos else None, None, level)
-            if len(data) > ENCODE_CACHE_MAX_PACKET:
-                return data
-            self._encoded[key] = data
-            self._encoded_bytes += len(data)
-            while len(self._encoded) > ENCODE_CACHE or self._encoded_bytes > ENCODE_CACHE_BYTES:
-                self._encoded_bytes -= len(self._encoded.popitem(last=False)[1])
-        return data
-
     # -- retention ---------------------------------------------------------------------------
 
     def owed(self):
@@ -393,20 +293,4 @@ class Broker:
                 if sub.share is None:
                     low = min(sub.inflight) if sub.inflight else sub.next_offset
                     yield Owed("session " + cid, sub.queue, min(low, sub.next_offset))
-        for (group, topic_filter), g in self.groups.items():
-            yield Owed(f"share {group} {topic_filter}", g.queue, g.committed)
-
-    # -- shutdown --------------------------------------------------------------------------
-
-    def shutdown(self) -> None:
-        """Tell v5 clients the server is going away, and close every connection."""
-        self.closing = True
-        for conn in list(self.connections):
-            if conn.session is not None:
-                self._conn_gone(conn, publish_will=False)
-            conn.close(ReasonCode.SERVER_SHUTTING_DOWN)
-
-    def server_disconnect(self, conn, reason: int, reason_string: str | None = None) -> None:
-        """Close one client with a reason (v5 DISCONNECT first); its will is published."""
-        self._conn_gone(conn, publish_will=True)
-        conn.close(reason, reason_string)
+        yield from self.router.owed()

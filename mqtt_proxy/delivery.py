@@ -1,0 +1,75 @@
+"""The delivery pump's collaborators: reads from queue positions, news of queues, the fan-out encode cache.
+
+Sessions and shared groups pull messages from light-queue offsets through the
+read cache, hear of new messages through the notifier, and encode each PUBLISH
+once for all its subscribers. ``DeliveryPump`` is that one seam, handed to them
+in a ``SessionContext`` with the session store and the in-flight cap, so neither
+reaches into a service locator for them.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from mqtt_proxy.codec.encoder import encode_publish
+from mqtt_proxy.stats import BrokerStats
+
+ENCODE_CACHE = 4096  # encoded PUBLISHes kept for fan-out (one encode serves every subscriber)
+ENCODE_CACHE_BYTES = 4 << 20  # ... in at most this many bytes
+ENCODE_CACHE_MAX_PACKET = 16384  # bigger PUBLISHes are encoded per subscriber rather than held
+
+
+class DeliveryPump:
+    """Reads through the read cache, watches queues through the notifier, encodes once per message."""
+
+    def __init__(self, read_cache, notifier, clock, stats: BrokerStats) -> None:
+        self.read_cache = read_cache
+        self.notifier = notifier
+        self.clock = clock
+        self.stats = stats
+        self._encoded: OrderedDict[tuple, bytes] = OrderedDict()
+        self._encoded_bytes = 0
+
+    def now_ms(self) -> int:
+        return int(self.clock.seconds() * 1000)
+
+    def read(self, queue: str, offset: int, count: int):
+        """A Deferred of up to ``count`` queue messages from ``offset`` of ``queue``."""
+        return self.read_cache.get(queue, offset, count)
+
+    def watch(self, queue: str, key, callback) -> None:
+        self.notifier.watch(queue, key, callback)
+
+    def unwatch(self, queue: str, key) -> None:
+        self.notifier.unwatch(queue, key)
+
+    def call_soon(self, fn) -> None:
+        """Run ``fn`` at the end of this reactor tick (bursts of acknowledgements share one pump)."""
+        self.clock.callLater(0, fn)
+
+    def encoded_publish(self, record, qos: int, retain: bool, level: int) -> bytes:
+        """The PUBLISH for ``record`` without v5 properties, encoded once for all its subscribers."""
+        key = (record.offset, qos, retain, level)
+        data = self._encoded.get(key)
+        if data is None:
+            data = encode_publish(record.topic, record.body, qos, retain, False, 1 if qos else None, None, level)
+            if len(data) > ENCODE_CACHE_MAX_PACKET:
+                return data
+            self._encoded[key] = data
+            self._encoded_bytes += len(data)
+            while len(self._encoded) > ENCODE_CACHE or self._encoded_bytes > ENCODE_CACHE_BYTES:
+                self._encoded_bytes -= len(self._encoded.popitem(last=False)[1])
+        return data
+
+
+@dataclass(frozen=True)
+class SessionContext:
+    """Exactly what a Session and a SharedGroup use: delivery, the session store, and the in-flight cap."""
+
+    delivery: DeliveryPump
+    """Reads, queue news, the encode cache, the clock and the counters."""
+    sessions_db: object
+    """The SessionStore: offsets, outbound packet ids and group offsets are written here."""
+    max_inflight: int
+    """The server's cap on QoS 1/2 messages in flight per session (the client's Receive Maximum may lower it)."""

@@ -1,0 +1,124 @@
+"""The MQTT front end: what a connection talks to, over the session registry, router and delivery pump.
+
+Connections (``protocol.py``) are admitted here (connection count, rate,
+shutdown) and hand decoded packets on: CONNECT/DISCONNECT to the
+``SessionRegistry``, SUBSCRIBE/UNSUBSCRIBE to the ``SubscriptionRouter``,
+PUBLISH to ``publish.py`` with the collaborators it reads from this object.
+The composition root builds the parts and passes them in; ``build_front_end``
+does the same for tests.
+"""
+
+from __future__ import annotations
+
+from twisted.internet import defer
+
+from mqtt_proxy.auth.acl import ACL
+from mqtt_proxy.auth.authenticator import AuthResult
+from mqtt_proxy.codec import ReasonCode
+from mqtt_proxy.config import LimitsConfig, MQTTConfig
+from mqtt_proxy.delivery import DeliveryPump, SessionContext
+from mqtt_proxy.router import SubscriptionRouter
+from mqtt_proxy.session_store import SessionStore
+from mqtt_proxy.sessions import SessionRegistry
+from mqtt_proxy.stats import BrokerStats
+
+
+class AllowAll:
+    """The authenticator used when none is given (unit tests): everyone is accepted, unverified."""
+
+    def authenticate(self, username, password, client_id, peer_host, cert_identity=None):
+        return defer.succeed(AuthResult(True, username, "OK", False))
+
+
+class MQTTFrontEnd:
+    """Admission of connections, and the parts their packets go to."""
+
+    def __init__(self, registry: SessionRegistry, router: SubscriptionRouter, store, timers=None) -> None:
+        self.registry = registry
+        self.router = router
+        self.store = store  # publish.py stores inbound PUBLISHes
+        self.timers = timers  # ... and $delayed/ ones through the timer service
+        self.clock = registry.clock
+        self.config = registry.config
+        self.limits = registry.limits
+        self.stats = registry.stats
+        self.acl = registry.acl
+        self.auth = registry.auth
+        self.sessions_db = registry.sessions_db
+        self.retained = router.retained
+        self.connections: set = set()
+        self.started_at = self.clock.seconds()
+        self.valid_topics: set[str] = set()  # topic names that passed validation (publish.py)
+        self._rate: dict[str, tuple[int, int]] = {}  # address -> (second, connections in it)
+        self.closing = False
+
+    @property
+    def sessions(self):
+        """Client id -> Session, connected or not ($SYS, /metrics)."""
+        return self.registry.sessions
+
+    def now_ms(self) -> int:
+        return int(self.clock.seconds() * 1000)
+
+    def restore(self):
+        """Bring persistent sessions back (before listeners open)."""
+        return self.registry.restore()
+
+    def owed(self):
+        """Retention holder: what sessions and shared groups still owe (see SessionRegistry.owed)."""
+        return self.registry.owed()
+
+    # -- connection admission ---------------------------------------------------------------
+
+    def admit(self, peer_host: str) -> int | None:
+        """None if a new connection from ``peer_host`` may proceed, else the reason code to refuse it."""
+        if self.closing:
+            return ReasonCode.SERVER_UNAVAILABLE
+        if len(self.connections) >= self.limits.max_connections:
+            return ReasonCode.QUOTA_EXCEEDED
+        rate = self.limits.max_connection_rate
+        if rate > 0:
+            second = int(self.clock.seconds())
+            start, count = self._rate.get(peer_host, (second, 0))
+            if start != second:
+                start, count = second, 0
+                if len(self._rate) > 10000:
+                    self._rate.clear()
+            count += 1
+            self._rate[peer_host] = (start, count)
+            if count > rate:
+                return ReasonCode.CONNECTION_RATE_EXCEEDED
+        return None
+
+    def connect(self, conn, packet):
+        return self.registry.connect(conn, packet)
+
+    def disconnect(self, conn, packet) -> None:
+        self.registry.disconnect(conn, packet)
+
+    def connection_lost(self, conn) -> None:
+        self.connections.discard(conn)
+        self.registry.connection_lost(conn)
+
+    def server_disconnect(self, conn, reason: int, reason_string: str | None = None) -> None:
+        """Close one client with a reason (v5 DISCONNECT first); its will is published."""
+        self.registry.conn_gone(conn, publish_will=True)
+        conn.close(reason, reason_string)
+
+    def shutdown(self) -> None:
+        """Tell v5 clients the server is going away, and close every connection."""
+        self.closing = True
+        for conn in list(self.connections):
+            if conn.session is not None:
+                self.registry.conn_gone(conn, publish_will=False)
+            conn.close(ReasonCode.SERVER_SHUTTING_DOWN)
+
+
+def build_front_end(store, sessions_db: SessionStore, notifier, read_cache, retained, clock, config: MQTTConfig,
+                    limits: LimitsConfig, timers=None, auth=None, acl=None) -> MQTTFrontEnd:
+    """Delivery pump, router, registry and front end over the given store side, as cluster/node.py builds them."""
+    acl = acl or ACL.allow_all()
+    ctx = SessionContext(DeliveryPump(read_cache, notifier, clock, BrokerStats()), sessions_db, config.max_inflight)
+    router = SubscriptionRouter(store, ctx, retained, acl, limits)
+    registry = SessionRegistry(ctx, router, store, auth or AllowAll(), acl, config, limits)
+    return MQTTFrontEnd(registry, router, store, timers)

@@ -1,0 +1,314 @@
+"""Sans-I/O state of one MQTT session: subscriptions, packet ids, the in-flight window, topic aliases, the will.
+
+``SessionState`` does no I/O and keeps no timers (h11's pattern): events go in
+as method calls (a message offered for sending, PUBACK/PUBREC/PUBCOMP received,
+the connection attached or detached, the will's moment), and the actions the
+adapter must carry out come back as small frozen dataclasses: send a PUBLISH
+with this packet id, send a PUBREL, persist or delete an outbound entry, tell a
+shared group a message is done, schedule or publish the will. ``session.py``
+is the Twisted-side adapter that feeds it and carries the actions out.
+
+Nothing here imports Twisted, the store or push: it runs the same under a test with no reactor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+NEVER_EXPIRES = 0xFFFFFFFF
+MAX_PACKET_ID = 65535
+
+
+class SessionStateError(Exception):
+    """The adapter misused the state machine (not the peer misbehaving): e.g. no packet id is free."""
+
+
+@dataclass
+class Outbound:
+    """A QoS 1/2 PUBLISH sent and not yet completed."""
+
+    sub_key: str | None  # None: a retained message sent on subscribe (not tied to a queue offset)
+    queue_offset: int
+    qos: int
+    released: bool = False  # QoS 2: PUBREC seen, PUBREL sent, waiting for PUBCOMP
+    group: object | None = None
+
+
+# -- actions: what the adapter must do -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SendPubRel:
+    """Send PUBREL for ``packet_id`` (QoS 2, after PUBREC, and again on reconnect)."""
+
+    packet_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class SaveOutbound:
+    """Persist an in-flight QoS 1/2 PUBLISH so a restart resends it (persistent sessions only)."""
+
+    packet_id: int
+    sub_key: str
+    queue_offset: int
+    qos: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteOutbound:
+    """Forget a persisted in-flight PUBLISH."""
+
+    packet_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class SaveReleased:
+    """Persist that ``packet_id`` is released (PUBREL sent, PUBCOMP awaited)."""
+
+    packet_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteReleased:
+    """Forget a persisted released packet id."""
+
+    packet_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupAcked:
+    """Tell a shared group its message at ``queue_offset`` is done with."""
+
+    group: object
+    queue_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class PumpSoon:
+    """The window has room again: pull more before this tick ends."""
+
+
+@dataclass(frozen=True, slots=True)
+class Resend:
+    """After a reconnect: read the message at ``queue_offset`` of ``sub_key`` and send it again with DUP set."""
+
+    packet_id: int
+    sub_key: str
+    queue_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class PublishWill:
+    """Publish the will now."""
+
+    will: object
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleWill:
+    """Publish the will after ``delay`` seconds unless the client returns first (MQTT-3.1.3-9)."""
+
+    will: object
+    delay: float
+
+
+PUMP_SOON = PumpSoon()
+
+
+class SessionState:
+    """One client id's session state, connected or not, with no I/O.
+
+    ``subs`` maps a subscription key to the session's Subscription objects
+    (``session.py``); this class reads only their ``key`` and ``inflight`` set.
+    """
+
+    def __init__(self, level: int, expiry: int, max_inflight: int) -> None:
+        self.level = level
+        self.expiry = expiry
+        self.max_inflight = max_inflight  # the server's cap
+        self.connected = False
+        self.subs: dict[str, object] = {}
+        self.outbound: dict[int, Outbound] = {}
+        self.inbound_qos2: set[int] = set()
+        self.receive_maximum = 65535  # the client's, v5
+        self.max_packet_size = 0  # the client's, 0 = no limit
+        self.alias_maximum = 0  # topic aliases the client accepts from us
+        self.aliases: dict[str, int] = {}
+        self.will = None
+        self.pending_will = None  # a will waiting on its delay
+        self._next_pid = 1
+
+    @property
+    def persistent(self) -> bool:
+        return self.expiry > 0
+
+    # -- connection ----------------------------------------------------------------------------
+
+    def attach(self, level: int) -> None:
+        """A connection (fresh or resumed) is bound: aliases start over (MQTT-3.3.2-7), a pending will is off."""
+        self.connected = True
+        self.level = level
+        self.aliases = {}
+        self.pending_will = None
+
+    def detach(self, publish_will: bool) -> list:
+        """The connection is gone: shared-group and retained sends are forgotten; the will, if due, goes out.
+
+        A Will Delay Interval defers the will, which goes out when the delay or the
+        session ends, whichever is first (3.1.3.2.2); a return in time cancels it (MQTT-3.1.3-9).
+        """
+        self.connected = False
+        for pid in [p for p, o in self.outbound.items() if o.group is not None or o.sub_key is None]:
+            del self.outbound[pid]
+        will, self.will = self.will, None
+        if will is None or not publish_will:
+            return []
+        delay = will.properties.will_delay_interval or 0
+        if delay and self.persistent:
+            if self.expiry != NEVER_EXPIRES:
+                delay = min(delay, self.expiry)
+            self.pending_will = will
+            return [ScheduleWill(will, delay)]
+        return [PublishWill(will)]
+
+    def expired(self) -> list:
+        """The session expired: a will still waiting on its delay goes out now (the session ends first)."""
+        will, self.pending_will = self.pending_will, None
+        return [PublishWill(will)] if will is not None else []
+
+    def expiry_deadline_ms(self, since_ms: int) -> int | None:
+        """When a session disconnected at ``since_ms`` expires; None if it never does or is connected."""
+        if self.expiry == NEVER_EXPIRES or self.connected:
+            return None
+        return since_ms + self.expiry * 1000
+
+    # -- packet ids and the window ----------------------------------------------------------------
+
+    @property
+    def window(self) -> int:
+        """How many more QoS>0 messages may be in flight now (MQTT-3.3.4-9: the client's Receive Maximum)."""
+        return min(self.receive_maximum, self.max_inflight) - len(self.outbound)
+
+    def _allocate_pid(self) -> int:
+        for _ in range(MAX_PACKET_ID):
+            pid = self._next_pid
+            self._next_pid = pid % MAX_PACKET_ID + 1
+            if pid not in self.outbound:
+                return pid
+        raise SessionStateError("no free packet identifier")
+
+    def offer(self, sub, queue_offset: int, qos: int) -> tuple[int | None, list]:
+        """A queue message goes out at ``qos``: its packet id (None at QoS 0) and what to persist."""
+        if not qos:
+            return None, []
+        pid = self._allocate_pid()
+        self.outbound[pid] = Outbound(sub.key, queue_offset, qos)
+        sub.inflight.add(queue_offset)
+        if self.persistent:
+            return pid, [SaveOutbound(pid, sub.key, queue_offset, qos)]
+        return pid, []
+
+    def offer_retained(self, qos: int) -> int | None:
+        """A retained message on subscribe: its packet id (None at QoS 0); never persisted."""
+        if not qos:
+            return None
+        pid = self._allocate_pid()
+        self.outbound[pid] = Outbound(None, -1, qos)
+        return pid
+
+    def offer_group(self, sub, queue_offset: int, qos: int, group) -> int | None:
+        """A shared group's message: its packet id (None at QoS 0); the group keeps the offset."""
+        if not qos:
+            return None
+        pid = self._allocate_pid()
+        self.outbound[pid] = Outbound(sub.key, queue_offset, qos, group=group)
+        return pid
+
+    # -- acknowledgements ----------------------------------------------------------------------
+
+    def puback(self, packet_id: int) -> list | None:
+        """QoS 1 done (MQTT-4.3.2-5): the packet id is free again. None if it was not a QoS 1 in flight."""
+        o = self.outbound.get(packet_id)
+        if o is None or o.qos != 1:
+            return None
+        return self.complete(packet_id) + [PUMP_SOON]
+
+    def pubrec(self, packet_id: int, failed: bool) -> list | None:
+        """QoS 2 received: release it with PUBREL (MQTT-4.3.3-4), or drop it if the client refused it."""
+        o = self.outbound.get(packet_id)
+        if o is None or o.qos != 2:
+            return None
+        if failed:
+            return self.complete(packet_id) + [PUMP_SOON]
+        actions = []
+        if not o.released:
+            o.released = True
+            if o.group is None:
+                actions += self._finish_offset(o)  # a shared group counts it delivered only at PUBCOMP
+            if self.persistent and o.group is None and o.sub_key is not None:
+                actions += [DeleteOutbound(packet_id), SaveReleased(packet_id)]
+        actions.append(SendPubRel(packet_id))
+        return actions
+
+    def pubcomp(self, packet_id: int) -> list | None:
+        """QoS 2 finished: the packet id is free again. None if it was not released."""
+        o = self.outbound.get(packet_id)
+        if o is None or not o.released:
+            return None
+        del self.outbound[packet_id]
+        actions = []
+        if o.group is not None:
+            actions.append(GroupAcked(o.group, o.queue_offset))
+        elif self.persistent:
+            actions.append(DeleteReleased(packet_id))
+        actions.append(PUMP_SOON)
+        return actions
+
+    def complete(self, packet_id: int) -> list:
+        """Forget an in-flight packet id (acknowledged, refused, or not sendable)."""
+        o = self.outbound.pop(packet_id)
+        actions = [] if o.released else self._finish_offset(o)
+        if self.persistent and o.group is None:
+            if o.released:
+                actions.append(DeleteReleased(packet_id))
+            elif o.sub_key is not None:
+                actions.append(DeleteOutbound(packet_id))
+        return actions
+
+    def _finish_offset(self, o: Outbound) -> list:
+        if o.group is not None:
+            return [GroupAcked(o.group, o.queue_offset)]
+        if o.sub_key is not None:
+            sub = self.subs.get(o.sub_key)
+            if sub is not None:
+                sub.inflight.discard(o.queue_offset)
+        return []
+
+    def resend_plan(self) -> list:
+        """After a reconnect (MQTT-4.4.0-1): PUBREL for released ids, the PUBLISH again for the rest."""
+        actions = []
+        for pid, o in list(self.outbound.items()):
+            if o.group is not None:
+                continue  # sent by a shared group since attach (a detach forgets the older ones): not a resend
+            if o.released:
+                actions.append(SendPubRel(pid))
+            elif o.sub_key is None or o.sub_key not in self.subs:
+                actions += self.complete(pid)
+            else:
+                actions.append(Resend(pid, o.sub_key, o.queue_offset))
+        return actions
+
+    # -- topic aliases -------------------------------------------------------------------------
+
+    def alias_for(self, topic: str) -> tuple[int, bool] | None:
+        """(alias, already known to the client) for ``topic``, or None: at most the client's Topic Alias Maximum."""
+        if not self.alias_maximum:
+            return None
+        alias = self.aliases.get(topic)
+        if alias is not None:
+            return alias, True
+        if len(self.aliases) >= self.alias_maximum:
+            return None
+        alias = len(self.aliases) + 1
+        self.aliases[topic] = alias
+        return alias, False

@@ -1,0 +1,257 @@
+"""SessionState driven by events alone: no reactor, no store, no sockets; each case cites its MQTT 5 clause."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from mqtt_proxy.codec import Properties, Will
+from mqtt_proxy.session_state import (NEVER_EXPIRES, DeleteOutbound, DeleteReleased, GroupAcked, PublishWill,
+                                      PumpSoon, Resend, SaveOutbound, SaveReleased, ScheduleWill, SendPubRel,
+                                      SessionState, SessionStateError)
+
+
+@dataclass
+class Sub:
+    """The two fields of a subscription the state machine reads."""
+
+    key: str
+    inflight: set[int] = field(default_factory=set)
+
+
+def connected(expiry: int = 0, max_inflight: int = 100, receive_maximum: int = 65535) -> tuple[SessionState, Sub]:
+    state = SessionState(5, expiry, max_inflight)
+    state.receive_maximum = receive_maximum
+    sub = Sub("t/#")
+    state.subs[sub.key] = sub
+    state.attach(5)
+    return state, sub
+
+
+def will(delay: int | None = None) -> Will:
+    return Will("w/t", b"gone", 1, False, Properties(will_delay_interval=delay))
+
+
+def test_qos1_gets_unused_packet_ids_and_waits_for_puback():
+    """MQTT-4.3.2-1/-3: each new QoS 1 message gets an unused packet id and stays in flight until its PUBACK."""
+    state, sub = connected()
+    first, _ = state.offer(sub, 10, 1)
+    second, _ = state.offer(sub, 11, 1)
+    assert first != second
+    assert set(state.outbound) == {first, second}
+    assert sub.inflight == {10, 11}
+    assert state.puback(first) == [PumpSoon()]
+    assert set(state.outbound) == {second}
+    assert sub.inflight == {11}
+
+
+def test_qos0_takes_no_packet_id():
+    """MQTT-2.2.1-2: a QoS 0 PUBLISH carries no packet id and takes no place in the window."""
+    state, sub = connected()
+    assert state.offer(sub, 5, 0) == (None, [])
+    assert state.outbound == {}
+
+
+def test_puback_for_unknown_or_qos2_id_is_refused():
+    """MQTT-4.3.2-3: only a PUBACK for a QoS 1 id in flight completes it; others are reported as unknown."""
+    state, sub = connected()
+    pid, _ = state.offer(sub, 1, 2)
+    assert state.puback(pid) is None
+    assert state.puback(pid + 1) is None
+    assert pid in state.outbound
+
+
+def test_persistent_qos1_is_persisted_and_deleted_on_puback():
+    """MQTT-4.1.0-1: a persistent session keeps unacknowledged QoS 1 messages: saved when sent, deleted on PUBACK."""
+    state, sub = connected(expiry=60)
+    pid, actions = state.offer(sub, 7, 1)
+    assert actions == [SaveOutbound(pid, "t/#", 7, 1)]
+    assert state.puback(pid) == [DeleteOutbound(pid), PumpSoon()]
+
+
+def test_qos2_pubrec_sends_pubrel_and_pubcomp_completes():
+    """MQTT-4.3.3-4/-5: PUBREC is answered with PUBREL, and the id stays in use until PUBCOMP."""
+    state, sub = connected(expiry=60)
+    pid, _ = state.offer(sub, 3, 2)
+    assert state.pubcomp(pid) is None  # PUBCOMP before PUBREC: not released yet
+    assert state.pubrec(pid, failed=False) == [DeleteOutbound(pid), SaveReleased(pid), SendPubRel(pid)]
+    assert sub.inflight == set()  # the client has the message: the queue offset is no longer owed
+    assert state.window == 99  # ... but the packet id is still taken
+    assert state.pubcomp(pid) == [DeleteReleased(pid), PumpSoon()]
+    assert state.outbound == {}
+
+
+def test_duplicate_pubrec_resends_pubrel_only():
+    """MQTT-4.3.3-4: a repeated PUBREC gets PUBREL again without persisting anything twice."""
+    state, sub = connected(expiry=60)
+    pid, _ = state.offer(sub, 3, 2)
+    state.pubrec(pid, failed=False)
+    assert state.pubrec(pid, failed=False) == [SendPubRel(pid)]
+
+
+def test_pubrec_with_error_code_frees_the_id():
+    """MQTT-4.3.3-4 / 4.9: a PUBREC with a reason code of 0x80 or more ends the exchange; no PUBREL."""
+    state, sub = connected(expiry=60)
+    pid, _ = state.offer(sub, 3, 2)
+    assert state.pubrec(pid, failed=True) == [DeleteOutbound(pid), PumpSoon()]
+    assert state.outbound == {} and sub.inflight == set()
+
+
+def test_receive_maximum_bounds_the_window():
+    """MQTT-3.3.4-9: never more unacknowledged QoS 1/2 PUBLISHes than the client's Receive Maximum."""
+    state, sub = connected(receive_maximum=2)
+    state.offer(sub, 1, 1)
+    pid, _ = state.offer(sub, 2, 2)
+    assert state.window == 0
+    state.pubrec(pid, failed=False)
+    assert state.window == 0  # a released QoS 2 still counts until PUBCOMP
+    state.pubcomp(pid)
+    assert state.window == 1
+
+
+def test_server_cap_bounds_the_window_below_receive_maximum():
+    """MQTT-3.3.4-9: the window is the smaller of the client's Receive Maximum and the server's own cap."""
+    state, _ = connected(max_inflight=3, receive_maximum=10)
+    assert state.window == 3
+
+
+def test_packet_ids_wrap_and_skip_ids_in_use():
+    """MQTT-2.2.1-3: a new packet id is one not in use; ids wrap from 65535 back to 1."""
+    state, sub = connected(max_inflight=70000)
+    state._next_pid = 65535
+    a, _ = state.offer(sub, 1, 1)
+    b, _ = state.offer(sub, 2, 1)
+    assert (a, b) == (65535, 1)
+    state._next_pid = 65535
+    c, _ = state.offer(sub, 3, 1)
+    assert c == 2
+
+
+def test_all_packet_ids_in_use_is_an_api_error():
+    """MQTT-2.2.1-3: with all 65535 ids in flight no id can be given: the caller is told, not the peer."""
+    state, sub = connected(max_inflight=70000)
+    for offset in range(65535):
+        state.offer(sub, offset, 1)
+    with pytest.raises(SessionStateError):
+        state.offer(sub, 65535, 1)
+
+
+def test_reconnect_resends_publish_and_pubrel_with_their_ids():
+    """MQTT-4.4.0-1 / MQTT-4.3.3-6: on return, unacknowledged PUBLISHes are resent and released ids get PUBREL only."""
+    state, sub = connected(expiry=60)
+    p1, _ = state.offer(sub, 1, 1)
+    p2, _ = state.offer(sub, 2, 2)
+    state.pubrec(p2, failed=False)
+    state.detach(publish_will=True)
+    state.attach(5)
+    assert state.resend_plan() == [Resend(p1, "t/#", 1), SendPubRel(p2)]
+
+
+def test_takeover_keeps_in_flight_but_forgets_group_and_retained_sends():
+    """MQTT-3.1.4-3 / MQTT-4.4.0-1: a taken-over session keeps its queue messages in flight; shared-group and
+    retained sends of the old link are not resent by this session."""
+    state, sub = connected(expiry=60)
+    own, _ = state.offer(sub, 1, 1)
+    state.offer_group(sub, 9, 1, group="g")
+    state.offer_retained(1)
+    state.detach(publish_will=True)
+    assert list(state.outbound) == [own]
+    state.attach(5)
+    assert state.resend_plan() == [Resend(own, "t/#", 1)]
+
+
+def test_resend_of_unsubscribed_message_completes_it():
+    """MQTT-4.4.0-1: a message whose subscription is gone is not resent; its packet id is freed."""
+    state, sub = connected(expiry=60)
+    pid, _ = state.offer(sub, 1, 1)
+    del state.subs[sub.key]
+    assert state.resend_plan() == [DeleteOutbound(pid)]
+    assert state.outbound == {}
+
+
+def test_group_message_is_acked_to_the_group_at_pubcomp():
+    """MQTT-4.3.3-5 / 4.8.2: a shared group's QoS 2 message counts as done at PUBCOMP."""
+    state, sub = connected(expiry=60)
+    pid = state.offer_group(sub, 9, 2, group="g")
+    assert state.pubrec(pid, failed=False) == [SendPubRel(pid)]
+    assert state.pubcomp(pid) == [GroupAcked("g", 9), PumpSoon()]
+
+
+def test_will_is_published_on_unexpected_close():
+    """MQTT-3.1.2-8: the will is published when the connection closes without a normal DISCONNECT."""
+    state, _ = connected()
+    state.will = w = will()
+    assert state.detach(publish_will=True) == [PublishWill(w)]
+    assert state.will is None
+
+
+def test_normal_disconnect_discards_the_will():
+    """MQTT-3.1.2-10: after a DISCONNECT with reason 0x00 the will is removed, not published."""
+    state, _ = connected()
+    state.will = will()
+    assert state.detach(publish_will=False) == []
+    assert state.will is None
+
+
+def test_will_delay_is_scheduled_and_capped_by_session_expiry():
+    """MQTT-3.1.3-9 / 3.1.3.2.2: a delayed will waits its delay, but no longer than the session lives."""
+    state, _ = connected(expiry=30)
+    state.will = w = will(delay=100)
+    assert state.detach(publish_will=True) == [ScheduleWill(w, 30)]
+    assert state.pending_will is w
+
+
+def test_will_delay_on_a_non_persistent_session_publishes_at_once():
+    """MQTT-3.1.3-9 / 3.1.3.2.2: a session that ends with its connection sends its will at once."""
+    state, _ = connected(expiry=0)
+    state.will = w = will(delay=100)
+    assert state.detach(publish_will=True) == [PublishWill(w)]
+
+
+def test_return_before_will_delay_cancels_the_will():
+    """MQTT-3.1.3-9: a new connection to the session before the delay passes means no will."""
+    state, _ = connected(expiry=60)
+    state.will = will(delay=10)
+    state.detach(publish_will=True)
+    state.attach(5)
+    assert state.pending_will is None
+    assert state.expired() == []
+
+
+def test_session_expiry_publishes_a_pending_will_first():
+    """3.1.3.2.2 / MQTT-3.1.2-23: when the session expires before the will delay, the will goes out then."""
+    state, _ = connected(expiry=5)
+    state.will = w = will(delay=100)
+    state.detach(publish_will=True)
+    assert state.expired() == [PublishWill(w)]
+    assert state.expired() == []
+
+
+def test_expiry_deadline():
+    """MQTT-3.1.2-23 / 3.1.2.11.2: a session is kept Expiry Interval seconds after disconnect; 0xFFFFFFFF: forever."""
+    state, _ = connected(expiry=30)
+    assert state.expiry_deadline_ms(1_000) is None  # connected: no deadline
+    state.detach(publish_will=False)
+    assert state.expiry_deadline_ms(1_000) == 31_000
+    state.expiry = NEVER_EXPIRES
+    assert state.expiry_deadline_ms(1_000) is None
+
+
+def test_topic_aliases_are_bounded_and_reset_per_connection():
+    """MQTT-3.1.2-26 / MQTT-3.3.2-7: no alias above the client's Topic Alias Maximum; none carried to a new link."""
+    state, _ = connected()
+    state.alias_maximum = 2
+    assert state.alias_for("a") == (1, False)
+    assert state.alias_for("a") == (1, True)
+    assert state.alias_for("b") == (2, False)
+    assert state.alias_for("c") is None
+    state.detach(publish_will=False)
+    state.attach(5)
+    assert state.alias_for("c") == (1, False)
+
+
+def test_no_aliases_when_the_client_accepts_none():
+    """MQTT-3.1.2-26: with Topic Alias Maximum 0 (or absent) the server sends no Topic Alias."""
+    state, _ = connected()
+    assert state.alias_for("a") is None
