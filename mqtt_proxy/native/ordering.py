@@ -51,7 +51,7 @@ class _Step:
     def __init__(self, keys, start: Callable[[], defer.Deferred]) -> None:
         self.keys = keys
         self.start = start
-        self.result: defer.Deferred = defer.Deferred()
+        self.result: defer.Deferred | None = None  # made only for a step that has to wait
         self.waiting = 0
         self.followers: list[_Step] = []
         self.finished = False
@@ -91,6 +91,10 @@ class RequestOrder:
         for earlier in before:
             earlier.followers.append(step)
         step.waiting = len(before)
+        if not step.waiting and not self._draining and not self._cancelled:
+            # Nothing to wait for (one request in flight, the common case): no Deferred of our own.
+            return start().addBoth(self._finished, step)
+        step.result = defer.Deferred()
         if step.waiting:
             self.held += 1
         else:
@@ -127,11 +131,13 @@ class RequestOrder:
             for k in step.keys:
                 if self._last.get(k) is step:
                     del self._last[k]
-        step.result.callback(result)
-        for f in step.followers:
+        followers, step.followers = step.followers, []
+        for f in followers:
             f.waiting -= 1
             if f.waiting == 0:
                 self.held -= 1
                 self._ready(f)
-        step.followers = []
+        if step.result is None:
+            return result  # started directly: the result goes on down start()'s own chain
+        step.result.callback(result)
         return None
