@@ -1,0 +1,288 @@
+"""``RoutedStore``: one ``store.api.Store`` over several broker groups, routed by ``cluster.routing``.
+
+A proxy holds one store per group (remote, over RPC) and this facade in front
+of them, so the MQTT front end and the native server see a single store:
+
+- appends go to the group of the message's topic (a batch is split by group
+  and its results put back in order);
+- a light queue is read, watched and filtered in every group its filter spans;
+  positions name their group, so a read goes to exactly one;
+- session state goes to the client id's group, share positions to the group
+  each position names, retained messages to their topic's group (a filter's
+  retained messages are merged from every group it spans);
+- native requests go to the queue's group (or the topic's);
+- a timer id is a commit-log offset of one group: cancelling asks each group.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Callable
+
+from twisted.internet import defer
+
+from cluster.routing import SlotTable
+from store import api
+from store.record import Message
+
+
+def _concat(results) -> tuple:
+    return tuple(itertools.chain.from_iterable(r for _, r in results))
+
+
+def _first_error(results):
+    for ok, value in results:
+        if not ok:
+            return value
+    return None
+
+
+def _gathered(ds: list[defer.Deferred]) -> defer.Deferred:
+    """Fires with every result in order, or fails with the first failure (after all have fired)."""
+    def done(results):
+        failure = _first_error(results)
+        if failure is not None:
+            return failure
+        return results
+    return defer.DeferredList(ds, consumeErrors=True).addCallback(done)
+
+
+class RoutedStore:
+    """``store.api.Store`` over ``{group: Store}`` (see the module doc)."""
+
+    def __init__(self, table: SlotTable, groups: dict[str, api.Store]) -> None:
+        missing = set(table.groups) - set(groups)
+        if missing:
+            raise ValueError(f"no store for broker groups {sorted(missing)}")
+        self.table = table
+        self.groups = groups
+        self._watch_ids = itertools.count(1)
+        self._watches: dict[int, tuple[str, list[tuple[api.Store, api.Watch]]]] = {}
+
+    def _group(self, name: str) -> api.Store:
+        try:
+            return self.groups[name]
+        except KeyError:
+            raise api.WrongGroup(f"no broker group {name!r} (groups: {', '.join(self.table.groups)})") from None
+
+    def _each(self, names, call: Callable[[api.Store], defer.Deferred]) -> defer.Deferred:
+        try:
+            ds = [defer.maybeDeferred(call, self._group(n)) for n in names]
+        except api.StoreError as exc:
+            return defer.fail(exc)
+        return _gathered(ds)
+
+    # -- the message log -------------------------------------------------------------------------------
+
+    def append(self, message: Message) -> defer.Deferred:
+        if not isinstance(message, Message):
+            return defer.fail(api.InvalidArgument(f"expected a Message, got {type(message).__name__}"))
+        return self.groups[self.table.group_of_topic(message.topic)].append(message)
+
+    def append_batch(self, messages: tuple[Message, ...]) -> defer.Deferred:
+        by_group: dict[str, list[int]] = {}
+        for i, message in enumerate(messages):
+            if not isinstance(message, Message):
+                return defer.fail(api.InvalidArgument(f"expected a Message, got {type(message).__name__}"))
+            by_group.setdefault(self.table.group_of_topic(message.topic), []).append(i)
+        if len(by_group) == 1:
+            (group,) = by_group
+            return self.groups[group].append_batch(tuple(messages))
+        order = list(by_group.items())
+
+        def merge(results):
+            out: list = [None] * len(messages)
+            for (_, indexes), (_, group_results) in zip(order, results):
+                for i, result in zip(indexes, group_results):
+                    out[i] = result
+            return tuple(out)
+
+        ds = [self.groups[g].append_batch(tuple(messages[i] for i in idx)) for g, idx in order]
+        return _gathered(ds).addCallback(merge)
+
+    # -- queues ------------------------------------------------------------------------------------------
+
+    def first_positions(self, queue: str) -> defer.Deferred:
+        return self._each(self.table.groups_of_queue_name(queue), lambda s: s.first_positions(queue)).addCallback(
+            _concat)
+
+    def end_positions(self, queue: str) -> defer.Deferred:
+        return self._each(self.table.groups_of_queue_name(queue), lambda s: s.end_positions(queue)).addCallback(
+            _concat)
+
+    def read_queue(self, position: api.QueuePosition, max_count: int) -> defer.Deferred:
+        if not isinstance(position, api.QueuePosition):
+            return defer.fail(api.InvalidArgument(f"expected a QueuePosition, got {type(position).__name__}"))
+        try:
+            store = self._group(position.group)
+        except api.StoreError as exc:
+            return defer.fail(exc)
+        return store.read_queue(position, max_count)
+
+    def add_filter(self, topic_filter: str) -> defer.Deferred:
+        try:
+            groups = self.table.groups_of_filter(topic_filter)
+        except Exception as exc:  # noqa: BLE001 - a bad filter is the inner stores' error to name
+            return defer.fail(api.InvalidArgument(f"topic filter {topic_filter!r}: {exc}"))
+        return self._each(groups, lambda s: s.add_filter(topic_filter)).addCallback(lambda rs: rs[0][1])
+
+    def remove_filter(self, topic_filter: str) -> defer.Deferred:
+        return self._each(self.table.groups_of_filter(topic_filter),
+                          lambda s: s.remove_filter(topic_filter)).addCallback(lambda _: None)
+
+    def watch_queue(self, queue: str, callback: Callable[[str], None]) -> defer.Deferred:
+        watch_id = next(self._watch_ids)
+        stores = [self._group(g) for g in self.table.groups_of_queue_name(queue)]
+
+        def registered(results):
+            inner = [(store, w) for store, (_, w) in zip(stores, results)]
+            self._watches[watch_id] = (queue, inner)
+            return api.Watch(queue, watch_id)
+
+        return _gathered([s.watch_queue(queue, callback) for s in stores]).addCallback(registered)
+
+    def unwatch_queue(self, watch: api.Watch) -> defer.Deferred:
+        entry = self._watches.pop(getattr(watch, "watch_id", None), None)
+        if entry is None or entry[0] != watch.queue:
+            return defer.fail(api.NotFound(f"no watch {watch!r}"))
+        return _gathered([store.unwatch_queue(w) for store, w in entry[1]]).addCallback(lambda _: None)
+
+    # -- session state (the client id's group) -------------------------------------------------------------
+
+    def _client(self, client_id: str) -> api.Store:
+        if not isinstance(client_id, str):
+            raise api.InvalidArgument(f"client id must be a string, not {type(client_id).__name__}")
+        return self.groups[self.table.group_of_client(client_id)]
+
+    def _session_call(self, name: str, client_id: str, *args) -> defer.Deferred:
+        try:
+            store = self._client(client_id)
+        except api.StoreError as exc:
+            return defer.fail(exc)
+        return getattr(store, name)(client_id, *args)
+
+    def get_session(self, client_id: str) -> defer.Deferred:
+        return self._session_call("get_session", client_id)
+
+    def list_sessions(self) -> defer.Deferred:
+        return self._each(self.table.groups, lambda s: s.list_sessions()).addCallback(
+            lambda rs: tuple(sorted(_concat(rs), key=lambda st: st.meta.client_id)))
+
+    def put_session(self, meta: api.SessionMeta) -> defer.Deferred:
+        if not isinstance(meta, api.SessionMeta):
+            return defer.fail(api.InvalidArgument(f"expected a SessionMeta, got {type(meta).__name__}"))
+        return self._client(meta.client_id).put_session(meta)
+
+    def delete_session(self, client_id: str) -> defer.Deferred:
+        return self._session_call("delete_session", client_id)
+
+    def put_subscription(self, client_id: str, subscription: api.SubscriptionState) -> defer.Deferred:
+        return self._session_call("put_subscription", client_id, subscription)
+
+    def delete_subscription(self, client_id: str, key: str) -> defer.Deferred:
+        return self._session_call("delete_subscription", client_id, key)
+
+    def put_outbound(self, client_id: str, outbound: api.OutboundState) -> defer.Deferred:
+        return self._session_call("put_outbound", client_id, outbound)
+
+    def delete_outbound(self, client_id: str, packet_id: int) -> defer.Deferred:
+        return self._session_call("delete_outbound", client_id, packet_id)
+
+    def put_released(self, client_id: str, packet_id: int) -> defer.Deferred:
+        return self._session_call("put_released", client_id, packet_id)
+
+    def delete_released(self, client_id: str, packet_id: int) -> defer.Deferred:
+        return self._session_call("delete_released", client_id, packet_id)
+
+    def put_inbound_qos2(self, client_id: str, packet_id: int) -> defer.Deferred:
+        return self._session_call("put_inbound_qos2", client_id, packet_id)
+
+    def delete_inbound_qos2(self, client_id: str, packet_id: int) -> defer.Deferred:
+        return self._session_call("delete_inbound_qos2", client_id, packet_id)
+
+    def get_share_positions(self, share_group: str, topic_filter: str) -> defer.Deferred:
+        return self._each(self.table.groups_of_filter(topic_filter),
+                          lambda s: s.get_share_positions(share_group, topic_filter)).addCallback(_concat)
+
+    def put_share_position(self, share_group: str, topic_filter: str,
+                           position: api.QueuePosition) -> defer.Deferred:
+        if not isinstance(position, api.QueuePosition):
+            return defer.fail(api.InvalidArgument(f"expected a QueuePosition, got {type(position).__name__}"))
+        try:
+            store = self._group(position.group)
+        except api.StoreError as exc:
+            return defer.fail(exc)
+        return store.put_share_position(share_group, topic_filter, position)
+
+    # -- retained -------------------------------------------------------------------------------------------------
+
+    def get_retained(self, topic_filter: str) -> defer.Deferred:
+        return self._each(self.table.groups_of_filter(topic_filter),
+                          lambda s: s.get_retained(topic_filter)).addCallback(
+            lambda rs: tuple(sorted(_concat(rs), key=lambda m: m.topic)))
+
+    def put_retained(self, message: Message) -> defer.Deferred:
+        if not isinstance(message, Message):
+            return defer.fail(api.InvalidArgument(f"expected a Message, got {type(message).__name__}"))
+        return self.groups[self.table.group_of_topic(message.topic)].put_retained(message)
+
+    def delete_retained(self, topic: str) -> defer.Deferred:
+        if not isinstance(topic, str):
+            return defer.fail(api.InvalidArgument(f"topic must be a string, not {type(topic).__name__}"))
+        return self.groups[self.table.group_of_topic(topic)].delete_retained(topic)
+
+    # -- timers --------------------------------------------------------------------------------------------------
+
+    def schedule_timer(self, message: Message, deliver_at_ms: int) -> defer.Deferred:
+        if not isinstance(message, Message):
+            return defer.fail(api.InvalidArgument(f"expected a Message, got {type(message).__name__}"))
+        return self.groups[self.table.group_of_topic(message.topic)].schedule_timer(message, deliver_at_ms)
+
+    def cancel_timer(self, timer_id: int) -> defer.Deferred:
+        """Ask each group in turn; the first that knows the id answers (ids are per-group offsets)."""
+        remaining = list(self.table.groups)
+
+        def attempt(_=None):
+            if not remaining:
+                return defer.fail(api.NotFound(f"no timer {timer_id!r}"))
+            d = self.groups[remaining.pop(0)].cancel_timer(timer_id)
+            d.addErrback(lambda f: f.trap(api.NotFound) and attempt())
+            return d
+
+        return attempt()
+
+    # -- native queues ----------------------------------------------------------------------------------------------
+
+    def _native(self, address: api.NativeAddress) -> api.Store:
+        if not isinstance(address, api.NativeAddress):
+            raise api.InvalidArgument(f"expected a NativeAddress, got {type(address).__name__}")
+        if address.queue is not None:
+            return self.groups[self.table.group_of_queue(address.queue)]
+        if address.topic is not None:
+            return self.groups[self.table.group_of_topic(address.topic)]
+        raise api.InvalidArgument("a native address needs a queue or a topic")
+
+    def _native_call(self, name: str, address: api.NativeAddress, *args) -> defer.Deferred:
+        try:
+            store = self._native(address)
+        except api.StoreError as exc:
+            return defer.fail(exc)
+        return getattr(store, name)(address, *args)
+
+    def native_produce(self, address, items) -> defer.Deferred:
+        return self._native_call("native_produce", address, items)
+
+    def native_consume(self, address, max_data_bytes=None) -> defer.Deferred:
+        return self._native_call("native_consume", address, max_data_bytes)
+
+    def native_confirm(self, address, msg_id) -> defer.Deferred:
+        return self._native_call("native_confirm", address, msg_id)
+
+    def native_pop(self, address, invisible_time_s=None, max_data_bytes=None) -> defer.Deferred:
+        return self._native_call("native_pop", address, invisible_time_s, max_data_bytes)
+
+    def native_ack(self, address, msg_id) -> defer.Deferred:
+        return self._native_call("native_ack", address, msg_id)
+
+    def native_change_invisible_time(self, address, msg_id, invisible_time_s) -> defer.Deferred:
+        return self._native_call("native_change_invisible_time", address, msg_id, invisible_time_s)

@@ -1,0 +1,128 @@
+"""RoutedStore: one store interface over two real broker groups (LocalStores on one task.Clock)."""
+
+from __future__ import annotations
+
+import pytest
+from twisted.internet import task
+
+from cluster.local_store import LocalStore
+from cluster.routed_store import RoutedStore
+from cluster.routing import SlotTable
+from mqtt_proxy.session_store import SessionStore
+from store import api
+from store.record import Message, RecordKind
+from store.reader import iter_records
+from tests.contract.conftest import T0, Harness, Parts
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """Groups g1 and g2 (real stores in tmp dirs) behind a RoutedStore."""
+    clock = task.Clock()
+    clock.advance(T0)
+    parts = {g: Parts(str(tmp_path / g), clock) for g in ("g1", "g2")}
+    locals_ = {g: LocalStore(p.store, p.notifier, p.retained, p.timers, SessionStore(p.kv), p.engine, group=g)
+               for g, p in parts.items()}
+    table = SlotTable.build(("g1", "g2"))
+    routed = RoutedStore(table, locals_)
+    harness = Harness(routed, clock, None)
+    harness.table, harness.parts_by_group = table, parts
+    yield harness
+    for p in parts.values():
+        p.close(clock)
+
+
+def _levels(table, n=16):
+    """First levels that hash to each group (16 in all, both groups used)."""
+    levels = [f"t{i}" for i in range(n)]
+    assert {table.group_of_topic(level) for level in levels} == {"g1", "g2"}
+    return levels
+
+
+def _topics_in_log(parts) -> set[str]:
+    return {r.topic for r in iter_records(parts.store.commit_log.directory) if r.kind is RecordKind.MQTT_PUBLISH}
+
+
+def test_each_group_log_holds_only_the_topics_its_slots_own(cluster):
+    """Appends route by first level: a group's commit log holds no topic another group owns."""
+    levels = _levels(cluster.table)
+    results = cluster.wait(cluster.store.append_batch(tuple(Message(f"{lv}/chk/x", b"m", qos=1) for lv in levels)))
+    assert all(r.ok for r in results) and len(results) == len(levels)
+    for group, parts in cluster.parts_by_group.items():
+        got = {t.partition("/")[0] for t in _topics_in_log(parts)}
+        assert got == {lv for lv in levels if cluster.table.group_of_topic(lv) == group}
+
+
+def test_a_wildcard_filter_reads_every_group_with_its_own_position(cluster):
+    """'+/chk/#' is indexed in both groups; reading each group's position yields every message once."""
+    store = cluster.store
+    queue = cluster.wait(store.add_filter("+/chk/#"))
+    starts = cluster.wait(store.end_positions(queue))
+    assert {p.group for p in starts} == {"g1", "g2"}
+    levels = _levels(cluster.table)
+    for lv in levels:
+        assert cluster.wait(store.append(Message(f"{lv}/chk/1", lv.encode(), qos=1))).ok
+    got = []
+    for position in starts:
+        result = cluster.wait(store.read_queue(position, 100))
+        got += [m.record.body.decode() for m in result.messages]
+        assert all(m.position.group == position.group for m in result.messages)
+    assert sorted(got) == sorted(levels)
+
+
+def test_notify_comes_only_from_groups_that_hold_news(cluster):
+    """A watch on a spanning filter's queue fires once per group with news, merged per tick."""
+    store = cluster.store
+    queue = cluster.wait(store.add_filter("+/chk/#"))
+    events = []
+    watch = cluster.wait(store.watch_queue(queue, events.append))
+    lv = _levels(cluster.table)[0]
+    for i in range(5):
+        cluster.wait(store.append(Message(f"{lv}/chk/{i}", b"x")))
+    cluster.clock.advance(0.1)
+    assert events and set(events) == {queue}
+    assert len(events) <= 5
+    cluster.wait(store.unwatch_queue(watch))
+    assert isinstance(cluster.error(store.unwatch_queue(watch)), api.NotFound)
+
+
+def test_session_state_lives_in_the_client_ids_group(cluster):
+    """A session put through the facade is stored in its client id's group only."""
+    store = cluster.store
+    cid = "device-42"
+    home = cluster.table.group_of_client(cid)
+    cluster.wait(store.put_session(api.SessionMeta(cid, 3600, 5)))
+    assert cluster.wait(store.get_session(cid)).meta.client_id == cid
+    other = "g1" if home == "g2" else "g2"
+    parts = cluster.parts_by_group[other]
+    assert SessionStore(parts.kv).load_all() == {} or cid not in SessionStore(parts.kv).load_all()
+    assert [s.meta.client_id for s in cluster.wait(store.list_sessions())] == [cid]
+
+
+def test_retained_messages_merge_across_groups(cluster):
+    """Retained messages of a spanning filter come from every group, in topic order."""
+    store = cluster.store
+    levels = _levels(cluster.table)
+    g1 = [lv for lv in levels if cluster.table.group_of_topic(lv) == "g1"][:2]
+    g2 = [lv for lv in levels if cluster.table.group_of_topic(lv) == "g2"][:2]
+    levels = g1 + g2  # the harness allows 3 retained messages per group
+    for lv in levels:
+        assert cluster.wait(store.put_retained(Message(f"{lv}/chk/r", b"r", qos=1, retain=True))).ok
+    got = cluster.wait(store.get_retained("+/chk/#"))
+    assert [m.topic for m in got] == sorted(f"{lv}/chk/r" for lv in levels)
+
+
+def test_native_queue_lives_in_its_names_group(cluster):
+    """A native produce and consume go to the group of the queue's name."""
+    store = cluster.store
+    address = api.NativeAddress(queue="jobs")
+    produced = cluster.wait(store.native_produce(address, (api.NativeItem(b"job-1"),)))
+    assert produced.msg_ids[0] is not None
+    delivery = cluster.wait(store.native_consume(address))
+    assert delivery.data == b"job-1"
+
+
+def test_a_position_of_an_unknown_group_is_wrong_group(cluster):
+    """Reading a position whose group the table does not know fails with WrongGroup."""
+    err = cluster.error(cluster.store.read_queue(api.QueuePosition("%LMQ%a", "g9", 0), 10))
+    assert isinstance(err, api.WrongGroup)
