@@ -37,8 +37,8 @@ _DEFAULT_PORTS = {"mqtt": 1883, "mqtt_tls": 8883, "mqtt_ws": 8083, "native": 987
                   "http": 8080}
 _STREAM_TYPES = ("tcp", "tcp6", "ssl", "unix")
 _ARGUMENTS = {
-    "tcp": {"port", "interface", "backlog"},
-    "tcp6": {"port", "interface", "backlog"},
+    "tcp": {"port", "interface", "backlog", "reuseport"},
+    "tcp6": {"port", "interface", "backlog", "reuseport"},
     "ssl": {"port", "interface", "backlog", "privateKey", "certKey", "extraCertChain", "dhParameters"},
     "unix": {"address", "mode", "backlog", "lockfile"},
 }
@@ -161,6 +161,8 @@ def _parse_stream(key: str, description: str, name: str, base_dir: str | None) -
         raise _Bad(f"unknown {kind}: argument {unknown[0]!r} (known: {', '.join(sorted(_ARGUMENTS[kind]))})")
     if positional not in kwargs:
         raise _Bad(f"{kind}: needs a {positional}")
+    if kwargs.get("reuseport", "no").lower() not in ("yes", "no", "true", "false", "1", "0", "on", "off"):
+        raise _Bad(f"reuseport must be yes or no, not {kwargs['reuseport']!r}")
     if "backlog" in kwargs and not kwargs["backlog"].isdigit():
         raise _Bad(f"backlog must be a number, not {kwargs['backlog']!r}")
     if kind == "ssl" and "privateKey" not in kwargs:

@@ -25,6 +25,7 @@ from twisted.python import usage
 from cluster import node_log
 from cluster.config import load_config, settle, with_flags
 from cluster.http import http_site
+from cluster.reuseport import server_endpoint
 from cluster.services import (DatagramListenerService, ListenerService, Part, ReadyLine, RoleService,
                               SignalService)
 from cluster.version import print_version, twistmq_version
@@ -184,11 +185,11 @@ class NodeParts:
                                        self.cfg.limits.max_packet_size)
         http = http_site(self.mqtt, self.store, self._extra_stats, self._losses, self.lag)
         build = {
-            "mqtt": lambda d: (endpoints.serverFromString(self.reactor, _backlog(d)), mqtt_factory),
+            "mqtt": lambda d: (server_endpoint(self.reactor, _backlog(d)), mqtt_factory),
             "mqtt_tls": lambda d: (tls.tls_server_endpoint(self.reactor, _backlog(d), ca), mqtt_factory),
             "mqtt_ws": lambda d: (tls.server_endpoint(self.reactor, d, ca), ws_factory),
             "http": lambda d: (endpoints.serverFromString(self.reactor, d), http),
-            "native": lambda d: (endpoints.serverFromString(self.reactor, d), self.native.tcp_factory()),
+            "native": lambda d: (server_endpoint(self.reactor, d), self.native.tcp_factory()),
         }
         streams, datagrams = [], []
         for listener in self.cfg.listeners:
