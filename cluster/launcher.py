@@ -1,0 +1,256 @@
+"""``./dev cluster up DIR`` / ``./dev cluster down DIR``: a local cluster of real processes on 127.0.0.1.
+
+``up`` picks free ports, writes ``DIR/cluster.toml`` (the membership every
+process reads: broker groups and their RPC addresses), starts the brokers,
+waits for each ``twistmq ready`` line, then starts the proxies the same way,
+and writes ``DIR/cluster.json`` (DESIGN's contract: role, id, pid, group,
+ports, data_dir, argv per process). Every port is fixed in ``argv``, so
+relaunching a killed process with its ``argv`` brings it back as the same
+member. Each proxy gets its own MQTT and native port unless ``--shared-port``
+puts them all on one (``reuseport=yes``: the kernel spreads clients).
+``down`` sends SIGTERM to every process (proxies first), then SIGKILL to any
+left after 10 s.
+
+Controllers and broker replicas come with the controllers and replication
+issues: until then membership is this static config, and asking for either
+is refused with a reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+READY = re.compile(r"twistmq ready (.*)")
+STOP_GRACE_S = 10.0
+READY_TIMEOUT_S = 60.0
+
+
+class LaunchError(Exception):
+    """The cluster could not be started (one line for the operator)."""
+
+
+def twistd() -> str:
+    return os.path.join(os.path.dirname(sys.executable), "twistd")
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ports free on 127.0.0.1 now (held open together so none repeats)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def endpoint(port: int, shared: bool = False) -> str:
+    return f"tcp:{port}:interface=127.0.0.1" + (":reuseport=yes" if shared else "")
+
+
+def plan(root: str, groups: int, proxies: int, shared_port: bool, cluster_id: str) -> list[dict]:
+    """The processes to start, brokers first: role, id, group, ports, data_dir and argv of each."""
+    procs: list[dict] = []
+    ports = iter(free_ports(groups * 2 + proxies * 3 + 2))
+    for g in range(1, groups + 1):
+        group, member = f"g{g}", f"broker-g{g}"
+        p = {"rpc": next(ports), "http": next(ports)}
+        data_dir = os.path.join(root, member)
+        argv = [twistd(), "-n", "--pidfile=", "twistmq", "broker", "--config", os.path.join(root, "cluster.toml"),
+                "--data-dir", data_dir, "--node-id", member, "--group", group,
+                "--rpc", endpoint(p["rpc"]), "--http", endpoint(p["http"])]
+        procs.append({"role": "broker", "id": member, "group": group, "ports": p, "data_dir": data_dir,
+                      "argv": argv})
+    shared = {"mqtt": next(ports), "native": next(ports)}
+    for n in range(1, proxies + 1):
+        member = f"proxy-{n}"
+        p = dict(shared) if shared_port else {"mqtt": next(ports), "native": next(ports)}
+        p["http"] = next(ports)
+        data_dir = os.path.join(root, member)
+        argv = [twistd(), "-n", "--pidfile=", "twistmq", "proxy", "--config", os.path.join(root, "cluster.toml"),
+                "--data-dir", data_dir, "--node-id", member,
+                "--mqtt", endpoint(p["mqtt"], shared_port), "--native", endpoint(p["native"], shared_port),
+                "--http", endpoint(p["http"])]
+        procs.append({"role": "proxy", "id": member, "ports": p, "data_dir": data_dir, "argv": argv})
+    return procs
+
+
+def membership_toml(cluster_id: str, procs: list[dict], base: str = "") -> str:
+    """The config every process reads: ``base`` (an operator's file, if any) plus the ``[cluster]`` section."""
+    if re.search(r"^\s*\[cluster\]", base, re.M):
+        raise LaunchError("the base config has a [cluster] section: the launcher writes that one itself")
+    lines = [base.rstrip(), "", "[cluster]", f'id = "{cluster_id}"', ""] if base.strip() else \
+        ["[cluster]", f'id = "{cluster_id}"', ""]
+    for p in procs:
+        lines.append("[[cluster.members]]")
+        lines.append(f'id = "{p["id"]}"')
+        lines.append(f'role = "{p["role"]}"')
+        if p["role"] == "broker":
+            lines.append(f'group = "{p["group"]}"')
+            lines.append(f'rpc = "tcp:127.0.0.1:{p["ports"]["rpc"]}"')
+        lines.append("")
+    return "\n".join(lines)
+
+
+def start(proc: dict, timeout: float = READY_TIMEOUT_S) -> None:
+    """Start one process detached (its own session), output in its data dir's parent; wait for its ready line."""
+    os.makedirs(proc["data_dir"], exist_ok=True)
+    out_path = proc["data_dir"] + ".out"
+    err_path = proc["data_dir"] + ".log"
+    with open(out_path, "ab") as out, open(err_path, "ab") as err:
+        start_at = out.tell()
+        child = subprocess.Popen(proc["argv"], stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd="/",
+                                 start_new_session=True)
+    proc["pid"] = child.pid
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(out_path, "rb") as f:
+            f.seek(start_at)
+            if READY.search(f.read().decode(errors="replace")):
+                return
+        if child.poll() is not None:
+            raise LaunchError(f"{proc['id']} exited with code {child.returncode}: {_tail(err_path)}")
+        time.sleep(0.05)
+    child.kill()
+    raise LaunchError(f"{proc['id']} was not ready after {timeout:.0f} s: {_tail(err_path)}")
+
+
+def _tail(path: str, lines: int = 3) -> str:
+    try:
+        with open(path, "rb") as f:
+            text = f.read().decode(errors="replace").strip().splitlines()
+    except OSError:
+        return "(no log)"
+    return " | ".join(text[-lines:]) or "(empty log)"
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours still answers kill(0): reap it if it is ours.
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == 0
+    except ChildProcessError:
+        return True
+
+
+def up(root: str, groups: int = 1, proxies: int = 2, replicas: int = 1, controllers: int = 0,
+       shared_port: bool = False, base_config: str | None = None) -> dict:
+    """Start the cluster under ``root``; returns what ``cluster.json`` holds."""
+    if controllers:
+        raise LaunchError("--controllers: the controller role is not built yet (membership is static config); "
+                          "use --controllers 0")
+    if replicas != 1:
+        raise LaunchError("--replicas: broker replication is not built yet; each group has one broker")
+    if groups < 1 or proxies < 0:
+        raise LaunchError("--groups must be at least 1 and --proxies at least 0")
+    root = os.path.abspath(root)
+    if os.path.exists(os.path.join(root, "cluster.json")):
+        raise LaunchError(f"{root}/cluster.json exists: run `./dev cluster down {root}` first, or pick another DIR")
+    os.makedirs(root, exist_ok=True)
+    cluster_id = "local-" + secrets.token_hex(4)
+    procs = plan(root, groups, proxies, shared_port, cluster_id)
+    base = ""
+    if base_config:
+        with open(base_config, encoding="utf-8") as f:
+            base = f.read()
+    with open(os.path.join(root, "cluster.toml"), "w", encoding="utf-8") as f:
+        f.write(membership_toml(cluster_id, procs, base))
+    started: list[dict] = []
+    try:
+        for proc in procs:
+            start(proc)
+            started.append(proc)
+    except BaseException:
+        stop(started)
+        raise
+    doc = {"cluster_id": cluster_id, "processes": [
+        {k: p[k] for k in ("role", "id", "pid", "group", "ports", "data_dir", "argv") if k in p} for p in procs]}
+    tmp = os.path.join(root, "cluster.json.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=2)
+    os.replace(tmp, os.path.join(root, "cluster.json"))
+    return doc
+
+
+def stop(procs: list[dict], grace: float = STOP_GRACE_S) -> list[str]:
+    """SIGTERM every process (proxies before brokers), SIGKILL those still alive after ``grace``; killed ids."""
+    order = sorted(procs, key=lambda p: p["role"] != "proxy")
+    for p in order:
+        try:
+            os.kill(p["pid"], signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(alive(p["pid"]) for p in order):
+        time.sleep(0.05)
+    killed = []
+    for p in order:
+        if alive(p["pid"]):
+            os.kill(p["pid"], signal.SIGKILL)
+            killed.append(p["id"])
+    return killed
+
+
+def down(root: str) -> list[str]:
+    path = os.path.join(os.path.abspath(root), "cluster.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        raise LaunchError(f"no cluster at {root} ({path} not found)") from None
+    killed = stop(doc["processes"])
+    os.replace(path, path + ".down")
+    return killed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="./dev cluster", description="a local twistmq cluster on 127.0.0.1")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_up = sub.add_parser("up", help="start processes and write DIR/cluster.json")
+    p_up.add_argument("dir")
+    p_up.add_argument("--controllers", type=int, default=0)
+    p_up.add_argument("--groups", type=int, default=1)
+    p_up.add_argument("--replicas", type=int, default=1)
+    p_up.add_argument("--proxies", type=int, default=2)
+    p_up.add_argument("--shared-port", action="store_true", help="all proxies on one MQTT/native port")
+    p_up.add_argument("--config", help="a base TOML config every process reads (without [cluster])")
+    p_down = sub.add_parser("down", help="stop every process of DIR/cluster.json")
+    p_down.add_argument("dir")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "up":
+            doc = up(args.dir, args.groups, args.proxies, args.replicas, args.controllers, args.shared_port,
+                     args.config)
+            for p in doc["processes"]:
+                ports = " ".join(f"{k}={v}" for k, v in p["ports"].items())
+                print(f"{p['role']:7} {p['id']:12} pid={p['pid']} {ports}")
+            print(f"cluster up: {os.path.join(os.path.abspath(args.dir), 'cluster.json')}")
+        else:
+            killed = down(args.dir)
+            print("cluster down" + (f" (SIGKILL: {', '.join(killed)})" if killed else ""))
+    except (LaunchError, OSError) as exc:
+        print(f"twistmq cluster: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""The local-cluster launcher's plan: ports, argv and the membership config it writes (no processes)."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from cluster import launcher
+
+
+def test_plan_gives_every_process_fixed_ports_and_brokers_come_first(tmp_path):
+    """Brokers precede proxies; every listener has its own fixed port, and argv names each one."""
+    procs = launcher.plan(str(tmp_path), groups=2, proxies=2, shared_port=False, cluster_id="c")
+    assert [p["role"] for p in procs] == ["broker", "broker", "proxy", "proxy"]
+    ports = [port for p in procs for port in p["ports"].values()]
+    assert len(ports) == len(set(ports)) and all(port > 0 for port in ports)
+    for p in procs:
+        for port in p["ports"].values():
+            assert any(f"tcp:{port}:interface=127.0.0.1" in a for a in p["argv"])
+
+
+def test_shared_port_puts_every_proxy_on_one_mqtt_port(tmp_path):
+    """--shared-port: proxies list the same MQTT and native ports, bound with reuseport=yes."""
+    procs = [p for p in launcher.plan(str(tmp_path), 1, 3, True, "c") if p["role"] == "proxy"]
+    assert len({p["ports"]["mqtt"] for p in procs}) == 1 and len({p["ports"]["http"] for p in procs}) == 3
+    assert all(any("reuseport=yes" in a for a in p["argv"]) for p in procs)
+
+
+def test_membership_config_lists_groups_and_their_rpc_addresses(tmp_path):
+    """cluster.toml parses as TOML and names each broker's group and RPC address."""
+    procs = launcher.plan(str(tmp_path), 2, 1, False, "c")
+    doc = tomllib.loads(launcher.membership_toml("c", procs, "[mqtt]\nallow_anonymous = true\n"))
+    assert doc["cluster"]["id"] == "c" and doc["mqtt"]["allow_anonymous"] is True
+    brokers = [m for m in doc["cluster"]["members"] if m["role"] == "broker"]
+    assert [(m["group"], m["rpc"]) for m in brokers] == [
+        (p["group"], f"tcp:127.0.0.1:{p['ports']['rpc']}") for p in procs if p["role"] == "broker"]
+    with pytest.raises(launcher.LaunchError, match=r"\[cluster\]"):
+        launcher.membership_toml("c", procs, "[cluster]\nid = 'x'\n")
+
+
+def test_what_is_not_built_yet_is_refused_with_a_reason(tmp_path):
+    """Controllers and replicas are refused by name until their issues land; nothing is started."""
+    with pytest.raises(launcher.LaunchError, match="controller"):
+        launcher.up(str(tmp_path / "c"), controllers=3)
+    with pytest.raises(launcher.LaunchError, match="replication"):
+        launcher.up(str(tmp_path / "c"), replicas=2)
+    assert launcher.main(["up", str(tmp_path / "c"), "--replicas", "2"]) == 2
