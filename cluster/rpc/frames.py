@@ -190,6 +190,9 @@ def _frame(payload: bytes) -> Frame:
     return build(array[1], fields)
 
 
+_ARRAY_MIN, _ARRAY_MAX = 0x92, 0x97  # msgpack fixarray markers of 2..7 elements: every frame's first byte
+
+
 class FrameDecoder:
     """Bytes in, frames out. ``max_frame`` caps one frame's payload: a longer one is refused unread."""
 
@@ -203,6 +206,10 @@ class FrameDecoder:
         frames = []
         while True:
             length, start = self._length()
+            if length is not None and len(self._buf) > start and not _ARRAY_MIN <= self._buf[start] <= _ARRAY_MAX:
+                # every frame is a short msgpack array: refuse garbage (an HTTP request, a TLS hello) at its
+                # first byte instead of waiting for the many bytes its "length" promises
+                raise FrameError("not a frame (a frame is a msgpack array)")
             if length is None or len(self._buf) < start + length:
                 return frames
             payload = bytes(self._buf[start:start + length])

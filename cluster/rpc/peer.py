@@ -35,7 +35,7 @@ class _PeerFactory(protocol.Factory):
     def buildProtocol(self, addr):
         c = self.client
         p = RpcProtocol(c.local, True, c.settings, c.clock, c.dispatcher, on_event=c._event, health=c.health)
-        p.opened.addCallbacks(lambda _peer: c._up(p), lambda _f: None)
+        p.opened.addCallback(lambda peer: c._up(p) if peer is not None else None)
         p.when_lost().addCallback(lambda _reason: c._down(p))
         return p
 

@@ -74,7 +74,7 @@ class RpcProtocol(protocol.Protocol):
         self.conn: Connection | None = None
         self.peer: Hello | None = None
         self.peer_healthy = False
-        self.opened: defer.Deferred = defer.Deferred()  # fires with the peer's Hello (or fails: refused)
+        self.opened: defer.Deferred = defer.Deferred()  # fires with the peer's Hello, or None if it closed before
         self._lost_waiters: list[defer.Deferred] = []
         self.gone = False  # the transport is closed
         self.close_reason = ""
@@ -152,7 +152,7 @@ class RpcProtocol(protocol.Protocol):
         self._flush()
         self.transport.loseConnection()
         if not self.opened.called:
-            self.opened.errback(NotConnected(f"refused: {closed.reason}"))
+            self.opened.callback(None)
 
     def _flush(self) -> None:
         data = self.conn.data_to_send() if self.conn is not None else b""
@@ -172,7 +172,7 @@ class RpcProtocol(protocol.Protocol):
                 timer.cancel()
             d.errback(NotConnected(f"connection lost: {self.close_reason or 'closed'}"))
         if not self.opened.called:
-            self.opened.errback(NotConnected(f"connection lost before the handshake: {self.close_reason}"))
+            self.opened.callback(None)
         self.gone = True
         waiters, self._lost_waiters = self._lost_waiters, []
         for d in waiters:
