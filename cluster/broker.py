@@ -118,6 +118,7 @@ class BrokerParts:
         self.cfg = cfg
         cluster = cfg.cluster
         self.state = StoreParts(reactor, cfg)
+        self.state.hold_stored_sessions()
         self.local = self.state.local_store(cluster.group)
         self.metrics = RpcMetrics()
         self.dispatcher = Dispatcher(reactor, self.metrics)

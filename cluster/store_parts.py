@@ -15,8 +15,10 @@ import os
 from cluster.local_store import LocalStore
 from cluster.native_service import NativeService
 from lightqueue import attach as attach_lightqueue
+from lightqueue.names import lmq_name
 from lightqueue.retained_index import RetainedIndex
 from mqtt_proxy.session_store import SessionStore
+from store.api import Owed
 from push.notifier import Notifier
 from store.config import NativeConfig, from_mapping
 from store.executor import ThreadPoolExecutor
@@ -53,6 +55,11 @@ class StoreParts:
         self.store.retention.add_holder(self.native.engine.owed)
         self.store.retention.add_carrier(self.retained.records_to_carry)
 
+    def hold_stored_sessions(self) -> None:
+        """Make retention keep what the sessions in the session KV owe (a broker: its proxies' sessions live
+        there, not in memory; the node's front end holds its live sessions itself)."""
+        self.store.retention.add_holder(lambda: stored_sessions_owed(SessionStore(self.kv)))
+
     def local_store(self, group: str) -> LocalStore:
         """The store interface over these parts, as broker group ``group``."""
         return LocalStore(self.store, self.notifier, self.retained, self.timers, SessionStore(self.kv),
@@ -67,3 +74,16 @@ class StoreParts:
             Part("timers", start=self.timers.start, stop=self.timers.stop),
             Part("native", start=self.native.open, stop=self.native.stop),
         ]
+
+
+def stored_sessions_owed(sessions: SessionStore):
+    """Retention holder over stored sessions: each subscription owes from its oldest outbound message in
+    flight, else its next offset (shared groups' committed positions are not counted yet)."""
+    for cid, session in sessions.load_all().items():
+        inflight: dict[str, int] = {}
+        for key, offset, _qos in session.outbound.values():
+            inflight[key] = min(offset, inflight.get(key, offset))
+        for key, sub in session.subscriptions.items():
+            if sub.share_group is None:
+                yield Owed("session " + cid, lmq_name(sub.topic_filter),
+                           min(sub.next_offset, inflight.get(key, sub.next_offset)))
