@@ -36,9 +36,11 @@ from cluster.rpc.metrics import RpcMetrics
 from cluster.rpc.protocol import RpcSettings
 from cluster.rpc.server import RpcServerFactory
 from cluster.services import ListenerService, Part, ReadyLine, RoleService
+from cluster.session_interest import SessionInterest
 from cluster.store_parts import StoreParts
 from cluster.store_server import StoreServer
 from cluster.version import print_version, twistmq_version
+from mqtt_proxy.session_store import SessionStore
 from store.config import ConfigError
 from store.message_store import StoreLockedError
 
@@ -119,7 +121,8 @@ class BrokerParts:
         cluster = cfg.cluster
         self.state = StoreParts(reactor, cfg)
         self.state.hold_stored_sessions()
-        self.local = self.state.local_store(cluster.group)
+        # the broker's own interest in stored sessions' filters: they miss nothing while their proxy is gone
+        self.local = SessionInterest(self.state.local_store(cluster.group), SessionStore(self.state.kv))
         self.metrics = RpcMetrics()
         self.dispatcher = Dispatcher(reactor, self.metrics)
         self.server = StoreServer(self.local, reactor, self.state.native.engine, self.state.native_config)
@@ -138,7 +141,8 @@ class BrokerParts:
     def _extra_stats(self):
         native = self.state.native
         return [("native", native.stats()), ("timer", self.state.timers.stats()),
-                ("rpc", {"watches": self.server.watches})]
+                ("rpc", {"watches": self.server.watches, "filters": self.server.filters,
+                         "session_filters": self.local.held})]
 
 
 def broker_tree(parts: BrokerParts) -> RoleService:
@@ -152,6 +156,7 @@ def broker_tree(parts: BrokerParts) -> RoleService:
 
     children = [
         *parts.state.tree_parts(),
+        Part("session-interest", start=parts.local.restore),
         *parts.listeners,
         Part("rpc-goodbye", stop=parts.rpc.stop),  # stops before the listeners close: peers hear why
         ReadyLine(parts.listeners, announce),

@@ -7,6 +7,10 @@ comes back as the ``StoreError`` subclass of its code. Transport failures are
 sent; ``CallTimeout`` when the broker did not answer in time: it may have
 been served).
 
+Filter interest and watches live with the connection on the broker's side
+(``cluster.store_server``), so this store remembers what it holds and, after a
+reconnect, takes the interest again first, then the watches.
+
 ``watch_queue``'s callback stays here: the broker sends an event frame naming
 the queue, and every local callback watching that queue is called. After a
 reconnect the watches are registered again (the broker dropped them with the
@@ -46,8 +50,9 @@ class RemoteStore:
         self.peer = peer
         self._ids = itertools.count(1)
         self._watches: dict[int, tuple[str, Callable[[str], None], api.Watch]] = {}  # local id -> (queue, cb, remote)
+        self._filters: dict[str, int] = {}  # topic filter -> add_filter references held
         peer.on_event(self._event)
-        peer.on_connected(self._rewatch)
+        peer.on_connected(self._reconnected)
 
     def _call(self, name: str, args: tuple, kwargs: dict) -> defer.Deferred:
         try:
@@ -57,6 +62,38 @@ class RemoteStore:
         d = self.peer.call(request_type(name), frame)
         d.addCallbacks(lambda body: store_codec.unpack_result(name, body), _as_store_error)
         return d
+
+    # -- interest -------------------------------------------------------------------------------------
+
+    def add_filter(self, topic_filter: str) -> defer.Deferred:
+        """As ``Queues.add_filter``; the reference is remembered, to be taken again after a reconnect."""
+        def added(queue: str) -> str:
+            self._filters[topic_filter] = self._filters.get(topic_filter, 0) + 1
+            return queue
+
+        return self._call("add_filter", (topic_filter,), {}).addCallback(added)
+
+    def remove_filter(self, topic_filter: str) -> defer.Deferred:
+        """As ``Queues.remove_filter``."""
+        def removed(result):
+            count = self._filters.get(topic_filter, 0) - 1
+            if count > 0:
+                self._filters[topic_filter] = count
+            else:
+                self._filters.pop(topic_filter, None)
+            return result
+
+        return self._call("remove_filter", (topic_filter,), {}).addCallback(removed)
+
+    def _reconnected(self) -> None:
+        for topic_filter, count in list(self._filters.items()):
+            for _ in range(count):
+                self._call("add_filter", (topic_filter,), {}).addErrback(self._again_failed, topic_filter)
+        self._rewatch()
+
+    @staticmethod
+    def _again_failed(failure, what: str) -> None:
+        log.warning("remote_store_reregister_failed what=%s reason=%s", what, failure.getErrorMessage())
 
     # -- notify ---------------------------------------------------------------------------------------
 
@@ -97,7 +134,7 @@ class RemoteStore:
     def _rewatch(self) -> None:
         for local_id, (queue, callback, _old) in list(self._watches.items()):
             d = self._call("watch_queue", (queue, callback), {})
-            d.addCallbacks(self._rewatched, self._rewatch_failed, callbackArgs=(local_id,), errbackArgs=(queue,))
+            d.addCallbacks(self._rewatched, self._again_failed, callbackArgs=(local_id,), errbackArgs=(queue,))
 
     def _rewatched(self, remote: api.Watch, local_id: int) -> None:
         held = self._watches.get(local_id)
@@ -107,10 +144,6 @@ class RemoteStore:
         queue, callback, _old = held
         self._watches[local_id] = (queue, callback, remote)
         callback(queue)  # news may have come while disconnected
-
-    @staticmethod
-    def _rewatch_failed(failure, queue: str) -> None:
-        log.warning("remote_store_rewatch_failed queue=%s reason=%s", queue, failure.getErrorMessage())
 
     # -- native forwarding ------------------------------------------------------------------------------
 

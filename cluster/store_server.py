@@ -9,6 +9,14 @@ Request types (``Dispatcher`` rows):
   (the JSON object a native client sent), the answer the engine's reply map,
   so a proxy's native listener forwards requests without understanding them.
 
+Filter interest (``add_filter``/``remove_filter``) and watches belong to the
+connection that took them, and go with it: a proxy that dies stops costing
+indexing for its sessions (the broker itself holds interest for the stored
+persistent sessions, ``cluster.session_interest``, so they miss nothing), and
+a proxy that reconnects registers its interest and watches again
+(``RemoteStore`` does). A connection cannot drop interest it does not hold
+(``NotFound``).
+
 ``watch_queue`` becomes an event stream on the caller's connection: the news of
 a watched queue is sent as an ``EVENT`` frame (topic ``queue``, body the queue
 name) to the connections that watch it and no other, one frame per queue per
@@ -43,10 +51,11 @@ def request_type(operation: str) -> str:
 
 
 class _ConnectionWatches:
-    """The watches one connection holds and the queues with news not yet sent to it."""
+    """The watches and filter interest one connection holds, and the queues with news not yet sent to it."""
 
     def __init__(self) -> None:
         self.watches: dict[int, api.Watch] = {}
+        self.filters: dict[str, int] = {}  # topic filter -> references this connection took
         self.dirty: dict[str, None] = {}  # insertion-ordered set
         self.flush = None
 
@@ -73,7 +82,8 @@ class StoreServer:
     # -- store operations -------------------------------------------------------------------------------
 
     def _operation(self, name: str):
-        special = {"watch_queue": self._watch, "unwatch_queue": self._unwatch}.get(name)
+        special = {"watch_queue": self._watch, "unwatch_queue": self._unwatch, "add_filter": self._add_filter,
+                   "remove_filter": self._remove_filter}.get(name)
 
         def serve(protocol, body: bytes) -> defer.Deferred:
             try:
@@ -94,11 +104,35 @@ class StoreServer:
         except store_codec.CodecError as exc:  # the store broke the interface: a bug, reported as one
             raise api.InternalError(str(exc)) from None
 
-    def _watch(self, protocol, queue: str) -> defer.Deferred:
+    def _held(self, protocol) -> _ConnectionWatches:
         held = self._connections.get(protocol)
         if held is None:
             held = self._connections[protocol] = _ConnectionWatches()
             protocol.when_lost().addCallback(lambda _reason: self.connection_lost(protocol))
+        return held
+
+    def _add_filter(self, protocol, topic_filter: str) -> defer.Deferred:
+        def added(queue: str) -> str:
+            if protocol.gone:  # it went while the interest was being taken
+                self.store.remove_filter(topic_filter)
+            else:
+                held = self._held(protocol)
+                held.filters[topic_filter] = held.filters.get(topic_filter, 0) + 1
+            return queue
+
+        return self.store.add_filter(topic_filter).addCallback(added)
+
+    def _remove_filter(self, protocol, topic_filter: str) -> defer.Deferred:
+        held = self._connections.get(protocol)
+        if held is None or not held.filters.get(topic_filter):
+            raise api.NotFound(f"no interest in topic filter {topic_filter!r} from this connection")
+        held.filters[topic_filter] -= 1
+        if not held.filters[topic_filter]:
+            del held.filters[topic_filter]
+        return self.store.remove_filter(topic_filter)
+
+    def _watch(self, protocol, queue: str) -> defer.Deferred:
+        held = self._held(protocol)
         d = self.store.watch_queue(queue, lambda name: self._news(protocol, name))
 
         def registered(watch: api.Watch) -> api.Watch:
@@ -134,7 +168,7 @@ class StoreServer:
                 self.metrics.events += 1
 
     def connection_lost(self, protocol) -> None:
-        """Drop every watch the connection held."""
+        """Drop every watch and every filter interest the connection held."""
         held = self._connections.pop(protocol, None)
         if held is None:
             return
@@ -143,11 +177,21 @@ class StoreServer:
         for watch in held.watches.values():
             self.store.unwatch_queue(watch).addErrback(
                 lambda f, w=watch: log.warning("unwatch_failed queue=%s reason=%s", w.queue, f.getErrorMessage()))
+        for topic_filter, count in held.filters.items():
+            for _ in range(count):
+                self.store.remove_filter(topic_filter).addErrback(
+                    lambda f, t=topic_filter: log.warning("remove_filter_failed filter=%s reason=%s", t,
+                                                          f.getErrorMessage()))
 
     @property
     def watches(self) -> int:
         """Watches held by connections now."""
         return sum(len(h.watches) for h in self._connections.values())
+
+    @property
+    def filters(self) -> int:
+        """Filter interest references held by connections now."""
+        return sum(sum(h.filters.values()) for h in self._connections.values())
 
     # -- native requests --------------------------------------------------------------------------------
 

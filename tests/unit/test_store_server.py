@@ -147,3 +147,47 @@ def test_remote_store_watches_again_after_a_reconnect(rig):
     assert heard == [q, q]
     rig.wait(remote.unwatch_queue(watch))
     assert rig.server.watches == 0
+
+
+def test_filter_interest_goes_with_its_connection(rig):
+    """Interest a proxy took is dropped when its connection goes; a proxy cannot drop another's interest."""
+    a, pa = rig.proxy("proxy-a")
+    b, _pb = rig.proxy("proxy-b")
+    q = rig.wait(a.add_filter("i/#"))
+    out: list = []
+    b.remove_filter("i/#").addBoth(out.append)
+    rig.settle()
+    assert isinstance(out[0].value, api.NotFound) and rig.server.filters == 1
+    (start,) = rig.wait(b.end_positions(q))
+    rig.wait(b.append(publish("i/1")))  # indexed: a holds interest
+    pa.transport.loseConnection()
+    rig.settle()
+    assert rig.server.filters == 0
+    rig.wait(b.append(publish("i/2")))  # not indexed: nobody holds interest any more
+    assert [m.record.topic for m in rig.wait(b.read_queue(start, 10)).messages] == ["i/1"]
+
+
+def test_the_broker_holds_interest_for_stored_sessions(rig, tmp_path):
+    """SessionInterest takes interest per stored subscription (also after a restart, from the KV) and drops
+    it with the subscription or the session, so persistent sessions miss nothing while no proxy holds it."""
+    from cluster.session_interest import SessionInterest
+    from mqtt_proxy.session_store import SessionStore
+
+    local = rig.parts.local()
+    held = SessionInterest(local, SessionStore(rig.parts.kv))
+    q = rig.wait(local.add_filter("p/#"))
+    (start,) = rig.wait(local.end_positions(q))
+    rig.wait(local.remove_filter("p/#"))
+    rig.wait(held.put_session(api.SessionMeta("c1", 3600, 5)))
+    rig.wait(held.put_subscription("c1", api.SubscriptionState("p/#", 1, (start,))))
+    rig.wait(held.put_subscription("c1", api.SubscriptionState("p/#", 1, (start,))))  # replaced: one reference
+    assert held.held == 1
+    rig.wait(held.append(publish("p/1")))
+    restarted = SessionInterest(local, SessionStore(rig.parts.kv))  # as a broker starting on this KV
+    rig.wait(restarted.restore())
+    assert restarted.held == 1
+    rig.wait(held.delete_session("c1"))
+    rig.wait(restarted.delete_subscription("c1", "p/#"))
+    assert held.held == restarted.held == 0
+    rig.wait(held.append(publish("p/2")))  # no interest left: not indexed
+    assert [m.record.topic for m in rig.wait(local.read_queue(start, 10)).messages] == ["p/1"]
