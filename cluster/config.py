@@ -70,6 +70,80 @@ class LogConfig:
             raise ConfigError(f"level must be one of {', '.join(LOG_LEVELS)}, not {self.level!r}")
 
 
+@dataclass(frozen=True)
+class MemberConfig:
+    """One ``[[cluster.members]]`` table: a member of the static membership."""
+
+    id: str
+    """The member's node id (its ``cluster.node_id``)."""
+    role: str
+    """broker or proxy."""
+    rpc: str
+    """How to reach its RPC listener: a Twisted client endpoint string, e.g. tcp:127.0.0.1:7800."""
+    group: str = ""
+    """Its broker group (brokers only)."""
+
+    def validate(self) -> None:
+        if not self.id:
+            raise ConfigError("id must not be empty")
+        if self.role not in ("broker", "proxy"):
+            raise ConfigError(f"role must be broker or proxy, not {self.role!r}")
+        if self.role == "broker" and not self.group:
+            raise ConfigError(f"group must be set for broker {self.id!r}")
+        if not self.rpc.startswith(("tcp:", "unix:", "tcp6:")) or ":" not in self.rpc[4:]:
+            raise ConfigError(f"rpc must be a client endpoint like tcp:127.0.0.1:7800, not {self.rpc!r}")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """The ``[cluster]`` section: who this process is in a cluster of proxies and brokers, and how they talk (RPC)."""
+
+    cluster_id: str = "twistmq"
+    """Cluster name, checked in every RPC handshake: a node of another cluster is refused."""
+    node_id: str = ""
+    """This process's member id, kept across restarts; empty: the data directory's name (else the host name)."""
+    group: str = "g1"
+    """The broker group a broker serves (every queue position it hands out names it)."""
+    rpc: tuple[str, ...] = ("tcp:7800:interface=127.0.0.1",)
+    """A broker's RPC listeners (``--rpc``), as Twisted endpoint descriptions. RPC has no authentication: bind loopback or a private network."""
+    call_timeout: float = 5.0
+    """Seconds an RPC call (and a handshake) may take before it fails with Unavailable."""
+    heartbeat_interval: float = 1.0
+    """Seconds between RPC heartbeats (carrying the health flag); a peer silent for three intervals is dropped."""
+    max_frame_bytes: int = 16 << 20
+    """Largest RPC frame accepted; a bigger one closes the connection."""
+    members: tuple = ()
+    """The static membership, as ``[[cluster.members]]`` tables with ``id``, ``role`` (broker or proxy), ``group`` (brokers) and ``rpc`` (a client endpoint string like tcp:127.0.0.1:7800)."""
+
+    def validate(self) -> None:
+        if not self.cluster_id:
+            raise ConfigError("cluster_id must not be empty")
+        if not self.group:
+            raise ConfigError("group must not be empty")
+        for key in ("call_timeout", "heartbeat_interval"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"{key} must be positive, not {getattr(self, key)!r}")
+        if self.max_frame_bytes < 1024:
+            raise ConfigError(f"max_frame_bytes must be at least 1024, not {self.max_frame_bytes!r}")
+        ids = [m.id for m in self.members]
+        if len(set(ids)) != len(ids):
+            raise ConfigError("members: a member id is listed twice")
+
+
+def _cluster_values(values: dict) -> dict:
+    """``[cluster]`` as read, its ``members`` array of tables built into ``MemberConfig``s (naming a bad one)."""
+    values = dict(values)
+    if isinstance(values.get("rpc"), str):
+        values["rpc"] = (values["rpc"],)
+    elif isinstance(values.get("rpc"), list):
+        values["rpc"] = tuple(values["rpc"])
+    members = values.get("members", [])
+    if not isinstance(members, list) or not all(isinstance(m, dict) for m in members):
+        raise ConfigError("config key cluster.members must be an array of tables ([[cluster.members]])")
+    values["members"] = tuple(from_mapping(MemberConfig, f"cluster.members[{i}]", m) for i, m in enumerate(members))
+    return values
+
+
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf", "twistmq.toml")
 
 
@@ -84,12 +158,13 @@ class Config:
     native: dict  # raw [native] section: the native package builds its own dataclass from it
     base_dir: str  # directory of the config file: relative paths start here
     log: LogConfig = LogConfig()
+    cluster: ClusterConfig = ClusterConfig()
     path: str = ""  # the config file itself, for messages
     listeners: tuple[Listener, ...] = ()  # filled by settle(): every listener, checked, in opening order
 
 
 SECTIONS = {"node": NodeConfig, "store": StoreConfig, "mqtt": MQTTConfig, "limits": LimitsConfig,
-            "log": LogConfig}
+            "log": LogConfig, "cluster": ClusterConfig}
 
 _FILE_KEYS = (("node", "mqtt_tls_ca"), ("mqtt", "password_file"), ("mqtt", "acl_file"), ("log", "file"))
 """(section, key) of every setting that names a file; each must exist except the log file."""
@@ -123,6 +198,8 @@ def load_config(path: str | None) -> Config:
                     values[key] = (value,)  # one listener may be written as a plain string
                 elif isinstance(value, list):
                     values[key] = tuple(value)
+        if name == "cluster":
+            values = _cluster_values(values)
         built[name] = from_mapping(cls, name, values)
     base_dir = os.path.dirname(path)
     # Relative paths of the file start at its directory, whatever the node's working directory.
@@ -133,7 +210,7 @@ def load_config(path: str | None) -> Config:
         if value:
             built[section] = dataclasses.replace(built[section], **{key: resolve_path(value, base_dir)})
     return Config(built["node"], built["store"], built["mqtt"], built["limits"], dict(raw.get("native", {})),
-                  base_dir, built["log"], path)
+                  base_dir, built["log"], built["cluster"], path)
 
 
 def with_flags(cfg: Config, node_changes: dict) -> Config:

@@ -106,3 +106,38 @@ def http_site(front, store, extra=lambda: (), losses=lambda: {}, lag=None) -> se
     site = server.Site(root)
     site.noisy = False
     return site
+
+
+class _StoreCollector:
+    """The store's own counters for a role without an MQTT front end (the broker)."""
+
+    def __init__(self, store, extra) -> None:
+        self.store = store
+        self.extra = extra
+
+    def collect(self):
+        c = CounterMetricFamily("twistmq_store_puts", "records appended to the commit log")
+        c.add_metric([], self.store.puts)
+        yield c
+        g = GaugeMetricFamily("twistmq_store_bytes", "bytes of commit log on disk")
+        g.add_metric([], self.store.size_bytes())
+        yield g
+        for prefix, stats in self.extra():
+            for key, value in stats.items():
+                g = GaugeMetricFamily(f"twistmq_{prefix}_{key}", f"{prefix} {key}")
+                g.add_metric([], float(value))
+                yield g
+
+
+def store_site(store, collectors=(), extra=lambda: ()) -> server.Site:
+    """A Site with /health (the store is open) and /metrics: the store's counters plus ``collectors``."""
+    registry = CollectorRegistry()
+    registry.register(_StoreCollector(store, extra))
+    for collector in collectors:
+        registry.register(collector)
+    root = resource.Resource()
+    root.putChild(b"health", Health(store))
+    root.putChild(b"metrics", Metrics(registry))
+    site = server.Site(root)
+    site.noisy = False
+    return site

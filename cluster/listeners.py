@@ -33,8 +33,12 @@ FLAGS = {"mqtt": "--mqtt", "mqtt_tls": "--mqtt-tls", "mqtt_ws": "--mqtt-ws", "na
          "native_udp": "--native-udp", "http": "--http"}
 """Config key of each listener kind -> its command-line flag, in the order listeners open."""
 
+ROLE_FLAGS = {"rpc": "--rpc"}
+"""Listener kinds of other roles than the node's, with their flags (``[cluster]`` keys, checked the same way)."""
+_SECTIONS = {"rpc": "cluster"}
+
 _DEFAULT_PORTS = {"mqtt": 1883, "mqtt_tls": 8883, "mqtt_ws": 8083, "native": 9876, "native_udp": 9876,
-                  "http": 8080}
+                  "http": 8080, "rpc": 7800}
 _STREAM_TYPES = ("tcp", "tcp6", "ssl", "unix")
 _ARGUMENTS = {
     "tcp": {"port", "interface", "backlog", "reuseport"},
@@ -90,7 +94,8 @@ def example(key: str, from_flag: bool, port: int | None = None) -> str:
         text = f"ssl:{port}:interface=127.0.0.1:privateKey=KEY:certKey=CERT"
     else:
         text = f"tcp:{port}:interface=127.0.0.1"
-    return f"{FLAGS[key]} {text}" if from_flag else f"{key} = [{json.dumps(text)}]"
+    flag = FLAGS.get(key) or ROLE_FLAGS[key]
+    return f"{flag} {text}" if from_flag else f"{key} = [{json.dumps(text)}]"
 
 
 def _meant_port(description: str) -> int | None:
@@ -104,8 +109,8 @@ def _meant_port(description: str) -> int | None:
 def where(key: str, description: str, source: str | None) -> str:
     """Name a listener for a message: its flag when *source* is None, else its key and the config file."""
     if source is None:
-        return f"{FLAGS[key]} {description}"
-    return f"node.{key} = {json.dumps(description)} in {source}"
+        return f"{FLAGS.get(key) or ROLE_FLAGS[key]} {description}"
+    return f"{_SECTIONS.get(key, 'node')}.{key} = {json.dumps(description)} in {source}"
 
 
 def parse_listener(key: str, description: str, source: str | None = None,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 import signal
 
 from twisted.internet import endpoints
@@ -26,11 +25,10 @@ from cluster import node_log
 from cluster.config import load_config, settle, with_flags
 from cluster.http import http_site
 from cluster.reuseport import server_endpoint
+from cluster.store_parts import StoreParts
 from cluster.services import (DatagramListenerService, ListenerService, Part, ReadyLine, RoleService,
                               SignalService)
 from cluster.version import print_version, twistmq_version
-from lightqueue import attach as attach_lightqueue
-from lightqueue.retained_index import RetainedIndex
 from mqtt_proxy import tls
 from mqtt_proxy.auth.acl import ACLError, load_acl
 from mqtt_proxy.auth.authenticator import Authenticator
@@ -41,19 +39,15 @@ from mqtt_proxy.front_end import MQTTFrontEnd
 from mqtt_proxy.router import SubscriptionRouter
 from mqtt_proxy.sessions import SessionRegistry
 from mqtt_proxy.stats import BrokerStats
-from cluster.native_service import NativeService
 from mqtt_proxy.protocol import MQTTServerFactory
 from mqtt_proxy.reactor_lag import ReactorLagProbe
 from mqtt_proxy.session_store import SessionStore
 from mqtt_proxy.sys_topics import SysPublisher
 from mqtt_proxy.websocket import websocket_factory
-from push.notifier import Notifier
 from push.read_cache import ReadCache
-from store.config import ConfigError, NativeConfig, from_mapping
+from store.config import ConfigError
 from store.executor import ThreadPoolExecutor
-from store.kv import DurableKV
-from store.message_store import MessageStore, StoreLockedError
-from store.timer_service import TimerService
+from store.message_store import StoreLockedError
 
 log = logging.getLogger("twistmq.node")
 
@@ -134,22 +128,11 @@ class NodeParts:
     def __init__(self, reactor, cfg) -> None:
         self.reactor = reactor
         self.cfg = cfg
-        data_dir = cfg.node.data_dir
-        # fsyncs and RocksDB flushes run here: the commit log, both KVs' WAL syncs, the index flush and the
-        # timer checkpoint can each have one in flight, so none waits for a thread behind another.
-        self.executor = ThreadPoolExecutor(reactor, max_threads=6)
-        self.store = MessageStore(data_dir, cfg.store, reactor, self.executor)  # locks the data dir
-        self.index = attach_lightqueue(self.store)
-        self.retained = RetainedIndex(os.path.join(data_dir, "retained"), cfg.limits.max_retained_messages,
-                                      cfg.limits.max_retained_bytes)
-        self.store.register_dispatcher(self.retained)
-        self.timers = TimerService(self.store, os.path.join(data_dir, "timer"), reactor,
-                                   executor=self.executor)  # a dispatcher: made before open
-        self.kv = DurableKV(os.path.join(data_dir, "sessions"), reactor, sync=cfg.store.kv_sync,
-                             executor=self.executor)
-        self.notifier = Notifier(reactor)
-        self.store.add_listener(self.notifier.notify)
-        self.store.read_soon = self.notifier.watched
+        # The store half (shared with the broker role); its parts keep their names here.
+        self.state = StoreParts(reactor, cfg)
+        self.executor, self.store, self.index = self.state.executor, self.state.store, self.state.index
+        self.retained, self.timers, self.kv = self.state.retained, self.state.timers, self.state.kv
+        self.notifier, self.native = self.state.notifier, self.state.native
         mqtt = cfg.mqtt
         # scrypt runs on its own small pool so password checks never queue behind fsyncs.
         self.auth_executor = ThreadPoolExecutor(reactor, max_threads=2, name="twistmq-auth")
@@ -165,13 +148,9 @@ class NodeParts:
         router = SubscriptionRouter(self.store, session_ctx, self.retained, acl, cfg.limits)
         registry = SessionRegistry(session_ctx, router, self.store, auth, acl, mqtt, cfg.limits)
         self.mqtt = MQTTFrontEnd(registry, router, self.store, timers=self.timers)
-        self.native = NativeService(self.store, data_dir, from_mapping(NativeConfig, "native", cfg.native), reactor,
-                                    self.timers, executor=self.executor)
-        # Retention keeps what sessions, shared groups and native consumers still owe, and carries
-        # retained messages ahead of the segments it deletes.
+        # Retention keeps what sessions and shared groups still owe (native consumers and retained messages:
+        # StoreParts).
         self.store.retention.add_holder(self.mqtt.owed)
-        self.store.retention.add_holder(self.native.engine.owed)
-        self.store.retention.add_carrier(self.retained.records_to_carry)
         self.sys = SysPublisher(self.mqtt, self.store, reactor, cfg.mqtt.sys_interval, twistmq_version())
         self.lag = ReactorLagProbe(reactor)  # twistmq_reactor_lag_seconds: nothing may hold the reactor
         self.extra_stats = [("native", self.native.stats), ("timer", self.timers.stats)]
@@ -238,12 +217,8 @@ def node_tree(parts: NodeParts) -> RoleService:
 
     children = [
         SignalService("reload", signal.SIGHUP, parts.reloader().reload, parts.reactor),
-        Part("executor", start=parts.executor.start, stop=parts.executor.stop),
         Part("auth-executor", start=parts.auth_executor.start, stop=parts.auth_executor.stop),
-        Part("sessions-kv", stop=parts.kv.close),  # opened when built; closed after the store
-        Part("store", start=parts.store.open, stop=parts.store.close),
-        Part("timers", start=parts.timers.start, stop=parts.timers.stop),
-        Part("native", start=parts.native.open, stop=parts.native.stop),
+        *parts.state.tree_parts(),
         Part("mqtt-sessions", start=parts.mqtt.restore, stop=parts.mqtt.shutdown),
         Part("sys", start=parts.sys.start, stop=parts.sys.stop),
         *listeners,

@@ -15,7 +15,7 @@ from typing import Callable
 from twisted.application import service
 from twisted.python import usage
 
-from cluster import node
+from cluster import broker, node
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,8 @@ class Role:
 ROLES: tuple[Role, ...] = (
     Role("node", "every role in one process (the embedded default)", node.NodeOptions, node.build_node,
          node.START_ERRORS),
+    Role("broker", "one broker group's store, served to proxies over RPC", broker.BrokerOptions,
+         broker.build_broker, broker.START_ERRORS),
 )
 
 

@@ -38,7 +38,7 @@ import msgpack
 from store import api
 
 __all__ = ["CodecError", "OPERATIONS", "Operation", "decode", "encode", "pack", "pack_call", "pack_error",
-           "pack_result", "unpack", "unpack_call", "unpack_error", "unpack_result"]
+           "pack_result", "store_error", "unpack", "unpack_call", "unpack_error", "unpack_result"]
 
 
 class CodecError(ValueError):
@@ -379,6 +379,10 @@ def unpack_error(data: bytes) -> api.StoreError:
     frame = _unpackb(data)
     if type(frame) is not list or len(frame) != 2 or not all(type(x) is str for x in frame):
         raise CodecError("an error frame is [code, message]")
-    code, message = frame
+    return store_error(*frame)
+
+
+def store_error(code: str, message: str) -> api.StoreError:
+    """The StoreError subclass of ``code`` with ``message`` (an unknown code: a plain StoreError naming it)."""
     cls = _ERRORS.get(code)
     return cls(message) if cls is not None else api.StoreError(f"{code}: {message}")

@@ -20,10 +20,11 @@ READY = re.compile(r"twistmq ready (.*)")
 
 
 class NodeProcess:
-    """One node process over a data directory; ``start`` again after ``kill`` to test recovery."""
+    """One node process (or another ``role``'s) over a data directory; ``start`` again after ``kill`` to test recovery."""
 
-    def __init__(self, data_dir: str, listeners=("mqtt", "http"), extra_args=(), env=None) -> None:
+    def __init__(self, data_dir: str, listeners=("mqtt", "http"), extra_args=(), env=None, role="node") -> None:
         self.data_dir = data_dir
+        self.role = role
         self.listeners = listeners
         self.extra_args = list(extra_args)
         self.env = env
@@ -33,7 +34,7 @@ class NodeProcess:
         self._log = None
 
     def args(self) -> list[str]:
-        args = [TWISTD, "-n", "--pidfile=", "twistmq", "node", "--data-dir", self.data_dir]
+        args = [TWISTD, "-n", "--pidfile=", "twistmq", self.role, "--data-dir", self.data_dir]
         for kind in self.listeners:
             if kind == "native-udp":
                 args += ["--native-udp", "127.0.0.1:0"]

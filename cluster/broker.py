@@ -1,0 +1,175 @@
+"""The ``broker`` role: one broker group's store served over RPC, with no MQTT or native client listeners.
+
+``twistd -n twistmq broker --data-dir D --rpc tcp:P:interface=127.0.0.1
+--http tcp:H:interface=127.0.0.1 [--config F] [--node-id ID] [--group G]``
+runs the store half of a node (``cluster.store_parts``: commit log, light
+queues, retained index, timers, session KV, native engine, notifier,
+retention) behind ``LocalStore``, and serves it to proxies on the RPC
+listeners (``cluster.store_server``: every store operation, notify as event
+frames to the connections that watch a queue, native requests forwarded
+whole). ``/health`` and ``/metrics`` (with the RPC counters) are on the HTTP
+listeners. It prints ``twistmq ready rpc=HOST:PORT http=HOST:PORT`` once
+recovery is done and every listener is bound. If any listener flag is given,
+exactly the listeners given open; otherwise ``[cluster] rpc`` and ``[node]
+http`` of the config file. Its identity (``[cluster]`` cluster_id, node_id,
+group) is what RPC handshakes carry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+
+from twisted.internet import endpoints
+from twisted.python import usage
+
+from cluster import node_log
+from cluster.config import load_config, with_flags
+from cluster.http import store_site
+from cluster.listeners import parse_listener
+from cluster.rpc.dispatch import Dispatcher
+from cluster.rpc.frames import Hello
+from cluster.rpc.health import HealthProbe
+from cluster.rpc.metrics import RpcMetrics
+from cluster.rpc.protocol import RpcSettings
+from cluster.rpc.server import RpcServerFactory
+from cluster.services import ListenerService, Part, ReadyLine, RoleService
+from cluster.session_interest import SessionInterest
+from cluster.store_parts import StoreParts
+from cluster.store_server import StoreServer
+from cluster.version import print_version, twistmq_version
+from mqtt_proxy.session_store import SessionStore
+from store.config import ConfigError
+from store.message_store import StoreLockedError
+
+log = logging.getLogger("twistmq.broker")
+
+RPC_VERSION = 1
+"""The RPC protocol version (frames and the store codec's schema): peers must speak the same."""
+START_ERRORS = (ConfigError, StoreLockedError, OSError)
+
+
+class BrokerOptions(usage.Options):
+    """Options of ``twistmq broker``."""
+
+    optParameters = [
+        ["config", "c", None, "TOML config file (default: conf/twistmq.toml of the checkout)"],
+        ["data-dir", "d", None, "data directory (overrides node.data_dir)"],
+        ["node-id", None, None, "this broker's member id (overrides cluster.node_id)"],
+        ["group", None, None, "the broker group it serves (overrides cluster.group)"],
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.listeners: dict[str, list[str]] = {}
+
+    def opt_rpc(self, value):
+        """RPC listener for proxies and other nodes, e.g. tcp:7800:interface=127.0.0.1 (repeatable)"""
+        self.listeners.setdefault("rpc", []).append(value)
+
+    def opt_http(self, value):
+        """HTTP listener for /health and /metrics, e.g. tcp:8080:interface=127.0.0.1 (repeatable)"""
+        self.listeners.setdefault("http", []).append(value)
+
+    def opt_version(self):
+        """print twistmq's version and exit"""
+        print_version()
+
+
+def default_node_id(data_dir: str) -> str:
+    """A member id when none is configured: the data directory's name, else the host name."""
+    return os.path.basename(os.path.normpath(data_dir)) or socket.gethostname()
+
+
+def broker_config(options: BrokerOptions):
+    """The config file with the command line applied; the listeners checked (rpc first, then http)."""
+    cfg = load_config(options["config"])
+    if options["data-dir"]:
+        cfg = with_flags(cfg, {"data_dir": options["data-dir"]})
+    cluster = cfg.cluster
+    if options["node-id"]:
+        cluster = dataclasses.replace(cluster, node_id=options["node-id"])
+    if options["group"]:
+        cluster = dataclasses.replace(cluster, group=options["group"])
+    if not cluster.node_id:
+        cluster = dataclasses.replace(cluster, node_id=default_node_id(cfg.node.data_dir))
+    flags = bool(options.listeners)
+    wanted = {"rpc": options.listeners.get("rpc", []) if flags else list(cluster.rpc),
+              "http": options.listeners.get("http", []) if flags else list(cfg.node.http)}
+    listeners = []
+    for key in ("rpc", "http"):
+        for description in wanted[key]:
+            listener = parse_listener(key, description, None if flags else cfg.path,
+                                      None if flags else cfg.base_dir)
+            if key == "http" and not listener.interface and listener.kind != "unix":
+                raise ConfigError(f"{listener.where}: an HTTP listener must name its interface "
+                                  "(interface=127.0.0.1, or interface=0.0.0.0 for all)")
+            listeners.append(listener)
+    if not any(l.key == "rpc" for l in listeners):
+        raise ConfigError("a broker needs an RPC listener: for example --rpc tcp:7800:interface=127.0.0.1")
+    return dataclasses.replace(cfg, cluster=cluster, listeners=tuple(listeners))
+
+
+class BrokerParts:
+    """The broker's parts: the store half, the store interface over it, and the RPC server in front."""
+
+    def __init__(self, reactor, cfg) -> None:
+        self.reactor = reactor
+        self.cfg = cfg
+        cluster = cfg.cluster
+        self.state = StoreParts(reactor, cfg)
+        self.state.hold_stored_sessions()
+        # the broker's own interest in stored sessions' filters: they miss nothing while their proxy is gone
+        self.local = SessionInterest(self.state.local_store(cluster.group), SessionStore(self.state.kv))
+        self.metrics = RpcMetrics()
+        self.dispatcher = Dispatcher(reactor, self.metrics)
+        self.server = StoreServer(self.local, reactor, self.state.native.engine, self.state.native_config)
+        self.server.register(self.dispatcher)
+        settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes)
+        hello = Hello(cluster.cluster_id, cluster.node_id, "broker", RPC_VERSION)
+        self.rpc = RpcServerFactory(hello, settings, reactor, self.dispatcher, health=HealthProbe())
+        self.rpc.on_lost(self.server.connection_lost)
+        site = store_site(self.state.store, [self.metrics], self._extra_stats)
+        self.listeners = []
+        for listener in cfg.listeners:
+            factory = self.rpc if listener.key == "rpc" else site
+            self.listeners.append(ListenerService(listener, endpoints.serverFromString(reactor, listener.description),
+                                                  factory))
+
+    def _extra_stats(self):
+        native = self.state.native
+        return [("native", native.stats()), ("timer", self.state.timers.stats()),
+                ("rpc", {"watches": self.server.watches, "filters": self.server.filters,
+                         "session_filters": self.local.held})]
+
+
+def broker_tree(parts: BrokerParts) -> RoleService:
+    """The broker's service tree: the store half, then the listeners, then the ready line."""
+    cfg = parts.cfg
+    root = RoleService("broker", parts.reactor, START_ERRORS, cfg.log.file)
+
+    def announce():
+        log.info("broker_ready version=%s node_id=%s group=%s cluster=%s data_dir=%s", twistmq_version(),
+                 cfg.cluster.node_id, cfg.cluster.group, cfg.cluster.cluster_id, cfg.node.data_dir)
+
+    children = [
+        *parts.state.tree_parts(),
+        Part("session-interest", start=parts.local.restore),
+        *parts.listeners,
+        Part("rpc-goodbye", stop=parts.rpc.stop),  # stops before the listeners close: peers hear why
+        ReadyLine(parts.listeners, announce),
+    ]
+    for child in children:
+        child.setServiceParent(root)
+    return root
+
+
+def build_broker(options: BrokerOptions, reactor) -> RoleService:
+    """Build the broker from its options; a bad config or a locked data dir raises one of START_ERRORS."""
+    cfg = broker_config(options)
+    observer = node_log.configure(cfg.log)
+    root = broker_tree(BrokerParts(reactor, cfg))
+    root.log_observer = observer
+    return root

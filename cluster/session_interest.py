@@ -1,0 +1,90 @@
+"""``SessionInterest``: a broker's own interest in the topic filters of its stored sessions.
+
+On a node the MQTT front end holds filter interest for every session it has,
+connected or restored. On a broker the proxies hold it, per connection
+(``cluster.store_server``), and a proxy that dies takes its interest along:
+a persistent session whose client has not yet reconnected elsewhere would then
+miss what is published meanwhile. So the broker holds one reference of its own
+per stored subscription: taken for every subscription in the session KV when
+it starts (``restore``), and kept in step as subscriptions are stored and
+deleted through it. It is the store interface, wrapping another: every other
+operation goes straight through.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from twisted.internet import defer
+
+from cluster.local_sessions import filter_of
+from mqtt_proxy.session_store import SessionStore
+from store import api
+
+log = logging.getLogger("twistmq.cluster.session_interest")
+
+
+class SessionInterest:
+    """``store.api.Store`` over ``inner`` that holds filter interest for the sessions stored in ``sessions``."""
+
+    def __init__(self, inner: api.Store, sessions: SessionStore) -> None:
+        self._inner = inner
+        self._sessions = sessions
+        self._held: dict[tuple[str, str], str] = {}  # (client id, subscription key) -> topic filter
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)  # every operation not written out below
+
+    @property
+    def held(self) -> int:
+        """Subscriptions whose filter interest the broker holds."""
+        return len(self._held)
+
+    def restore(self) -> defer.Deferred:
+        """Take interest in every stored subscription's filter (call once the store is open)."""
+        ds = []
+        for cid, session in self._sessions.load_all().items():
+            for key in session.subscriptions:
+                ds.append(self._take(cid, key, filter_of(key)))
+        log.info("session_interest_restored subscriptions=%d", len(ds))
+        return defer.gatherResults(ds, consumeErrors=True).addCallback(lambda _: None)
+
+    def _take(self, cid: str, key: str, topic_filter: str) -> defer.Deferred:
+        if (cid, key) in self._held:
+            return defer.succeed(None)
+        self._held[(cid, key)] = topic_filter
+        return self._inner.add_filter(topic_filter).addErrback(self._failed, "add", topic_filter)
+
+    def _drop(self, cid: str, key: str) -> None:
+        topic_filter = self._held.pop((cid, key), None)
+        if topic_filter is not None:
+            self._inner.remove_filter(topic_filter).addErrback(self._failed, "remove", topic_filter)
+
+    @staticmethod
+    def _failed(failure, what: str, topic_filter: str) -> None:
+        log.warning("session_interest_failed op=%s filter=%s reason=%s", what, topic_filter,
+                    failure.getErrorMessage())
+
+    def put_subscription(self, client_id: str, subscription: api.SubscriptionState) -> defer.Deferred:
+        """As ``Sessions.put_subscription``; then the broker holds interest in its filter."""
+        def stored(result):
+            return self._take(client_id, subscription.key, subscription.topic_filter).addCallback(lambda _: result)
+
+        return self._inner.put_subscription(client_id, subscription).addCallback(stored)
+
+    def delete_subscription(self, client_id: str, key: str) -> defer.Deferred:
+        """As ``Sessions.delete_subscription``; the broker's interest in its filter goes too."""
+        def deleted(result):
+            self._drop(client_id, key)
+            return result
+
+        return self._inner.delete_subscription(client_id, key).addCallback(deleted)
+
+    def delete_session(self, client_id: str) -> defer.Deferred:
+        """As ``Sessions.delete_session``; the broker's interest in all its filters goes too."""
+        def deleted(result):
+            for cid, key in [k for k in self._held if k[0] == client_id]:
+                self._drop(cid, key)
+            return result
+
+        return self._inner.delete_session(client_id).addCallback(deleted)

@@ -1,0 +1,89 @@
+"""The store half of a node: the parts that hold durable state, shared by the ``node`` and ``broker`` roles.
+
+Commit log (``MessageStore``, which locks the data dir), the light-queue index,
+the retained index and the timer service (dispatchers, so made before the
+store opens), the session KV, the notifier fed by the store's listener, the
+native service (engine + its KV), and the executor their blocking work runs
+on. Built and wired, not opened: the role's service tree opens them in
+``tree_parts()`` order and closes them in reverse.
+"""
+
+from __future__ import annotations
+
+import os
+
+from cluster.local_store import LocalStore
+from cluster.native_service import NativeService
+from lightqueue import attach as attach_lightqueue
+from lightqueue.names import lmq_name
+from lightqueue.retained_index import RetainedIndex
+from mqtt_proxy.session_store import SessionStore
+from store.api import Owed
+from push.notifier import Notifier
+from store.config import NativeConfig, from_mapping
+from store.executor import ThreadPoolExecutor
+from store.kv import DurableKV
+from store.message_store import MessageStore
+from store.timer_service import TimerService
+
+from cluster.services import Part
+
+
+class StoreParts:
+    """``StoreParts(reactor, cfg)``: every stateful part of one broker group on ``cfg.node.data_dir``."""
+
+    def __init__(self, reactor, cfg) -> None:
+        data_dir = cfg.node.data_dir
+        # fsyncs and RocksDB flushes run here: the commit log, both KVs' WAL syncs, the index flush and the
+        # timer checkpoint can each have one in flight, so none waits for a thread behind another.
+        self.executor = ThreadPoolExecutor(reactor, max_threads=6)
+        self.store = MessageStore(data_dir, cfg.store, reactor, self.executor)  # locks the data dir
+        self.index = attach_lightqueue(self.store)
+        self.retained = RetainedIndex(os.path.join(data_dir, "retained"), cfg.limits.max_retained_messages,
+                                      cfg.limits.max_retained_bytes)
+        self.store.register_dispatcher(self.retained)
+        self.timers = TimerService(self.store, os.path.join(data_dir, "timer"), reactor,
+                                   executor=self.executor)  # a dispatcher: made before open
+        self.kv = DurableKV(os.path.join(data_dir, "sessions"), reactor, sync=cfg.store.kv_sync,
+                             executor=self.executor)
+        self.notifier = Notifier(reactor)
+        self.store.add_listener(self.notifier.notify)
+        self.store.read_soon = self.notifier.watched
+        self.native_config = from_mapping(NativeConfig, "native", cfg.native)
+        self.native = NativeService(self.store, data_dir, self.native_config, reactor, self.timers,
+                                    executor=self.executor)
+        self.store.retention.add_holder(self.native.engine.owed)
+        self.store.retention.add_carrier(self.retained.records_to_carry)
+
+    def hold_stored_sessions(self) -> None:
+        """Make retention keep what the sessions in the session KV owe (a broker: its proxies' sessions live
+        there, not in memory; the node's front end holds its live sessions itself)."""
+        self.store.retention.add_holder(lambda: stored_sessions_owed(SessionStore(self.kv)))
+
+    def local_store(self, group: str) -> LocalStore:
+        """The store interface over these parts, as broker group ``group``."""
+        return LocalStore(self.store, self.notifier, self.retained, self.timers, SessionStore(self.kv),
+                          self.native.engine, group=group)
+
+    def tree_parts(self) -> list[Part]:
+        """The parts as service-tree children, in start order (the tree stops them in reverse)."""
+        return [
+            Part("executor", start=self.executor.start, stop=self.executor.stop),
+            Part("sessions-kv", stop=self.kv.close),  # opened when built; closed after the store
+            Part("store", start=self.store.open, stop=self.store.close),
+            Part("timers", start=self.timers.start, stop=self.timers.stop),
+            Part("native", start=self.native.open, stop=self.native.stop),
+        ]
+
+
+def stored_sessions_owed(sessions: SessionStore):
+    """Retention holder over stored sessions: each subscription owes from its oldest outbound message in
+    flight, else its next offset (shared groups' committed positions are not counted yet)."""
+    for cid, session in sessions.load_all().items():
+        inflight: dict[str, int] = {}
+        for key, offset, _qos in session.outbound.values():
+            inflight[key] = min(offset, inflight.get(key, offset))
+        for key, sub in session.subscriptions.items():
+            if sub.share_group is None:
+                yield Owed("session " + cid, lmq_name(sub.topic_filter),
+                           min(sub.next_offset, inflight.get(key, sub.next_offset)))

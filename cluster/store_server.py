@@ -1,0 +1,209 @@
+"""The broker side of the remote store: a ``store.api.Store`` served over RPC, and native requests forwarded whole.
+
+Request types (``Dispatcher`` rows):
+
+- ``store.<operation>`` for every operation of the interface: the body is the
+  store codec's call frame (``cluster.store_codec``), the answer its result
+  frame, a failure the ``StoreError``'s code and message;
+- ``native.request``: the body is one native protocol request as a msgpack map
+  (the JSON object a native client sent), the answer the engine's reply map,
+  so a proxy's native listener forwards requests without understanding them.
+
+Filter interest (``add_filter``/``remove_filter``) and watches belong to the
+connection that took them, and go with it: a proxy that dies stops costing
+indexing for its sessions (the broker itself holds interest for the stored
+persistent sessions, ``cluster.session_interest``, so they miss nothing), and
+a proxy that reconnects registers its interest and watches again
+(``RemoteStore`` does). A connection cannot drop interest it does not hold
+(``NotFound``).
+
+``watch_queue`` becomes an event stream on the caller's connection: the news of
+a watched queue is sent as an ``EVENT`` frame (topic ``queue``, body the queue
+name) to the connections that watch it and no other, one frame per queue per
+connection per tick however many watches or appends there were. A watch
+belongs to the connection that made it (another one cannot unwatch it) and is
+dropped when that connection goes.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import msgpack
+from twisted.internet import defer
+
+from cluster import store_codec
+from cluster.rpc.dispatch import Dispatcher
+from mqtt_proxy.native import codec as native_codec
+from store import api
+
+log = logging.getLogger("twistmq.cluster.store_server")
+
+QUEUE_EVENT = "queue"
+"""Topic of the event frame that carries a watched queue's news."""
+NATIVE_REQUEST = "native.request"
+STORE_PREFIX = "store."
+
+
+def request_type(operation: str) -> str:
+    """The RPC request type of a store operation."""
+    return STORE_PREFIX + operation
+
+
+class _ConnectionWatches:
+    """The watches and filter interest one connection holds, and the queues with news not yet sent to it."""
+
+    def __init__(self) -> None:
+        self.watches: dict[int, api.Watch] = {}
+        self.filters: dict[str, int] = {}  # topic filter -> references this connection took
+        self.dirty: dict[str, None] = {}  # insertion-ordered set
+        self.flush = None
+
+
+class StoreServer:
+    """``StoreServer(store, clock, native_engine, native_config)``; ``register(dispatcher)`` adds its rows
+    (and counts the event frames it sends in the dispatcher's ``RpcMetrics``)."""
+
+    def __init__(self, store: api.Store, clock, native_engine=None, native_config=None) -> None:
+        self.store = store
+        self.clock = clock
+        self.native_engine = native_engine
+        self.native_config = native_config
+        self._connections: dict[object, _ConnectionWatches] = {}
+        self.metrics = None
+
+    def register(self, dispatcher: Dispatcher) -> None:
+        self.metrics = dispatcher.metrics
+        for name in store_codec.OPERATIONS:
+            dispatcher.register(request_type(name), self._operation(name))
+        if self.native_engine is not None:
+            dispatcher.register(NATIVE_REQUEST, self._native)
+
+    # -- store operations -------------------------------------------------------------------------------
+
+    def _operation(self, name: str):
+        special = {"watch_queue": self._watch, "unwatch_queue": self._unwatch, "add_filter": self._add_filter,
+                   "remove_filter": self._remove_filter}.get(name)
+
+        def serve(protocol, body: bytes) -> defer.Deferred:
+            try:
+                called, args = store_codec.unpack_call(body)
+            except store_codec.CodecError as exc:
+                raise api.InvalidArgument(str(exc)) from None
+            if called != name:
+                raise api.InvalidArgument(f"request type {request_type(name)} carries a call of {called}")
+            d = special(protocol, *args) if special else getattr(self.store, name)(*args)
+            return d.addCallback(self._pack, name)
+
+        return serve
+
+    @staticmethod
+    def _pack(value, name: str) -> bytes:
+        try:
+            return store_codec.pack_result(name, value)
+        except store_codec.CodecError as exc:  # the store broke the interface: a bug, reported as one
+            raise api.InternalError(str(exc)) from None
+
+    def _held(self, protocol) -> _ConnectionWatches:
+        held = self._connections.get(protocol)
+        if held is None:
+            held = self._connections[protocol] = _ConnectionWatches()
+            protocol.when_lost().addCallback(lambda _reason: self.connection_lost(protocol))
+        return held
+
+    def _add_filter(self, protocol, topic_filter: str) -> defer.Deferred:
+        def added(queue: str) -> str:
+            if protocol.gone:  # it went while the interest was being taken
+                self.store.remove_filter(topic_filter)
+            else:
+                held = self._held(protocol)
+                held.filters[topic_filter] = held.filters.get(topic_filter, 0) + 1
+            return queue
+
+        return self.store.add_filter(topic_filter).addCallback(added)
+
+    def _remove_filter(self, protocol, topic_filter: str) -> defer.Deferred:
+        held = self._connections.get(protocol)
+        if held is None or not held.filters.get(topic_filter):
+            raise api.NotFound(f"no interest in topic filter {topic_filter!r} from this connection")
+        held.filters[topic_filter] -= 1
+        if not held.filters[topic_filter]:
+            del held.filters[topic_filter]
+        return self.store.remove_filter(topic_filter)
+
+    def _watch(self, protocol, queue: str) -> defer.Deferred:
+        held = self._held(protocol)
+        d = self.store.watch_queue(queue, lambda name: self._news(protocol, name))
+
+        def registered(watch: api.Watch) -> api.Watch:
+            if protocol.gone:  # it went while the watch was being made
+                self.store.unwatch_queue(watch)
+            else:
+                held.watches[watch.watch_id] = watch
+            return watch
+
+        return d.addCallback(registered)
+
+    def _unwatch(self, protocol, watch: api.Watch) -> defer.Deferred:
+        held = self._connections.get(protocol)
+        if held is None or held.watches.get(watch.watch_id) != watch:
+            raise api.NotFound(f"no watch {watch.watch_id} on {watch.queue!r} from this connection")
+        del held.watches[watch.watch_id]
+        return self.store.unwatch_queue(watch)
+
+    def _news(self, protocol, queue: str) -> None:
+        held = self._connections.get(protocol)
+        if held is None:
+            return
+        held.dirty[queue] = None
+        if held.flush is None:
+            held.flush = self.clock.callLater(0, self._send_news, protocol, held)
+
+    def _send_news(self, protocol, held: _ConnectionWatches) -> None:
+        held.flush = None
+        dirty, held.dirty = held.dirty, {}
+        for queue in dirty:
+            protocol.send_event(QUEUE_EVENT, store_codec.pack(queue, str))
+            if self.metrics is not None:
+                self.metrics.events += 1
+
+    def connection_lost(self, protocol) -> None:
+        """Drop every watch and every filter interest the connection held."""
+        held = self._connections.pop(protocol, None)
+        if held is None:
+            return
+        if held.flush is not None and held.flush.active():
+            held.flush.cancel()
+        for watch in held.watches.values():
+            self.store.unwatch_queue(watch).addErrback(
+                lambda f, w=watch: log.warning("unwatch_failed queue=%s reason=%s", w.queue, f.getErrorMessage()))
+        for topic_filter, count in held.filters.items():
+            for _ in range(count):
+                self.store.remove_filter(topic_filter).addErrback(
+                    lambda f, t=topic_filter: log.warning("remove_filter_failed filter=%s reason=%s", t,
+                                                          f.getErrorMessage()))
+
+    @property
+    def watches(self) -> int:
+        """Watches held by connections now."""
+        return sum(len(h.watches) for h in self._connections.values())
+
+    @property
+    def filters(self) -> int:
+        """Filter interest references held by connections now."""
+        return sum(sum(h.filters.values()) for h in self._connections.values())
+
+    # -- native requests --------------------------------------------------------------------------------
+
+    def _native(self, protocol, body: bytes) -> defer.Deferred:
+        try:
+            request = msgpack.unpackb(body, raw=False, strict_map_key=True)
+        except Exception as exc:  # noqa: BLE001 - garbage from the peer, any msgpack error
+            raise api.InvalidArgument(f"native request is not msgpack: {type(exc).__name__}") from None
+        if not isinstance(request, dict):
+            raise api.InvalidArgument("a native request is a map")
+        try:
+            parsed = native_codec.parse_request(request, self.native_config)
+        except native_codec.RequestError as exc:
+            return defer.succeed(msgpack.packb(api.native_types.error_reply(exc.reason, exc.echo), use_bin_type=True))
+        return self.native_engine.handle(parsed).addCallback(lambda reply: msgpack.packb(reply, use_bin_type=True))

@@ -1,0 +1,116 @@
+"""The broker role's configuration ([cluster], --rpc), its retention holder, and the RPC health flag."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from twisted.internet import task
+
+from cluster.broker import BrokerOptions, broker_config
+from cluster.config import load_config
+from cluster.roles import role
+from cluster.rpc.health import HealthLimits, HealthProbe
+from cluster.store_parts import stored_sessions_owed
+from mqtt_proxy.session_store import SessionStore
+from store import api
+from store.config import ConfigError
+from tests.contract.conftest import T0, Parts
+from tests.integration.node import TWISTD
+
+
+def options(*argv: str) -> BrokerOptions:
+    o = BrokerOptions()
+    o.parseOptions(list(argv))
+    return o
+
+
+def test_broker_is_a_row_of_the_roles_table():
+    """``twistd twistmq broker`` exists."""
+    assert role("broker").name == "broker"
+
+
+def test_flags_choose_the_listeners_and_the_identity(tmp_path):
+    """--rpc and --http are exactly the listeners; node id and group come from the flags, else defaults."""
+    cfg = broker_config(options("--data-dir", str(tmp_path / "b7"), "--rpc", "tcp:0:interface=127.0.0.1"))
+    assert [(l.key, l.port) for l in cfg.listeners] == [("rpc", 0)]
+    assert (cfg.cluster.node_id, cfg.cluster.group, cfg.cluster.cluster_id) == ("b7", "g1", "twistmq")
+    cfg = broker_config(options("--data-dir", str(tmp_path / "d"), "--node-id", "b-1", "--group", "g2",
+                                "--rpc", "tcp:0:interface=127.0.0.1", "--http", "tcp:0:interface=127.0.0.1"))
+    assert [l.key for l in cfg.listeners] == ["rpc", "http"]
+    assert (cfg.cluster.node_id, cfg.cluster.group) == ("b-1", "g2")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("--rpc", "7800"), "--rpc 7800: a bare port is not a listener: say its type and interface; "
+                        "for example --rpc tcp:7800:interface=127.0.0.1"),
+    (("--http", "tcp:0:interface=127.0.0.1"), "a broker needs an RPC listener"),
+    (("--rpc", "tcp:0:interface=127.0.0.1", "--http", "tcp:8080"), "must name its interface"),
+])
+def test_bad_listeners_are_one_line_errors(tmp_path, argv, message):
+    """A listener Twisted would reject, or a broker without RPC, is a ConfigError naming the flag."""
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        broker_config(options("--data-dir", str(tmp_path), *argv))
+
+
+def test_cluster_members_are_read_and_checked(tmp_path):
+    """[[cluster.members]] tables become members; a bad one is named by its index and key."""
+    good = tmp_path / "good.toml"
+    good.write_text('[cluster]\ncluster_id = "c"\n'
+                    '[[cluster.members]]\nid = "b1"\nrole = "broker"\ngroup = "g1"\nrpc = "tcp:127.0.0.1:7800"\n'
+                    '[[cluster.members]]\nid = "p1"\nrole = "proxy"\nrpc = "tcp:127.0.0.1:7900"\n')
+    members = load_config(str(good)).cluster.members
+    assert [(m.id, m.role, m.group, m.rpc) for m in members] == [
+        ("b1", "broker", "g1", "tcp:127.0.0.1:7800"), ("p1", "proxy", "", "tcp:127.0.0.1:7900")]
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[cluster.members]]\nid = "b1"\nrole = "master"\nrpc = "tcp:127.0.0.1:7800"\n')
+    with pytest.raises(ConfigError, match=r"cluster.members\[0\].role must be broker or proxy"):
+        load_config(str(bad))
+    bad.write_text('[cluster]\ncall_timeout = 0\n')
+    with pytest.raises(ConfigError, match="cluster.call_timeout must be positive"):
+        load_config(str(bad))
+
+
+def test_a_bad_config_exits_with_one_line(tmp_path):
+    """twistd twistmq broker with a bad --rpc prints one line and exits 2, no traceback."""
+    proc = subprocess.run([TWISTD, "-n", "--pidfile=", "twistmq", "broker", "--data-dir", str(tmp_path),
+                           "--rpc", "7800"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "twistmq: --rpc 7800: a bare port is not a listener: say its type and interface; "
+        "for example --rpc tcp:7800:interface=127.0.0.1"]
+
+
+def test_stored_sessions_owe_from_their_oldest_message_in_flight(tmp_path):
+    """A broker's retention holder: each stored subscription owes from its oldest outbound, else its next."""
+    clock = task.Clock()
+    clock.advance(T0)
+    parts = Parts(str(tmp_path), clock)
+    try:
+        local = parts.local()
+        queue = local.add_filter("h/#")
+        clock.advance(0)
+        (end,) = local.end_positions(queue.result).result
+        far = api.QueuePosition(end.queue, end.group, end.offset + 9)
+        local.put_session(api.SessionMeta("c1", 3600, 5))
+        local.put_subscription("c1", api.SubscriptionState("h/#", 1, (far,)))
+        local.put_session(api.SessionMeta("c2", 3600, 5))
+        local.put_subscription("c2", api.SubscriptionState("h/#", 1, (far,)))
+        local.put_outbound("c2", api.OutboundState(5, "h/#", api.QueuePosition(end.queue, end.group, end.offset + 2),
+                                                    1))
+        clock.advance(1)
+        owed = sorted(stored_sessions_owed(SessionStore(parts.kv)))
+        assert owed == [api.Owed("session c1", queue.result, far.offset),
+                        api.Owed("session c2", queue.result, end.offset + 2)]
+    finally:
+        parts.close(clock)
+
+
+def test_health_flag_follows_load_and_memory():
+    """Healthy under the limits; unhealthy when the load per core or the free memory crosses one."""
+    limits = HealthLimits(max_load_per_core=2.0, min_free_memory=0.1)
+    assert HealthProbe(limits, load=lambda: 1.0, memory=lambda: 0.5)()
+    assert not HealthProbe(limits, load=lambda: 2.5, memory=lambda: 0.5)()
+    assert not HealthProbe(limits, load=lambda: 0.1, memory=lambda: 0.05)()
+    assert HealthProbe(limits, load=lambda: None, memory=lambda: None)()
+    assert isinstance(HealthProbe()(), bool)  # the real kernel readings

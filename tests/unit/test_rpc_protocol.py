@@ -1,0 +1,199 @@
+"""The RPC adapters on a task.Clock and in-memory transports: calls, timeouts, heartbeats, health, call_any."""
+
+from __future__ import annotations
+
+from twisted.internet import defer, task
+from twisted.test import iosim
+
+from cluster.rpc.dispatch import Dispatcher
+from cluster.rpc.frames import Hello
+from cluster.rpc.peer import PeerClient, Peers
+from cluster.rpc.protocol import CallTimeout, NotConnected, RemoteError, RpcProtocol, RpcSettings
+from cluster.rpc.server import RpcServerFactory
+from store import api
+
+SETTINGS = RpcSettings(call_timeout=5.0, heartbeat_interval=1.0, max_frame=4096)
+
+
+class Broker:
+    """A server factory with a dispatch table of a few request types, on a clock."""
+
+    def __init__(self, clock, node_id="b1", healthy=True) -> None:
+        self.clock = clock
+        self.healthy = healthy
+        self.dispatcher = Dispatcher(clock)
+        self.dispatcher.register("echo", lambda p, body: body)
+        self.dispatcher.register("never", lambda p, body: defer.Deferred())
+        self.dispatcher.register("refuse", self._refuse)
+        self.factory = RpcServerFactory(Hello("twistmq", node_id, "broker", 1), SETTINGS, clock, self.dispatcher,
+                                        health=lambda: self.healthy)
+
+    @staticmethod
+    def _refuse(p, body):
+        raise api.NotFound("nothing named " + body.decode())
+
+    def connect(self, client: RpcProtocol):
+        server = self.factory.buildProtocol(None)
+        pump = iosim.connect(server, iosim.makeFakeServer(server), client, iosim.makeFakeClient(client))
+        return server, pump
+
+
+def client(clock, cluster="twistmq") -> RpcProtocol:
+    return RpcProtocol(Hello(cluster, "p1", "proxy", 1), True, SETTINGS, clock)
+
+
+def outcome(d: defer.Deferred):
+    out = []
+    d.addBoth(out.append)
+    assert out, "the Deferred has not fired"
+    return out[0]
+
+
+def test_a_call_is_answered_and_counted():
+    """A call reaches its handler and the answer comes back; the server counts it by request type."""
+    clock = task.Clock()
+    broker = Broker(clock)
+    c = client(clock)
+    _server, pump = broker.connect(c)
+    assert c.is_open and c.peer.node_id == "b1"
+    d = c.call("echo", b"hello")
+    pump.flush()
+    assert outcome(d) == b"hello"
+    assert broker.dispatcher.metrics.calls["echo"] == 1 and broker.dispatcher.metrics.connections == 1
+
+
+def test_errors_and_unknown_request_types_are_answered_and_the_connection_stays():
+    """A handler's StoreError keeps its code; an unknown request type gets an error frame; calls go on."""
+    clock = task.Clock()
+    c = client(clock)
+    broker = Broker(clock)
+    _server, pump = broker.connect(c)
+    refused, unknown = c.call("refuse", b"x"), c.call("no.such.type", b"")
+    pump.flush()
+    err = outcome(refused).value
+    assert isinstance(err, RemoteError) and err.code == "not_found" and "nothing named x" in str(err)
+    err = outcome(unknown).value
+    assert isinstance(err, RemoteError) and err.code == "unknown_request"
+    d = c.call("echo", b"still")
+    pump.flush()
+    assert outcome(d) == b"still" and broker.dispatcher.metrics.refused["unknown_request"] == 1
+
+
+def test_a_call_without_an_answer_times_out_and_a_late_answer_is_dropped():
+    """No answer within the call timeout fails the call with CallTimeout (an Unavailable)."""
+    clock = task.Clock()
+    c = client(clock)
+    _server, pump = Broker(clock).connect(c)
+    d = c.call("never", b"")
+    pump.flush()
+    clock.advance(4.9)
+    assert not d.called
+    clock.advance(0.2)
+    err = outcome(d).value
+    assert isinstance(err, CallTimeout) and isinstance(err, api.Unavailable)
+
+
+def test_calls_fail_fast_when_not_connected_and_waiting_calls_fail_when_the_connection_goes():
+    """Before the handshake a call fails at once; calls in flight fail with NotConnected when it drops."""
+    clock = task.Clock()
+    c = client(clock)
+    assert isinstance(outcome(c.call("echo", b"")).value, NotConnected)
+    server, pump = Broker(clock).connect(c)
+    d = c.call("never", b"")
+    pump.flush()
+    server.stop()
+    pump.flush()
+    assert isinstance(outcome(d).value, NotConnected) and not c.is_open
+
+
+def test_wrong_cluster_is_refused_and_counted():
+    """A client of another cluster is refused with the reason, and the refusal is counted by kind."""
+    clock = task.Clock()
+    c = client(clock, cluster="elsewhere")
+    broker = Broker(clock)
+    broker.connect(c)
+    assert outcome(c.opened) is None
+    assert "wrong cluster id 'elsewhere'" in c.close_reason
+    assert broker.dispatcher.metrics.refused["wrong_cluster"] == 1 and broker.dispatcher.metrics.connections == 0
+
+
+def test_heartbeats_carry_the_health_flag():
+    """Each side's heartbeat tells the other whether it is healthy (Turms' isHealthy)."""
+    clock = task.Clock()
+    c = client(clock)
+    broker = Broker(clock)
+    _server, pump = broker.connect(c)
+    assert c.peer_healthy
+    broker.healthy = False
+    clock.advance(1.0)
+    pump.flush()
+    assert not c.peer_healthy and c.is_open
+
+
+def test_a_silent_peer_is_dropped():
+    """A peer that sends nothing for three heartbeat intervals is disconnected."""
+    clock = task.Clock()
+    c = client(clock)
+    _server, pump = Broker(clock).connect(c)
+    d = c.call("never", b"")
+    for _ in range(4):
+        clock.advance(1.0)  # nothing pumped: the broker's heartbeats never arrive
+    pump.flush()
+    assert "no heartbeat" in c.close_reason and not c.is_open
+    assert isinstance(outcome(d).value, NotConnected)
+
+
+def test_a_connection_without_a_handshake_is_closed_after_the_call_timeout():
+    """A client that connects and says nothing is dropped by the server after the call timeout."""
+    clock = task.Clock()
+    broker = Broker(clock)
+    server = broker.factory.buildProtocol(None)
+    transport = iosim.makeFakeServer(server)
+    server.makeConnection(transport)
+    clock.advance(5.1)
+    assert transport.disconnecting and broker.dispatcher.metrics.refused["no_handshake"] == 1
+
+
+def _connected_peer(clock, peers: Peers, peer_id: str, broker: Broker):
+    pc = PeerClient(peer_id, None, Hello("twistmq", "p1", "proxy", 1), SETTINGS, clock)
+    peers.add(pc)
+    p = RpcProtocol(pc.local, True, SETTINGS, clock)
+    _server, pump = broker.connect(p)
+    pc._up(p)  # what the ClientService's factory does once the handshake is done
+    return pc, pump
+
+
+def test_call_any_avoids_unhealthy_and_disconnected_nodes():
+    """call_any goes to a connected healthy candidate only; with none, it fails with Unavailable."""
+    clock = task.Clock()
+    peers = Peers()
+    sick = Broker(clock, "b-sick", healthy=False)
+    well = Broker(clock, "b-well")
+    _pc1, pump1 = _connected_peer(clock, peers, "b-sick", sick)
+    _pc2, pump2 = _connected_peer(clock, peers, "b-well", well)
+    for _ in range(3):
+        d = peers.call_any(["b-sick", "b-well", "b-unknown"], "echo", b"x")
+        pump1.flush()
+        pump2.flush()
+        assert outcome(d) == b"x"
+    assert well.dispatcher.metrics.calls["echo"] == 3 and sick.dispatcher.metrics.calls["echo"] == 0
+    err = outcome(peers.call_any(["b-sick"], "echo", b"x")).value
+    assert isinstance(err, api.Unavailable) and "no node can take it" in str(err)
+
+
+def test_call_any_retries_on_another_node_when_one_is_unavailable():
+    """A call that fails as Unavailable on one node (its connection dropped) is sent to the next."""
+    clock = task.Clock()
+    peers = Peers()
+    first, second = Broker(clock, "b1"), Broker(clock, "b2")
+    pc1, pump1 = _connected_peer(clock, peers, "b1", first)
+    _pc2, pump2 = _connected_peer(clock, peers, "b2", second)
+    peers._turn = len(peers.clients) - 1  # the next call starts at b1
+    d = peers.call_any(["b1", "b2"], "never", b"")
+    pump1.flush()
+    assert not d.called  # b1 got it and never answers
+    pc1.protocol.transport.loseConnection()  # b1 goes away with the call in flight
+    pump1.flush()
+    second.dispatcher._handlers["never"] = lambda p, body: b"served by b2"
+    pump2.flush()
+    assert outcome(d) == b"served by b2"

@@ -1,0 +1,193 @@
+"""The broker-side store server: notify as event frames only to the connections that watch a queue,
+merged per tick, dropped with their connection (RemoteStore on both ends, in memory, on a task.Clock)."""
+
+from __future__ import annotations
+
+import pytest
+from twisted.internet import task
+from twisted.test import iosim
+
+from cluster.remote_store import RemoteStore
+from cluster.rpc.dispatch import Dispatcher
+from cluster.rpc.frames import Hello
+from cluster.rpc.peer import PeerClient
+from cluster.rpc.protocol import RpcProtocol, RpcSettings
+from cluster.rpc.server import RpcServerFactory
+from cluster.store_server import StoreServer
+from store import api
+from store.config import NativeConfig
+from store.record import Message, RecordKind
+from tests.contract.conftest import T0, Parts
+
+SETTINGS = RpcSettings(call_timeout=5.0, heartbeat_interval=1.0)
+
+
+class Rig:
+    """One broker (a real in-process store behind StoreServer) and any number of RemoteStore proxies."""
+
+    def __init__(self, path: str) -> None:
+        self.clock = task.Clock()
+        self.clock.advance(T0)
+        self.parts = Parts(path, self.clock)
+        self.dispatcher = Dispatcher(self.clock)
+        self.server = StoreServer(self.parts.local(), self.clock, self.parts.engine, NativeConfig())
+        self.server.register(self.dispatcher)
+        self.factory = RpcServerFactory(Hello("twistmq", "b1", "broker", 1), SETTINGS, self.clock, self.dispatcher)
+        self.factory.on_lost(self.server.connection_lost)
+        self.pumps: list = []
+
+    def proxy(self, name: str) -> tuple[RemoteStore, RpcProtocol]:
+        client = PeerClient("b1", None, Hello("twistmq", name, "proxy", 1), SETTINGS, self.clock)
+        remote = RemoteStore(client)
+        p = RpcProtocol(client.local, True, SETTINGS, self.clock, on_event=client._event)
+        server = self.factory.buildProtocol(None)
+        self.pumps.append(iosim.connect(server, iosim.makeFakeServer(server), p, iosim.makeFakeClient(p)))
+        client._up(p)  # what the ClientService's factory does once the handshake is done
+        return remote, p
+
+    def settle(self) -> None:
+        for _ in range(6):
+            for pump in self.pumps:
+                pump.flush()
+            self.clock.advance(0)
+
+    def wait(self, d):
+        out: list = []
+        d.addBoth(out.append)
+        self.settle()
+        assert out, "no answer"
+        if hasattr(out[0], "raiseException"):
+            out[0].raiseException()
+        return out[0]
+
+
+@pytest.fixture
+def rig(tmp_path):
+    r = Rig(str(tmp_path))
+    yield r
+    r.parts.close(r.clock)
+
+
+def publish(topic: str) -> Message:
+    return Message(topic, b"x", RecordKind.MQTT_PUBLISH, 1)
+
+
+def test_news_goes_only_to_watching_connections_once_per_tick(rig):
+    """Three appends in one tick to A's queue give A one event and a proxy watching another queue none."""
+    a, _pa = rig.proxy("proxy-a")
+    b, _pb = rig.proxy("proxy-b")
+    qa = rig.wait(a.add_filter("a/#"))
+    qb = rig.wait(b.add_filter("b/#"))
+    heard_a, heard_b = [], []
+    rig.wait(a.watch_queue(qa, heard_a.append))
+    rig.wait(a.watch_queue(qa, heard_a.append))  # two watches on one connection: still one frame per tick
+    rig.wait(b.watch_queue(qb, heard_b.append))
+    batch = a.append_batch((publish("a/1"), publish("a/2")))
+    single = a.append(publish("a/3"))
+    rig.wait(batch), rig.wait(single)
+    assert heard_a == [qa, qa]  # one frame, two local watches called
+    assert heard_b == []
+    assert rig.dispatcher.metrics.events == 1
+
+
+def test_a_connection_cannot_unwatch_anothers_watch(rig):
+    """A watch belongs to the connection that made it: the broker answers NotFound to any other."""
+    a, _pa = rig.proxy("proxy-a")
+    b, _pb = rig.proxy("proxy-b")
+    q = rig.wait(a.add_filter("w/#"))
+    rig.wait(a.watch_queue(q, lambda _q: None))
+    (remote_watch,) = [w for _q, _cb, w in a._watches.values()]
+    frame_of_b = b._call("unwatch_queue", (remote_watch,), {})
+    out: list = []
+    frame_of_b.addBoth(out.append)
+    rig.settle()
+    assert isinstance(out[0].value, api.NotFound)
+    assert rig.server.watches == 1
+
+
+def test_watches_are_dropped_when_their_connection_goes(rig):
+    """When a proxy's connection closes, the broker drops its watches and sends it nothing more."""
+    a, pa = rig.proxy("proxy-a")
+    q = rig.wait(a.add_filter("gone/#"))
+    rig.wait(a.watch_queue(q, lambda _q: None))
+    rig.wait(a.watch_queue(q, lambda _q: None))
+    assert rig.server.watches == 2
+    pa.transport.loseConnection()
+    rig.settle()
+    assert rig.server.watches == 0 and rig.dispatcher.metrics.connections == 0
+    other, _p = rig.proxy("proxy-c")
+    rig.wait(other.append(publish("gone/1")))  # news of an unwatched queue: no frame to anyone
+    assert rig.dispatcher.metrics.events == 0
+
+
+def test_remote_store_watches_again_after_a_reconnect(rig):
+    """After a reconnect RemoteStore registers its watches again, calls each once (news may be missed),
+    and the Watch its caller holds keeps working."""
+    client = PeerClient("b1", None, Hello("twistmq", "proxy-r", "proxy", 1), SETTINGS, rig.clock)
+    remote = RemoteStore(client)
+
+    def connect():
+        p = RpcProtocol(client.local, True, SETTINGS, rig.clock, on_event=client._event)
+        server = rig.factory.buildProtocol(None)
+        rig.pumps.append(iosim.connect(server, iosim.makeFakeServer(server), p, iosim.makeFakeClient(p)))
+        client._up(p)
+        return p
+
+    first = connect()
+    q = rig.wait(remote.add_filter("r/#"))
+    heard: list[str] = []
+    watch = rig.wait(remote.watch_queue(q, heard.append))
+    first.transport.loseConnection()
+    rig.settle()
+    assert rig.server.watches == 0
+    connect()
+    rig.settle()
+    assert heard == [q] and rig.server.watches == 1
+    rig.wait(remote.append(publish("r/1")))
+    assert heard == [q, q]
+    rig.wait(remote.unwatch_queue(watch))
+    assert rig.server.watches == 0
+
+
+def test_filter_interest_goes_with_its_connection(rig):
+    """Interest a proxy took is dropped when its connection goes; a proxy cannot drop another's interest."""
+    a, pa = rig.proxy("proxy-a")
+    b, _pb = rig.proxy("proxy-b")
+    q = rig.wait(a.add_filter("i/#"))
+    out: list = []
+    b.remove_filter("i/#").addBoth(out.append)
+    rig.settle()
+    assert isinstance(out[0].value, api.NotFound) and rig.server.filters == 1
+    (start,) = rig.wait(b.end_positions(q))
+    rig.wait(b.append(publish("i/1")))  # indexed: a holds interest
+    pa.transport.loseConnection()
+    rig.settle()
+    assert rig.server.filters == 0
+    rig.wait(b.append(publish("i/2")))  # not indexed: nobody holds interest any more
+    assert [m.record.topic for m in rig.wait(b.read_queue(start, 10)).messages] == ["i/1"]
+
+
+def test_the_broker_holds_interest_for_stored_sessions(rig, tmp_path):
+    """SessionInterest takes interest per stored subscription (also after a restart, from the KV) and drops
+    it with the subscription or the session, so persistent sessions miss nothing while no proxy holds it."""
+    from cluster.session_interest import SessionInterest
+    from mqtt_proxy.session_store import SessionStore
+
+    local = rig.parts.local()
+    held = SessionInterest(local, SessionStore(rig.parts.kv))
+    q = rig.wait(local.add_filter("p/#"))
+    (start,) = rig.wait(local.end_positions(q))
+    rig.wait(local.remove_filter("p/#"))
+    rig.wait(held.put_session(api.SessionMeta("c1", 3600, 5)))
+    rig.wait(held.put_subscription("c1", api.SubscriptionState("p/#", 1, (start,))))
+    rig.wait(held.put_subscription("c1", api.SubscriptionState("p/#", 1, (start,))))  # replaced: one reference
+    assert held.held == 1
+    rig.wait(held.append(publish("p/1")))
+    restarted = SessionInterest(local, SessionStore(rig.parts.kv))  # as a broker starting on this KV
+    rig.wait(restarted.restore())
+    assert restarted.held == 1
+    rig.wait(held.delete_session("c1"))
+    rig.wait(restarted.delete_subscription("c1", "p/#"))
+    assert held.held == restarted.held == 0
+    rig.wait(held.append(publish("p/2")))  # no interest left: not indexed
+    assert [m.record.topic for m in rig.wait(local.read_queue(start, 10)).messages] == ["p/1"]
