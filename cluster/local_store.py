@@ -27,7 +27,7 @@ from lightqueue.names import QueueNameError
 from lightqueue.retained_index import RetainedIndex
 from lightqueue.topic import TopicError, validate_topic_filter, validate_topic_name
 from lightqueue.native_engine import NativeEngine
-from mqtt_proxy.session_store import SessionStore
+from cluster.session_store import SessionStore
 from push.notifier import Notifier
 from store import api
 from store import record as rec
@@ -89,7 +89,24 @@ class LocalStore:
     @_typed
     def append_batch(self, messages: tuple[rec.Message, ...]) -> defer.Deferred:
         batch = [_check_message(m) for m in messages]
-        return self._store.put_batch(batch).addCallback(lambda results: tuple(_result(r) for r in results))
+        if not batch:
+            return defer.succeed(())
+        # One Deferred for the batch (the store's submit takes a plain callback): a proxy sends every
+        # PUBLISH of a tick here, and a Deferred per message was a measurable share of that path.
+        done: defer.Deferred = defer.Deferred()
+        results: list = [None] * len(batch)
+        left = [len(batch)]
+
+        def stored(result: PutResult, i: int) -> None:
+            results[i] = _result(result)
+            left[0] -= 1
+            if not left[0]:
+                done.callback(tuple(results))
+
+        submit = self._store.submit
+        for i, m in enumerate(batch):
+            submit(m, lambda result, i=i: stored(result, i))
+        return done
 
     # -- queues --------------------------------------------------------------------------------------
 
@@ -159,6 +176,17 @@ class LocalStore:
 
     # -- session state ---------------------------------------------------------------------------------
 
+    def add_claim_listener(self, listener: Callable[[str, str, int], None]) -> None:
+        """Hear of claims that take a session from another holder: ``listener(client_id, old_holder, epoch)``.
+
+        Not part of the interface: the broker role carries these events to the old holder over RPC.
+        """
+        self._sessions.add_claim_listener(listener)
+
+    @_typed
+    def claim_session(self, client_id: str, holder: str) -> defer.Deferred:
+        return self._sessions.claim_session(client_id, holder)
+
     @_typed
     def get_session(self, client_id: str) -> defer.Deferred:
         return self._sessions.get_session(client_id)
@@ -168,44 +196,44 @@ class LocalStore:
         return self._sessions.list_sessions()
 
     @_typed
-    def put_session(self, meta: api.SessionMeta) -> defer.Deferred:
-        return self._sessions.put_session(meta)
+    def put_session(self, meta: api.SessionMeta, epoch: int) -> defer.Deferred:
+        return self._sessions.put_session(meta, epoch)
 
     @_typed
-    def delete_session(self, client_id: str) -> defer.Deferred:
-        return self._sessions.delete_session(client_id)
+    def delete_session(self, client_id: str, epoch: int) -> defer.Deferred:
+        return self._sessions.delete_session(client_id, epoch)
 
     @_typed
-    def put_subscription(self, client_id: str, subscription: api.SubscriptionState) -> defer.Deferred:
-        return self._sessions.put_subscription(client_id, subscription)
+    def put_subscription(self, client_id: str, subscription: api.SubscriptionState, epoch: int) -> defer.Deferred:
+        return self._sessions.put_subscription(client_id, subscription, epoch)
 
     @_typed
-    def delete_subscription(self, client_id: str, key: str) -> defer.Deferred:
-        return self._sessions.delete_subscription(client_id, key)
+    def delete_subscription(self, client_id: str, key: str, epoch: int) -> defer.Deferred:
+        return self._sessions.delete_subscription(client_id, key, epoch)
 
     @_typed
-    def put_outbound(self, client_id: str, outbound: api.OutboundState) -> defer.Deferred:
-        return self._sessions.put_outbound(client_id, outbound)
+    def put_outbound(self, client_id: str, outbound: api.OutboundState, epoch: int) -> defer.Deferred:
+        return self._sessions.put_outbound(client_id, outbound, epoch)
 
     @_typed
-    def delete_outbound(self, client_id: str, packet_id: int) -> defer.Deferred:
-        return self._sessions.delete_outbound(client_id, packet_id)
+    def delete_outbound(self, client_id: str, packet_id: int, epoch: int) -> defer.Deferred:
+        return self._sessions.delete_outbound(client_id, packet_id, epoch)
 
     @_typed
-    def put_released(self, client_id: str, packet_id: int) -> defer.Deferred:
-        return self._sessions.put_released(client_id, packet_id)
+    def put_released(self, client_id: str, packet_id: int, epoch: int) -> defer.Deferred:
+        return self._sessions.put_released(client_id, packet_id, epoch)
 
     @_typed
-    def delete_released(self, client_id: str, packet_id: int) -> defer.Deferred:
-        return self._sessions.delete_released(client_id, packet_id)
+    def delete_released(self, client_id: str, packet_id: int, epoch: int) -> defer.Deferred:
+        return self._sessions.delete_released(client_id, packet_id, epoch)
 
     @_typed
-    def put_inbound_qos2(self, client_id: str, packet_id: int) -> defer.Deferred:
-        return self._sessions.put_inbound_qos2(client_id, packet_id)
+    def put_inbound_qos2(self, client_id: str, packet_id: int, epoch: int) -> defer.Deferred:
+        return self._sessions.put_inbound_qos2(client_id, packet_id, epoch)
 
     @_typed
-    def delete_inbound_qos2(self, client_id: str, packet_id: int) -> defer.Deferred:
-        return self._sessions.delete_inbound_qos2(client_id, packet_id)
+    def delete_inbound_qos2(self, client_id: str, packet_id: int, epoch: int) -> defer.Deferred:
+        return self._sessions.delete_inbound_qos2(client_id, packet_id, epoch)
 
     @_typed
     def get_share_positions(self, share_group: str, topic_filter: str) -> defer.Deferred:

@@ -27,8 +27,8 @@ class SessionStateError(Exception):
 class Outbound:
     """A QoS 1/2 PUBLISH sent and not yet completed."""
 
-    sub_key: str | None  # None: a retained message sent on subscribe (not tied to a queue offset)
-    queue_offset: int
+    sub_key: str | None  # None: a retained message sent on subscribe (not tied to a queue position)
+    position: object  # the message's QueuePosition (opaque here; None for a retained one)
     qos: int
     released: bool = False  # QoS 2: PUBREC seen, PUBREL sent, waiting for PUBCOMP
     group: object | None = None
@@ -50,7 +50,7 @@ class SaveOutbound:
 
     packet_id: int
     sub_key: str
-    queue_offset: int
+    position: object
     qos: int
 
 
@@ -77,10 +77,10 @@ class DeleteReleased:
 
 @dataclass(frozen=True, slots=True)
 class GroupAcked:
-    """Tell a shared group its message at ``queue_offset`` is done with."""
+    """Tell a shared group its message at ``position`` is done with."""
 
     group: object
-    queue_offset: int
+    position: object
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,11 +90,11 @@ class PumpSoon:
 
 @dataclass(frozen=True, slots=True)
 class Resend:
-    """After a reconnect: read the message at ``queue_offset`` of ``sub_key`` and send it again with DUP set."""
+    """After a reconnect: read the message at ``position`` of ``sub_key`` and send it again with DUP set."""
 
     packet_id: int
     sub_key: str
-    queue_offset: int
+    position: object
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,15 +197,15 @@ class SessionState:
                 return pid
         raise SessionStateError("no free packet identifier")
 
-    def offer(self, sub, queue_offset: int, qos: int) -> tuple[int | None, list]:
+    def offer(self, sub, position, qos: int) -> tuple[int | None, list]:
         """A queue message goes out at ``qos``: its packet id (None at QoS 0) and what to persist."""
         if not qos:
             return None, []
         pid = self._allocate_pid()
-        self.outbound[pid] = Outbound(sub.key, queue_offset, qos)
-        sub.inflight.add(queue_offset)
+        self.outbound[pid] = Outbound(sub.key, position, qos)
+        sub.inflight.add(position)
         if self.persistent:
-            return pid, [SaveOutbound(pid, sub.key, queue_offset, qos)]
+            return pid, [SaveOutbound(pid, sub.key, position, qos)]
         return pid, []
 
     def offer_retained(self, qos: int) -> int | None:
@@ -213,15 +213,15 @@ class SessionState:
         if not qos:
             return None
         pid = self._allocate_pid()
-        self.outbound[pid] = Outbound(None, -1, qos)
+        self.outbound[pid] = Outbound(None, None, qos)
         return pid
 
-    def offer_group(self, sub, queue_offset: int, qos: int, group) -> int | None:
+    def offer_group(self, sub, position, qos: int, group) -> int | None:
         """A shared group's message: its packet id (None at QoS 0); the group keeps the offset."""
         if not qos:
             return None
         pid = self._allocate_pid()
-        self.outbound[pid] = Outbound(sub.key, queue_offset, qos, group=group)
+        self.outbound[pid] = Outbound(sub.key, position, qos, group=group)
         return pid
 
     # -- acknowledgements ----------------------------------------------------------------------
@@ -258,7 +258,7 @@ class SessionState:
         del self.outbound[packet_id]
         actions = []
         if o.group is not None:
-            actions.append(GroupAcked(o.group, o.queue_offset))
+            actions.append(GroupAcked(o.group, o.position))
         elif self.persistent:
             actions.append(DeleteReleased(packet_id))
         actions.append(PUMP_SOON)
@@ -277,11 +277,11 @@ class SessionState:
 
     def _finish_offset(self, o: Outbound) -> list:
         if o.group is not None:
-            return [GroupAcked(o.group, o.queue_offset)]
+            return [GroupAcked(o.group, o.position)]
         if o.sub_key is not None:
             sub = self.subs.get(o.sub_key)
             if sub is not None:
-                sub.inflight.discard(o.queue_offset)
+                sub.inflight.discard(o.position)
         return []
 
     def resend_plan(self) -> list:
@@ -295,7 +295,7 @@ class SessionState:
             elif o.sub_key is None or o.sub_key not in self.subs:
                 actions += self.complete(pid)
             else:
-                actions.append(Resend(pid, o.sub_key, o.queue_offset))
+                actions.append(Resend(pid, o.sub_key, o.position))
         return actions
 
     # -- topic aliases -------------------------------------------------------------------------

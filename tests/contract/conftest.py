@@ -20,7 +20,7 @@ from cluster.local_store import LocalStore
 from cluster.loopback_store import LoopbackStore
 from lightqueue.native_engine import NativeEngine
 from lightqueue.retained_index import RetainedIndex
-from mqtt_proxy.session_store import SessionStore
+from cluster.session_store import SessionStore
 from push.notifier import Notifier
 from store.config import NativeConfig, StoreConfig
 from store.executor import SynchronousExecutor

@@ -47,19 +47,21 @@ def test_read_cache_serves_many_readers_with_one_store_read(tmp_path):
     try:
         sub = h.connect("reader-0")
         sub.send(Subscribe(1, (Subscription("rc/t"),)))
-        queue = h.broker.sessions["reader-0"].subs["rc/t"].queue
+        (start,) = h.broker.sessions["reader-0"].subs["rc/t"].positions.values()
         pub = h.connect("writer")
         for i in range(20):
             pub.send(Publish("rc/t", b"%d" % i))
         calls = []
-        real_get = h.store.get
-        h.store.get = lambda *a: calls.append(a) or real_get(*a)
-        cache = ReadCache(h.store)
+        real_read = h.local.read_queue
+        h.local.read_queue = lambda *a: calls.append(a) or real_read(*a)
+        cache = ReadCache(h.local)
         results = []
         for _ in range(5):
-            cache.get(queue, 0, 20).addCallback(results.append)
+            cache.read(start, 20).addCallback(results.append)
+        h.tick()
         assert len(calls) == 1
-        assert all([m.queue_offset for m in r] == list(range(20)) for r in results)
+        assert all([m.record.body for m in r.messages] == [b"%d" % i for i in range(20)] for r in results)
+        assert all(r.next == results[0].next for r in results)
         assert cache.hits == 80
     finally:
         h.close()
