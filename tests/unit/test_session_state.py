@@ -255,3 +255,40 @@ def test_no_aliases_when_the_client_accepts_none():
     """MQTT-3.1.2-26: with Topic Alias Maximum 0 (or absent) the server sends no Topic Alias."""
     state, _ = connected()
     assert state.alias_for("a") is None
+
+
+# -- shared subscriptions: one ShareCursor per broker group, no I/O --------------------------------------------
+
+def _positions(n: int):
+    from store.api import QueuePosition
+    first = QueuePosition("%LMQ%s/#", "g1", 100)
+    out = [first]
+    for _ in range(n - 1):
+        out.append(out[-1].next())
+    return out
+
+
+def test_share_cursor_commits_the_lowest_message_still_owed():
+    """MQTT 4.8.2: a shared message counts as delivered only once acknowledged; the committed position waits for it."""
+    from mqtt_proxy.shared import ShareCursor
+    p = _positions(4)
+    cursor = ShareCursor(p[0])
+    cursor.inflight = {p[0]: "s1", p[1]: "s2"}
+    cursor.next = p[2]
+    assert cursor.commit() is None  # p[0] still owed: nothing moves
+    del cursor.inflight[p[0]]
+    assert cursor.commit() == p[1] and cursor.committed == p[1]
+    del cursor.inflight[p[1]]
+    assert cursor.commit() == p[2]
+
+
+def test_share_cursor_takes_back_what_a_leaving_member_had_in_flight():
+    """MQTT 4.8.2: when a member's session ends before it acknowledged, its messages go to another member, oldest first."""
+    from mqtt_proxy.shared import ShareCursor
+    p = _positions(4)
+    cursor = ShareCursor(p[0])
+    cursor.inflight = {p[2]: "gone", p[0]: "gone", p[1]: "stays"}
+    cursor.next = p[3]
+    assert cursor.take_back("gone") == 2
+    assert cursor.redeliver == [p[0], p[2]] and cursor.inflight == {p[1]: "stays"}
+    assert cursor.commit() is None  # p[0] is owed again: the committed position holds
