@@ -48,7 +48,6 @@ class Subscription:
     sub_id: int = 0
     share: object | None = None  # the SharedGroup for $share subscriptions
     positions: dict[str, QueuePosition] = field(default_factory=dict)  # broker group -> next position to send
-    inflight: set[QueuePosition] = field(default_factory=set)  # sent at QoS>0 and not yet acknowledged
     reading: set[str] = field(default_factory=set)  # broker groups with a read under way
     dropped: int = 0  # owed messages lost to a disk limit (retention) while this session was subscribed
 

@@ -119,7 +119,7 @@ class SessionState:
     """One client id's session state, connected or not, with no I/O.
 
     ``subs`` maps a subscription key to the session's Subscription objects
-    (``session.py``); this class reads only their ``key`` and ``inflight`` set.
+    (``session.py``); this class reads only their ``key``.
     """
 
     def __init__(self, level: int, expiry: int, max_inflight: int) -> None:
@@ -203,7 +203,6 @@ class SessionState:
             return None, []
         pid = self._allocate_pid()
         self.outbound[pid] = Outbound(sub.key, position, qos)
-        sub.inflight.add(position)
         if self.persistent:
             return pid, [SaveOutbound(pid, sub.key, position, qos)]
         return pid, []
@@ -278,11 +277,15 @@ class SessionState:
     def _finish_offset(self, o: Outbound) -> list:
         if o.group is not None:
             return [GroupAcked(o.group, o.position)]
-        if o.sub_key is not None:
-            sub = self.subs.get(o.sub_key)
-            if sub is not None:
-                sub.inflight.discard(o.position)
         return []
+
+    def owed(self, sub_key: str) -> list:
+        """Positions of ``sub_key``'s messages sent and not yet received by the client (retention keeps them).
+
+        A QoS 2 message released (PUBREC seen) is the client's already (MQTT-4.3.3).
+        """
+        return [o.position for o in self.outbound.values()
+                if o.sub_key == sub_key and o.group is None and not o.released]
 
     def resend_plan(self) -> list:
         """After a reconnect (MQTT-4.4.0-1): PUBREL for released ids, the PUBLISH again for the rest."""

@@ -86,9 +86,6 @@ class SessionRegistry:
             session.subs[ss.key] = yield self.router.restore_subscription(session, ss)
         for o in state.outbound:
             session.outbound[o.packet_id] = Outbound(o.subscription_key, o.position, o.qos)
-            sub = session.subs.get(o.subscription_key)
-            if sub is not None:
-                sub.inflight.add(o.position)
         for pid in state.released:
             session.outbound[pid] = Outbound(None, None, 2, released=True)
         session.inbound_qos2 = set(state.inbound_qos2)
@@ -380,7 +377,8 @@ class SessionRegistry:
         for cid, session in self.sessions.items():
             for sub in session.subs.values():
                 if sub.share is None:
+                    owed = session.state.owed(sub.key)
                     for position in sub.positions.values():
-                        low = min((p for p in sub.inflight if p.group == position.group), default=position)
+                        low = min((p for p in owed if p.group == position.group), default=position)
                         yield Owed("session " + cid, sub.queue, min(low, position).offset)
         yield from self.router.owed()

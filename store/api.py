@@ -177,6 +177,16 @@ class QueuePosition:
         """The position right after this one."""
         return QueuePosition(self.queue, self.group, self.offset + 1)
 
+    # Written out rather than generated: positions are dict keys and set members on the delivery path,
+    # and the generated methods build a tuple per call (string hashes are cached, so this is cheap).
+    def __hash__(self) -> int:
+        return self.offset ^ hash(self.queue)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not QueuePosition:
+            return NotImplemented
+        return self.offset == other.offset and self.queue == other.queue and self.group == other.group
+
     def _key(self, other: object) -> int:
         if not isinstance(other, QueuePosition) or (other.queue, other.group) != (self.queue, self.group):
             raise TypeError(f"positions of different queues or groups are not ordered: {self!r} vs {other!r}")
