@@ -40,7 +40,7 @@ from cluster.session_interest import SessionInterest
 from cluster.store_parts import StoreParts
 from cluster.store_server import StoreServer
 from cluster.version import print_version, twistmq_version
-from mqtt_proxy.session_store import SessionStore
+from cluster.session_store import SessionStore
 from store.config import ConfigError
 from store.message_store import StoreLockedError
 

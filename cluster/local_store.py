@@ -27,7 +27,7 @@ from lightqueue.names import QueueNameError
 from lightqueue.retained_index import RetainedIndex
 from lightqueue.topic import TopicError, validate_topic_filter, validate_topic_name
 from lightqueue.native_engine import NativeEngine
-from mqtt_proxy.session_store import SessionStore
+from cluster.session_store import SessionStore
 from push.notifier import Notifier
 from store import api
 from store import record as rec
@@ -56,8 +56,41 @@ def _as_store_error(failure, operation: str):
     raise api.InternalError(f"{operation}: {failure.type.__name__}: {failure.getErrorMessage()}")
 
 
+# A frozen dataclass's __init__ sets each field through object.__setattr__; filling the slots directly
+# makes the same object (equal, hashable, immutable afterwards) in about half the time, which counts on
+# the per-message paths: one AppendResult per stored message, a position and a queued message per read one.
+_new = object.__new__
+_AR, _QP, _QM = api.AppendResult, api.QueuePosition, api.QueuedMessage
+_ar_status, _ar_offset, _ar_queues, _ar_reason = (_AR.__dict__[f].__set__ for f in ("status", "offset", "queues",
+                                                                                   "reason"))
+_qp_queue, _qp_group, _qp_offset = (_QP.__dict__[f].__set__ for f in ("queue", "group", "offset"))
+_qm_position, _qm_record = (_QM.__dict__[f].__set__ for f in ("position", "record"))
+
+
+def _append_result(status: api.AppendStatus, offset: int, queues: tuple, reason: str) -> api.AppendResult:
+    r = _new(_AR)
+    _ar_status(r, status)
+    _ar_offset(r, offset)
+    _ar_queues(r, queues)
+    _ar_reason(r, reason)
+    return r
+
+
+def _queued(queue: str, group: str, offset: int, record: rec.Record) -> api.QueuedMessage:
+    p = _new(_QP)
+    _qp_queue(p, queue)
+    _qp_group(p, group)
+    _qp_offset(p, offset)
+    m = _new(_QM)
+    _qm_position(m, p)
+    _qm_record(m, record)
+    return m
+
+
 def _result(r: PutResult) -> api.AppendResult:
-    return api.AppendResult(api.AppendStatus(r.status.value), r.offset, tuple(r.queues), r.reason)
+    # PutStatus is AppendStatus (store.message_store): no lookup by value on the hot path.
+    queues = r.queues
+    return _append_result(r.status, r.offset, queues if type(queues) is tuple else tuple(queues), r.reason)
 
 
 def _check_message(message: rec.Message) -> rec.Message:
@@ -89,7 +122,24 @@ class LocalStore:
     @_typed
     def append_batch(self, messages: tuple[rec.Message, ...]) -> defer.Deferred:
         batch = [_check_message(m) for m in messages]
-        return self._store.put_batch(batch).addCallback(lambda results: tuple(_result(r) for r in results))
+        if not batch:
+            return defer.succeed(())
+        # One Deferred for the batch (the store's submit takes a plain callback): a proxy sends every
+        # PUBLISH of a tick here, and a Deferred per message was a measurable share of that path.
+        done: defer.Deferred = defer.Deferred()
+        results: list = [None] * len(batch)
+        left = [len(batch)]
+
+        def stored(i: int, result: PutResult) -> None:
+            results[i] = _result(result)
+            left[0] -= 1
+            if not left[0]:
+                done.callback(tuple(results))
+
+        submit = self._store.submit
+        for i, m in enumerate(batch):
+            submit(m, functools.partial(stored, i))
+        return done
 
     # -- queues --------------------------------------------------------------------------------------
 
@@ -111,8 +161,10 @@ class LocalStore:
             raise api.InvalidArgument(f"max_count must be at least 1, not {max_count!r}")
         queue = position.queue
 
+        group = self.group
+
         def build(messages: list) -> defer.Deferred | api.ReadResult:
-            out = tuple(api.QueuedMessage(self._position(queue, m.queue_offset), m.record) for m in messages)
+            out = tuple([_queued(queue, group, m.queue_offset, m.record) for m in messages])
             if out:
                 last = messages[-1].queue_offset
                 return api.ReadResult(out, self._position(queue, last + 1), last + 1 - offset - len(out))
@@ -159,6 +211,17 @@ class LocalStore:
 
     # -- session state ---------------------------------------------------------------------------------
 
+    def add_claim_listener(self, listener: Callable[[str, str, int], None]) -> None:
+        """Hear of claims that take a session from another holder: ``listener(client_id, old_holder, epoch)``.
+
+        Not part of the interface: the broker role carries these events to the old holder over RPC.
+        """
+        self._sessions.add_claim_listener(listener)
+
+    @_typed
+    def claim_session(self, client_id: str, holder: str) -> defer.Deferred:
+        return self._sessions.claim_session(client_id, holder)
+
     @_typed
     def get_session(self, client_id: str) -> defer.Deferred:
         return self._sessions.get_session(client_id)
@@ -168,44 +231,44 @@ class LocalStore:
         return self._sessions.list_sessions()
 
     @_typed
-    def put_session(self, meta: api.SessionMeta) -> defer.Deferred:
-        return self._sessions.put_session(meta)
+    def put_session(self, meta: api.SessionMeta, epoch: int) -> defer.Deferred:
+        return self._sessions.put_session(meta, epoch)
 
     @_typed
-    def delete_session(self, client_id: str) -> defer.Deferred:
-        return self._sessions.delete_session(client_id)
+    def delete_session(self, client_id: str, epoch: int) -> defer.Deferred:
+        return self._sessions.delete_session(client_id, epoch)
 
     @_typed
-    def put_subscription(self, client_id: str, subscription: api.SubscriptionState) -> defer.Deferred:
-        return self._sessions.put_subscription(client_id, subscription)
+    def put_subscription(self, client_id: str, subscription: api.SubscriptionState, epoch: int) -> defer.Deferred:
+        return self._sessions.put_subscription(client_id, subscription, epoch)
 
     @_typed
-    def delete_subscription(self, client_id: str, key: str) -> defer.Deferred:
-        return self._sessions.delete_subscription(client_id, key)
+    def delete_subscription(self, client_id: str, key: str, epoch: int) -> defer.Deferred:
+        return self._sessions.delete_subscription(client_id, key, epoch)
 
     @_typed
-    def put_outbound(self, client_id: str, outbound: api.OutboundState) -> defer.Deferred:
-        return self._sessions.put_outbound(client_id, outbound)
+    def put_outbound(self, client_id: str, outbound: api.OutboundState, epoch: int) -> defer.Deferred:
+        return self._sessions.put_outbound(client_id, outbound, epoch)
 
     @_typed
-    def delete_outbound(self, client_id: str, packet_id: int) -> defer.Deferred:
-        return self._sessions.delete_outbound(client_id, packet_id)
+    def delete_outbound(self, client_id: str, packet_id: int, epoch: int) -> defer.Deferred:
+        return self._sessions.delete_outbound(client_id, packet_id, epoch)
 
     @_typed
-    def put_released(self, client_id: str, packet_id: int) -> defer.Deferred:
-        return self._sessions.put_released(client_id, packet_id)
+    def put_released(self, client_id: str, packet_id: int, epoch: int) -> defer.Deferred:
+        return self._sessions.put_released(client_id, packet_id, epoch)
 
     @_typed
-    def delete_released(self, client_id: str, packet_id: int) -> defer.Deferred:
-        return self._sessions.delete_released(client_id, packet_id)
+    def delete_released(self, client_id: str, packet_id: int, epoch: int) -> defer.Deferred:
+        return self._sessions.delete_released(client_id, packet_id, epoch)
 
     @_typed
-    def put_inbound_qos2(self, client_id: str, packet_id: int) -> defer.Deferred:
-        return self._sessions.put_inbound_qos2(client_id, packet_id)
+    def put_inbound_qos2(self, client_id: str, packet_id: int, epoch: int) -> defer.Deferred:
+        return self._sessions.put_inbound_qos2(client_id, packet_id, epoch)
 
     @_typed
-    def delete_inbound_qos2(self, client_id: str, packet_id: int) -> defer.Deferred:
-        return self._sessions.delete_inbound_qos2(client_id, packet_id)
+    def delete_inbound_qos2(self, client_id: str, packet_id: int, epoch: int) -> defer.Deferred:
+        return self._sessions.delete_inbound_qos2(client_id, packet_id, epoch)
 
     @_typed
     def get_share_positions(self, share_group: str, topic_filter: str) -> defer.Deferred:

@@ -34,17 +34,11 @@ from mqtt_proxy.auth.acl import ACLError, load_acl
 from mqtt_proxy.auth.authenticator import Authenticator
 from mqtt_proxy.auth.passwords import PasswordFile, PasswordFileError
 from mqtt_proxy.auth.reload import Reloader, security_targets
-from mqtt_proxy.delivery import DeliveryPump, SessionContext
-from mqtt_proxy.front_end import MQTTFrontEnd
-from mqtt_proxy.router import SubscriptionRouter
-from mqtt_proxy.sessions import SessionRegistry
-from mqtt_proxy.stats import BrokerStats
+from mqtt_proxy.front_end import build_front_end
 from mqtt_proxy.protocol import MQTTServerFactory
 from mqtt_proxy.reactor_lag import ReactorLagProbe
-from mqtt_proxy.session_store import SessionStore
 from mqtt_proxy.sys_topics import SysPublisher
 from mqtt_proxy.websocket import websocket_factory
-from push.read_cache import ReadCache
 from store.config import ConfigError
 from store.executor import ThreadPoolExecutor
 from store.message_store import StoreLockedError
@@ -53,6 +47,8 @@ log = logging.getLogger("twistmq.node")
 
 LISTEN_BACKLOG = 4096
 LISTENER_FLAGS = ("mqtt", "mqtt-tls", "mqtt-ws", "native", "native-udp", "http")
+NODE_HOLDER = "node"
+"""Who holds the sessions of a node's clients (``Sessions.claim_session``): the one front end there is."""
 START_ERRORS = (ConfigError, StoreLockedError, tls.TLSConfigError, PasswordFileError, ACLError, OSError)
 """What a bad configuration raises while the node is built or started: one line, exit code 2."""
 
@@ -140,18 +136,16 @@ class NodeParts:
                              allow_anonymous=mqtt.allow_anonymous, clock=reactor, executor=self.auth_executor,
                              use_identity_as_username=cfg.node.use_identity_as_username,
                              base_delay=mqtt.auth_fail_delay, max_delay=mqtt.auth_fail_delay_max)
-        # The MQTT front end: a delivery pump and the session store for sessions and shared groups, a
-        # subscription router, a session registry, and the front end the connections talk to.
         acl = load_acl(mqtt.acl_file or None)
-        session_ctx = SessionContext(DeliveryPump(ReadCache(self.store), self.notifier, reactor, BrokerStats()),
-                                     SessionStore(self.kv), mqtt.max_inflight)
-        router = SubscriptionRouter(self.store, session_ctx, self.retained, acl, cfg.limits)
-        registry = SessionRegistry(session_ctx, router, self.store, auth, acl, mqtt, cfg.limits)
-        self.mqtt = MQTTFrontEnd(registry, router, self.store, timers=self.timers)
+        # The MQTT front end reaches the parts above only through the store interface, served in-process
+        # here by one broker group (a proxy runs the same front end over the remote store).
+        self.local_store = self.state.local_store(cfg.cluster.group)
+        self.mqtt = build_front_end(self.local_store, reactor, mqtt, cfg.limits, auth, acl, holder=NODE_HOLDER)
         # Retention keeps what sessions and shared groups still owe (native consumers and retained messages:
         # StoreParts).
         self.store.retention.add_holder(self.mqtt.owed)
-        self.sys = SysPublisher(self.mqtt, self.store, reactor, cfg.mqtt.sys_interval, twistmq_version())
+        self.sys = SysPublisher(self.mqtt, self.local_store, reactor, cfg.mqtt.sys_interval, twistmq_version(),
+                                self._broker_figures)
         self.lag = ReactorLagProbe(reactor)  # twistmq_reactor_lag_seconds: nothing may hold the reactor
         self.extra_stats = [("native", self.native.stats), ("timer", self.timers.stats)]
         self.streams, self.datagrams = self._listeners()
@@ -187,6 +181,10 @@ class NodeParts:
         contexts = [(svc.listener.key.replace("_", "-"), svc.endpoint.context_factory)
                     for svc in self.streams if isinstance(svc.endpoint, tls.TLSServerEndpoint)]
         return Reloader(security_targets(self.mqtt.auth.password_file, self.mqtt.acl, contexts))
+
+    def _broker_figures(self) -> dict[str, str]:
+        """$SYS figures only the broker side knows (the front end sees the store interface only)."""
+        return {"retained messages/count": str(self.retained.count), "store/bytes": str(self.store.size_bytes())}
 
     def _losses(self):
         """Messages that went away undelivered, for /metrics: expiry, and what a disk limit deleted."""

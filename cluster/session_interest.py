@@ -18,7 +18,7 @@ import logging
 from twisted.internet import defer
 
 from cluster.local_sessions import filter_of
-from mqtt_proxy.session_store import SessionStore
+from cluster.session_store import SessionStore
 from store import api
 
 log = logging.getLogger("twistmq.cluster.session_interest")

@@ -17,7 +17,7 @@ from cluster.native_service import NativeService
 from lightqueue import attach as attach_lightqueue
 from lightqueue.names import lmq_name
 from lightqueue.retained_index import RetainedIndex
-from mqtt_proxy.session_store import SessionStore
+from cluster.session_store import SessionStore
 from store.api import Owed
 from push.notifier import Notifier
 from store.config import NativeConfig, from_mapping

@@ -1,19 +1,23 @@
 """The delivery pump's collaborators: reads from queue positions, news of queues, the fan-out encode cache.
 
-Sessions and shared groups pull messages from light-queue offsets through the
-read cache, hear of new messages through the notifier, and encode each PUBLISH
-once for all its subscribers. ``DeliveryPump`` is that one seam, handed to them
-in a ``SessionContext`` with the session store and the in-flight cap, so neither
-reaches into a service locator for them.
+Sessions and shared groups pull messages from light-queue positions through the
+read cache, hear of new messages through the proxy's queue watches, and encode
+each PUBLISH once for all its subscribers. ``DeliveryPump`` is that one seam,
+handed to them in a ``SessionContext`` with the store's session operations and
+the in-flight cap, so neither reaches into a service locator for them.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from mqtt_proxy.codec.encoder import encode_publish
 from mqtt_proxy.stats import BrokerStats
+from store.api import QueuePosition, Sessions
+
+log = logging.getLogger("twistmq.mqtt.session")  # delivery_gap lines keep the logger they always had
 
 ENCODE_CACHE = 4096  # encoded PUBLISHes kept for fan-out (one encode serves every subscriber)
 ENCODE_CACHE_BYTES = 4 << 20  # ... in at most this many bytes
@@ -21,11 +25,11 @@ ENCODE_CACHE_MAX_PACKET = 16384  # bigger PUBLISHes are encoded per subscriber r
 
 
 class DeliveryPump:
-    """Reads through the read cache, watches queues through the notifier, encodes once per message."""
+    """Reads through the read cache, watches queues through the proxy's watches, encodes once per message."""
 
-    def __init__(self, read_cache, notifier, clock, stats: BrokerStats) -> None:
+    def __init__(self, read_cache, watches, clock, stats: BrokerStats) -> None:
         self.read_cache = read_cache
-        self.notifier = notifier
+        self.watches = watches
         self.clock = clock
         self.stats = stats
         self._encoded: OrderedDict[tuple, bytes] = OrderedDict()
@@ -34,19 +38,24 @@ class DeliveryPump:
     def now_ms(self) -> int:
         return int(self.clock.seconds() * 1000)
 
-    def read(self, queue: str, offset: int, count: int):
-        """A Deferred of up to ``count`` queue messages from ``offset`` of ``queue``."""
-        return self.read_cache.get(queue, offset, count)
+    def read(self, position: QueuePosition, count: int):
+        """A Deferred ``ReadResult`` of up to ``count`` messages from ``position``."""
+        return self.read_cache.read(position, count)
 
     def watch(self, queue: str, key, callback) -> None:
-        self.notifier.watch(queue, key, callback)
+        self.watches.watch(queue, key, callback)
 
     def unwatch(self, queue: str, key) -> None:
-        self.notifier.unwatch(queue, key)
+        self.watches.unwatch(queue, key)
 
     def call_soon(self, fn) -> None:
         """Run ``fn`` at the end of this reactor tick (bursts of acknowledgements share one pump)."""
         self.clock.callLater(0, fn)
+
+    def gap(self, owner: str, queue: str, lost: int) -> None:
+        """Owed messages are gone (a disk limit deleted them before they were read): count and log them."""
+        self.stats.messages_gap += lost
+        log.warning("delivery_gap %s queue=%s messages=%d", owner, queue, lost)
 
     def encoded_publish(self, record, qos: int, retain: bool, level: int) -> bytes:
         """The PUBLISH for ``record`` without v5 properties, encoded once for all its subscribers."""
@@ -65,11 +74,11 @@ class DeliveryPump:
 
 @dataclass(frozen=True)
 class SessionContext:
-    """Exactly what a Session and a SharedGroup use: delivery, the session store, and the in-flight cap."""
+    """Exactly what a Session and a SharedGroup use: delivery, the store's session state, the in-flight cap."""
 
     delivery: DeliveryPump
     """Reads, queue news, the encode cache, the clock and the counters."""
-    sessions_db: object
-    """The SessionStore: offsets, outbound packet ids and group offsets are written here."""
+    sessions: Sessions
+    """Where subscriptions, outbound packet ids and share positions are made durable (``store.api.Sessions``)."""
     max_inflight: int
     """The server's cap on QoS 1/2 messages in flight per session (the client's Receive Maximum may lower it)."""

@@ -3,9 +3,10 @@
 Connections (``protocol.py``) are admitted here (connection count, rate,
 shutdown) and hand decoded packets on: CONNECT/DISCONNECT to the
 ``SessionRegistry``, SUBSCRIBE/UNSUBSCRIBE to the ``SubscriptionRouter``,
-PUBLISH to ``publish.py`` with the collaborators it reads from this object.
-The composition root builds the parts and passes them in; ``build_front_end``
-does the same for tests.
+PUBLISH/PUBREL to the ``Publisher``. Every part reaches the broker only through
+a ``store.api.Store`` (in-process, or remote), so a proxy runs the same front
+end as a node. ``build_front_end`` builds the parts over a store, for the
+composition root and for tests.
 """
 
 from __future__ import annotations
@@ -17,10 +18,14 @@ from mqtt_proxy.auth.authenticator import AuthResult
 from mqtt_proxy.codec import ReasonCode
 from mqtt_proxy.config import LimitsConfig, MQTTConfig
 from mqtt_proxy.delivery import DeliveryPump, SessionContext
+from mqtt_proxy.inbound import InboundBatcher
+from mqtt_proxy.publish import Publisher
 from mqtt_proxy.router import SubscriptionRouter
-from mqtt_proxy.session_store import SessionStore
 from mqtt_proxy.sessions import SessionRegistry
 from mqtt_proxy.stats import BrokerStats
+from push.read_cache import ReadCache
+from push.watches import QueueWatches
+from store.api import Store
 
 
 class AllowAll:
@@ -33,22 +38,18 @@ class AllowAll:
 class MQTTFrontEnd:
     """Admission of connections, and the parts their packets go to."""
 
-    def __init__(self, registry: SessionRegistry, router: SubscriptionRouter, store, timers=None) -> None:
+    def __init__(self, registry: SessionRegistry, router: SubscriptionRouter, publisher: Publisher) -> None:
         self.registry = registry
         self.router = router
-        self.store = store  # publish.py stores inbound PUBLISHes
-        self.timers = timers  # ... and $delayed/ ones through the timer service
+        self.publisher = publisher
         self.clock = registry.clock
         self.config = registry.config
         self.limits = registry.limits
         self.stats = registry.stats
         self.acl = registry.acl
         self.auth = registry.auth
-        self.sessions_db = registry.sessions_db
-        self.retained = router.retained
         self.connections: set = set()
         self.started_at = self.clock.seconds()
-        self.valid_topics: set[str] = set()  # topic names that passed validation (publish.py)
         self._rate: dict[str, tuple[int, int]] = {}  # address -> (second, connections in it)
         self.closing = False
 
@@ -114,11 +115,14 @@ class MQTTFrontEnd:
             conn.close(ReasonCode.SERVER_SHUTTING_DOWN)
 
 
-def build_front_end(store, sessions_db: SessionStore, notifier, read_cache, retained, clock, config: MQTTConfig,
-                    limits: LimitsConfig, timers=None, auth=None, acl=None) -> MQTTFrontEnd:
-    """Delivery pump, router, registry and front end over the given store side, as cluster/node.py builds them."""
+def build_front_end(store: Store, clock, config: MQTTConfig, limits: LimitsConfig, auth=None, acl=None,
+                    holder: str = "node", read_cache: ReadCache | None = None) -> MQTTFrontEnd:
+    """Delivery pump, router, registry, publisher and front end over ``store``; ``holder`` claims sessions."""
     acl = acl or ACL.allow_all()
-    ctx = SessionContext(DeliveryPump(read_cache, notifier, clock, BrokerStats()), sessions_db, config.max_inflight)
-    router = SubscriptionRouter(store, ctx, retained, acl, limits)
-    registry = SessionRegistry(ctx, router, store, auth or AllowAll(), acl, config, limits)
-    return MQTTFrontEnd(registry, router, store, timers)
+    stats = BrokerStats()
+    pump = DeliveryPump(read_cache or ReadCache(store), QueueWatches(store), clock, stats)
+    ctx = SessionContext(pump, store, config.max_inflight)
+    inbound = InboundBatcher(store, clock)
+    router = SubscriptionRouter(store, ctx, acl, limits)
+    registry = SessionRegistry(ctx, router, inbound, auth or AllowAll(), acl, config, limits, holder)
+    return MQTTFrontEnd(registry, router, Publisher(inbound, store, acl, config, limits, stats, clock))

@@ -23,7 +23,6 @@ from mqtt_proxy.codec import (
 from mqtt_proxy.codec.errors import UnsupportedProtocolVersion
 from mqtt_proxy.codec.reason import DISCONNECT_CODES
 from mqtt_proxy.codec.packets import PING_RESP, Auth, Properties
-from mqtt_proxy.publish import handle_publish, handle_pubrel
 from mqtt_proxy.subscribe import handle_subscribe, handle_unsubscribe
 from store.api import AppendStatus as PutStatus
 
@@ -140,13 +139,13 @@ class MQTTServerProtocol(protocol.Protocol):
         kind = type(packet)
         session = self.session
         if kind is Publish:
-            handle_publish(self.front, self, packet)
+            self.front.publisher.handle_publish(self, packet)
         elif kind is PubAck:
             session.on_puback(packet.packet_id)
         elif kind is PubRec:
             session.on_pubrec(packet.packet_id, packet.reason_code >= 0x80)
         elif kind is PubRel:
-            handle_pubrel(self.front, self, packet)
+            self.front.publisher.handle_pubrel(self, packet)
         elif kind is PubComp:
             session.on_pubcomp(packet.packet_id)
         elif kind is Subscribe:

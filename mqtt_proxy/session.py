@@ -2,35 +2,37 @@
 
 Packet ids, the in-flight window, QoS 1/2 acknowledgements, resends, topic
 aliases and the will live in ``session_state.SessionState`` (no I/O); this
-module reads from queue offsets, writes to the connection and the session store.
+module reads from queue positions, writes to the connection and to the store's
+session state (``store.api.Sessions``), every write carrying the session epoch
+its CONNECT claimed.
 
-A subscription owns an offset into the light queue of its filter, never a copy
-of a message. ``pump`` pulls from each offset (through the read cache), within
-the session's in-flight window, and sends; acknowledgements free the window.
-A persistent session outlives its connection: while offline it costs its
-offsets, and on return it resends what was in flight (DUP set, same packet id)
-and carries on from its offsets.
+A subscription owns one position per broker group into the light queue of its
+filter, never a copy of a message. ``pump`` pulls from each position (through
+the read cache), within the session's in-flight window, and sends;
+acknowledgements free the window. A persistent session outlives its
+connection: while offline it costs its positions, and on return it resends
+what was in flight (DUP set, same packet id) and carries on from its positions.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from mqtt_proxy import message_props
-from mqtt_proxy.codec import NO_PROPERTIES, PubRel, encode, encode_properties, encode_publish, patch_publish
+from mqtt_proxy.codec import PubRel, encode, encode_properties, encode_publish, patch_publish
 from mqtt_proxy.codec.wire import PacketType
 from mqtt_proxy.session_state import (DeleteOutbound, DeleteReleased, GroupAcked, PumpSoon,
                                       Resend, SaveOutbound, SaveReleased, SendPubRel, SessionState)
-from mqtt_proxy.session_store import StoredSubscription
+from store.api import Fenced, OutboundState, QueuePosition, ReadResult, SubscriptionState
 
 if TYPE_CHECKING:
     from mqtt_proxy.delivery import SessionContext
 
 log = logging.getLogger("twistmq.mqtt.session")
 
-PUMP_BATCH = 256  # messages read per subscription per pump: bounds one tick's work
+PUMP_BATCH = 256  # messages read per subscription position per pump: bounds one tick's work
 
 
 @dataclass
@@ -45,29 +47,41 @@ class Subscription:
     retain_as_published: bool = False
     sub_id: int = 0
     share: object | None = None  # the SharedGroup for $share subscriptions
-    next_offset: int = 0
-    inflight: set[int] = field(default_factory=set)  # queue offsets sent at QoS>0 and not yet acknowledged
-    reading: bool = False
+    positions: dict[str, QueuePosition] = field(default_factory=dict)  # broker group -> next position to send
+    reading: set[str] = field(default_factory=set)  # broker groups with a read under way
     dropped: int = 0  # owed messages lost to a disk limit (retention) while this session was subscribed
 
-    def stored(self) -> StoredSubscription:
+    def state(self) -> SubscriptionState:
+        """The subscription as ``Sessions.put_subscription`` stores it."""
         group = self.share.group if self.share is not None else None
-        return StoredSubscription(self.topic_filter, self.qos, self.no_local, self.retain_as_published,
-                                  self.sub_id, group, self.next_offset)
+        positions = () if self.share is not None else tuple(self.positions[g] for g in sorted(self.positions))
+        return SubscriptionState(self.topic_filter, self.qos, positions, self.no_local, self.retain_as_published,
+                                 self.sub_id, group)
 
 
 def _state_attr(name: str) -> property:
     return property(lambda self: getattr(self.state, name), lambda self, value: setattr(self.state, name, value))
 
 
+def _true(_) -> bool:
+    return True
+
+
+def _ignore_fenced(session: "Session") -> None:
+    """The default when nobody listens: a fenced session just stops writing."""
+
+
 class Session:
     """State of one client id, connected or not."""
 
-    def __init__(self, ctx: "SessionContext", client_id: str, level: int, expiry: int) -> None:
+    def __init__(self, ctx: "SessionContext", client_id: str, level: int, expiry: int, epoch: int = 0) -> None:
         self.ctx = ctx
         self.delivery = ctx.delivery
-        self.sessions_db = ctx.sessions_db
+        self.sessions = ctx.sessions
         self.client_id = client_id
+        self.epoch = epoch  # the session epoch this holder claimed: every session write carries it
+        self.fenced = False  # a newer holder claimed the session: write nothing more
+        self.on_fenced: Callable[[Session], None] = _ignore_fenced  # the registry's reaction to a Fenced refusal
         self.state = SessionState(level, expiry, ctx.max_inflight)  # everything the protocol decides on
         self.conn = None
         self.will_call = None
@@ -100,24 +114,51 @@ class Session:
         """How many more QoS>0 messages may be in flight now."""
         return self.state.window
 
+    # -- durable state --------------------------------------------------------------------
+
+    def write(self, name: str, *args):
+        """Call the session write ``name`` of the store with this client id, ``args`` and the epoch.
+
+        Returns a Deferred that fires True once the write is durable, False if
+        it failed (handled here: a ``Fenced`` refusal means a newer holder took
+        the session over, and the registry is told); None if the session is
+        fenced already.
+        """
+        if self.fenced:
+            return None
+        call = getattr(self.sessions, name)
+        # put_session's SessionMeta names the client itself; every other write takes the client id first.
+        d = call(*args, self.epoch) if name == "put_session" else call(self.client_id, *args, self.epoch)
+        return d.addCallbacks(_true, self._write_failed, errbackArgs=(name,))
+
+    def _write_failed(self, failure, name: str) -> bool:
+        if failure.check(Fenced):
+            if not self.fenced:
+                self.fenced = True
+                log.info("session_fenced client=%s epoch=%d operation=%s", self.client_id, self.epoch, name)
+                self.on_fenced(self)
+            return False
+        log.error("session_write_failed client=%s operation=%s error=%s", self.client_id, name,
+                  failure.getErrorMessage())
+        return False
+
     def carry_out(self, actions) -> None:
-        """Do what the state machine asked: writes, session-store updates, group acks, a pump."""
-        db = self.sessions_db
+        """Do what the state machine asked: writes, session-state updates, group acks, a pump."""
         for a in actions:
             kind = type(a)
             if kind is SendPubRel:
                 if self.conn is not None:
                     self.conn.write(encode(PubRel(a.packet_id), self.state.level))
             elif kind is SaveOutbound:
-                db.save_outbound(self.client_id, a.packet_id, a.sub_key, a.queue_offset, a.qos)
+                self.write("put_outbound", OutboundState(a.packet_id, a.sub_key, a.position, a.qos))
             elif kind is DeleteOutbound:
-                db.delete_outbound(self.client_id, a.packet_id)
+                self.write("delete_outbound", a.packet_id)
             elif kind is SaveReleased:
-                db.save_released(self.client_id, a.packet_id)
+                self.write("put_released", a.packet_id)
             elif kind is DeleteReleased:
-                db.delete_released(self.client_id, a.packet_id)
+                self.write("delete_released", a.packet_id)
             elif kind is GroupAcked:
-                a.group.acked(a.queue_offset)
+                a.group.acked(a.position)
             elif kind is PumpSoon:
                 self.pump_soon()
             elif kind is Resend:
@@ -134,6 +175,8 @@ class Session:
         if self.expiry_call is not None and self.expiry_call.active():
             self.expiry_call.cancel()
         self.expiry_call = None
+        # What was in flight goes out again first (MQTT-4.4.0-1): a watch may pump new messages at once.
+        self.resend_inflight()
         for sub in self.subs.values():
             self.watch(sub)
 
@@ -172,18 +215,18 @@ class Session:
 
     def _resend(self, a: Resend) -> None:
         sub = self.subs[a.sub_key]
-        d = self.delivery.read(sub.queue, a.queue_offset, 1)
+        d = self.delivery.read(a.position, 1)
         d.addCallback(self._resend_one, a.packet_id, sub)
         d.addErrback(lambda f: log.error("resend_failed client=%s error=%s", self.client_id, f.getErrorMessage()))
 
-    def _resend_one(self, messages, pid: int, sub: Subscription) -> None:
+    def _resend_one(self, result: ReadResult, pid: int, sub: Subscription) -> None:
         if self.conn is None or pid not in self.outbound:
             return
-        if not messages or messages[0].queue_offset != self.outbound[pid].queue_offset:
+        o = self.outbound[pid]
+        if not result.messages or result.messages[0].position != o.position:
             self.carry_out(self.state.complete(pid))  # the record is gone (retention): nothing to resend
             return
-        o = self.outbound[pid]
-        self._send(messages[0].record, o.qos, pid, sub, dup=True)
+        self._send(result.messages[0].record, o.qos, pid, sub, dup=True)
 
     def pump_soon(self) -> None:
         """Pump once at the end of this tick: acknowledgements arrive in bursts, one read serves them all."""
@@ -196,7 +239,7 @@ class Session:
         self.pump()
 
     def pump(self) -> None:
-        """Pull and send what the window allows from every subscription's offset."""
+        """Pull and send what the window allows from every subscription's positions."""
         if self.conn is None:
             return
         if self._pumping:
@@ -207,77 +250,73 @@ class Session:
             while True:
                 self._pump_again = False
                 for sub in list(self.subs.values()):
-                    if sub.share is None and not sub.reading:
-                        self._pump_sub(sub)
+                    if sub.share is None:
+                        for group in list(sub.positions):
+                            if group not in sub.reading:
+                                self._pump_sub(sub, group)
                 if not self._pump_again or self.conn is None:
                     break
         finally:
             self._pumping = False
-        self._persist_offsets()
+        self._persist_positions()
 
-    def _pump_sub(self, sub: Subscription) -> None:
+    def _pump_sub(self, sub: Subscription, group: str) -> None:
         if self.conn is None or self.conn.paused:
             return
         if sub.qos > 0 and self.window <= 0:
             return
-        sub.reading = True
-        d = self.delivery.read(sub.queue, sub.next_offset, PUMP_BATCH)
-        d.addCallback(self._deliver_batch, sub)
-        d.addErrback(self._read_failed, sub)
+        sub.reading.add(group)
+        start = sub.positions[group]
+        d = self.delivery.read(start, PUMP_BATCH)
+        d.addCallback(self._deliver_batch, sub, start)
+        d.addErrback(self._read_failed, sub, group)
 
-    def _read_failed(self, failure, sub: Subscription) -> None:
-        sub.reading = False
+    def _read_failed(self, failure, sub: Subscription, group: str) -> None:
+        sub.reading.discard(group)
         log.error("read_failed client=%s queue=%s error=%s", self.client_id, sub.queue, failure.getErrorMessage())
 
-    def _deliver_batch(self, messages, sub: Subscription) -> None:
-        sub.reading = False
-        if self.conn is None or sub.key not in self.subs:
+    def _deliver_batch(self, result: ReadResult, sub: Subscription, start: QueuePosition) -> None:
+        group = start.group
+        sub.reading.discard(group)
+        if self.conn is None or self.subs.get(sub.key) is not sub or sub.positions.get(group) != start:
             return
-        now = self.delivery.now_ms()
-        advanced = False
+        if result.lost:
+            sub.dropped += result.lost
+            self.delivery.gap(f"client={self.client_id}", sub.queue, result.lost)
+        messages = result.messages
         more = len(messages) == PUMP_BATCH
-        if messages and messages[0].queue_offset > sub.next_offset:
-            self._gap(sub, messages[0].queue_offset)
+        now = self.delivery.now_ms()
+        window = self.window
+        conn = self.conn
+        stopped_at = None  # the first message not sent (the window or the connection is full)
         for m in messages:
-            if m.queue_offset < sub.next_offset:
-                continue
             record = m.record
             qos = min(sub.qos, record.qos)
-            if qos and self.window <= 0:
+            if (qos and window <= 0) or conn.paused:
+                stopped_at = m.position
                 more = False
                 break
-            if self.conn.paused:
-                more = False
-                break
-            sub.next_offset = m.queue_offset + 1
-            advanced = True
             if sub.no_local and record.client_id == self.client_id:
                 continue
             if record.properties and message_props.expired(record.properties, now):
                 self.delivery.stats.messages_expired += 1
                 continue
-            pid, actions = self.state.offer(sub, m.queue_offset, qos)
+            pid, actions = self.state.offer(sub, m.position, qos)
             if actions:
                 self.carry_out(actions)
+            if qos:
+                window -= 1
             self._send(record, qos, pid, sub)
-        if advanced:
+        position = result.next if stopped_at is None else stopped_at
+        if position != start:
+            sub.positions[group] = position
             self._dirty_subs.add(sub.key)
         if more:
             self._pump_again = True
             if not self._pumping:
                 self.pump()
         elif not self._pumping:
-            self._persist_offsets()
-
-    def _gap(self, sub: Subscription, first_live: int) -> None:
-        """Owed messages are gone (a disk limit deleted them): count, log, and resume after the gap."""
-        lost = first_live - sub.next_offset
-        sub.dropped += lost
-        self.delivery.stats.messages_gap += lost
-        log.warning("delivery_gap client=%s queue=%s queue_offsets=[%d,%d) messages=%d",
-                    self.client_id, sub.queue, sub.next_offset, first_live, lost)
-        sub.next_offset = first_live
-        self._dirty_subs.add(sub.key)
+            self._persist_positions()
 
     def send_retained(self, record, sub: Subscription) -> None:
         """Send a retained message in answer to a subscribe (RETAIN set, not tied to an offset)."""
@@ -287,9 +326,9 @@ class Session:
         pid = self.state.offer_retained(qos)
         self._send(record, qos, pid, sub, retain=True)
 
-    def send_group_message(self, record, qos: int, sub: Subscription, group, queue_offset: int) -> int | None:
+    def send_group_message(self, record, qos: int, sub: Subscription, group, position: QueuePosition) -> int | None:
         """Send one message of a shared group; return its packet id (None for QoS 0)."""
-        pid = self.state.offer_group(sub, queue_offset, qos, group)
+        pid = self.state.offer_group(sub, position, qos, group)
         self._send(record, qos, pid, sub)
         return pid
 
@@ -347,7 +386,7 @@ class Session:
         self.carry_out(actions)
         return True
 
-    def _persist_offsets(self) -> None:
+    def _persist_positions(self) -> None:
         if not self._dirty_subs:
             return
         dirty, self._dirty_subs = self._dirty_subs, set()
@@ -356,4 +395,4 @@ class Session:
         for key in dirty:
             sub = self.subs.get(key)
             if sub is not None and sub.share is None:
-                self.sessions_db.save_subscription(self.client_id, key, sub.stored())
+                self.write("put_subscription", sub.state())

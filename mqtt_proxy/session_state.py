@@ -27,8 +27,8 @@ class SessionStateError(Exception):
 class Outbound:
     """A QoS 1/2 PUBLISH sent and not yet completed."""
 
-    sub_key: str | None  # None: a retained message sent on subscribe (not tied to a queue offset)
-    queue_offset: int
+    sub_key: str | None  # None: a retained message sent on subscribe (not tied to a queue position)
+    position: object  # the message's QueuePosition (opaque here; None for a retained one)
     qos: int
     released: bool = False  # QoS 2: PUBREC seen, PUBREL sent, waiting for PUBCOMP
     group: object | None = None
@@ -50,7 +50,7 @@ class SaveOutbound:
 
     packet_id: int
     sub_key: str
-    queue_offset: int
+    position: object
     qos: int
 
 
@@ -77,10 +77,10 @@ class DeleteReleased:
 
 @dataclass(frozen=True, slots=True)
 class GroupAcked:
-    """Tell a shared group its message at ``queue_offset`` is done with."""
+    """Tell a shared group its message at ``position`` is done with."""
 
     group: object
-    queue_offset: int
+    position: object
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,11 +90,11 @@ class PumpSoon:
 
 @dataclass(frozen=True, slots=True)
 class Resend:
-    """After a reconnect: read the message at ``queue_offset`` of ``sub_key`` and send it again with DUP set."""
+    """After a reconnect: read the message at ``position`` of ``sub_key`` and send it again with DUP set."""
 
     packet_id: int
     sub_key: str
-    queue_offset: int
+    position: object
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +119,7 @@ class SessionState:
     """One client id's session state, connected or not, with no I/O.
 
     ``subs`` maps a subscription key to the session's Subscription objects
-    (``session.py``); this class reads only their ``key`` and ``inflight`` set.
+    (``session.py``); this class reads only their ``key``.
     """
 
     def __init__(self, level: int, expiry: int, max_inflight: int) -> None:
@@ -197,15 +197,14 @@ class SessionState:
                 return pid
         raise SessionStateError("no free packet identifier")
 
-    def offer(self, sub, queue_offset: int, qos: int) -> tuple[int | None, list]:
+    def offer(self, sub, position, qos: int) -> tuple[int | None, list]:
         """A queue message goes out at ``qos``: its packet id (None at QoS 0) and what to persist."""
         if not qos:
             return None, []
         pid = self._allocate_pid()
-        self.outbound[pid] = Outbound(sub.key, queue_offset, qos)
-        sub.inflight.add(queue_offset)
+        self.outbound[pid] = Outbound(sub.key, position, qos)
         if self.persistent:
-            return pid, [SaveOutbound(pid, sub.key, queue_offset, qos)]
+            return pid, [SaveOutbound(pid, sub.key, position, qos)]
         return pid, []
 
     def offer_retained(self, qos: int) -> int | None:
@@ -213,15 +212,15 @@ class SessionState:
         if not qos:
             return None
         pid = self._allocate_pid()
-        self.outbound[pid] = Outbound(None, -1, qos)
+        self.outbound[pid] = Outbound(None, None, qos)
         return pid
 
-    def offer_group(self, sub, queue_offset: int, qos: int, group) -> int | None:
+    def offer_group(self, sub, position, qos: int, group) -> int | None:
         """A shared group's message: its packet id (None at QoS 0); the group keeps the offset."""
         if not qos:
             return None
         pid = self._allocate_pid()
-        self.outbound[pid] = Outbound(sub.key, queue_offset, qos, group=group)
+        self.outbound[pid] = Outbound(sub.key, position, qos, group=group)
         return pid
 
     # -- acknowledgements ----------------------------------------------------------------------
@@ -258,7 +257,7 @@ class SessionState:
         del self.outbound[packet_id]
         actions = []
         if o.group is not None:
-            actions.append(GroupAcked(o.group, o.queue_offset))
+            actions.append(GroupAcked(o.group, o.position))
         elif self.persistent:
             actions.append(DeleteReleased(packet_id))
         actions.append(PUMP_SOON)
@@ -277,12 +276,16 @@ class SessionState:
 
     def _finish_offset(self, o: Outbound) -> list:
         if o.group is not None:
-            return [GroupAcked(o.group, o.queue_offset)]
-        if o.sub_key is not None:
-            sub = self.subs.get(o.sub_key)
-            if sub is not None:
-                sub.inflight.discard(o.queue_offset)
+            return [GroupAcked(o.group, o.position)]
         return []
+
+    def owed(self, sub_key: str) -> list:
+        """Positions of ``sub_key``'s messages sent and not yet received by the client (retention keeps them).
+
+        A QoS 2 message released (PUBREC seen) is the client's already (MQTT-4.3.3).
+        """
+        return [o.position for o in self.outbound.values()
+                if o.sub_key == sub_key and o.group is None and not o.released]
 
     def resend_plan(self) -> list:
         """After a reconnect (MQTT-4.4.0-1): PUBREL for released ids, the PUBLISH again for the rest."""
@@ -295,7 +298,7 @@ class SessionState:
             elif o.sub_key is None or o.sub_key not in self.subs:
                 actions += self.complete(pid)
             else:
-                actions.append(Resend(pid, o.sub_key, o.queue_offset))
+                actions.append(Resend(pid, o.sub_key, o.position))
         return actions
 
     # -- topic aliases -------------------------------------------------------------------------

@@ -20,11 +20,12 @@ from mqtt_proxy.auth.acl import ACL
 from mqtt_proxy.codec import MQTT_5, ConnAck, Properties, ReasonCode
 from mqtt_proxy.config import LimitsConfig, MQTTConfig
 from mqtt_proxy.delivery import SessionContext
+from mqtt_proxy.inbound import InboundBatcher
 from mqtt_proxy.router import SubscriptionRouter
 from mqtt_proxy.session import Session
 from mqtt_proxy.session_state import NEVER_EXPIRES, Outbound, ScheduleWill
 from store import record as rec
-from store.api import Owed
+from store.api import Owed, SessionMeta, SessionState, Sessions, StoreError
 
 log = logging.getLogger("twistmq.mqtt.broker")  # the logger name is a stable, greppable part of the log lines
 
@@ -32,16 +33,17 @@ log = logging.getLogger("twistmq.mqtt.broker")  # the logger name is a stable, g
 class SessionRegistry:
     """Sessions by client id, connected or not, and the timers of their expiry and delayed wills."""
 
-    def __init__(self, ctx: SessionContext, router: SubscriptionRouter, store, auth, acl: ACL,
-                 config: MQTTConfig, limits: LimitsConfig) -> None:
+    def __init__(self, ctx: SessionContext, router: SubscriptionRouter, inbound: InboundBatcher, auth, acl: ACL,
+                 config: MQTTConfig, limits: LimitsConfig, holder: str = "node") -> None:
         self.ctx = ctx
         self.router = router
-        self.sessions_db = ctx.sessions_db
-        self.store = store  # wills are published into it
+        self.store: Sessions = ctx.sessions  # claims, session state
+        self.inbound = inbound  # wills are published through it, after what their client published
         self.auth = auth
         self.acl = acl
         self.config = config
         self.limits = limits
+        self.holder = holder  # who claims sessions here (``Sessions.claim_session``): this proxy's member id
         self.clock = ctx.delivery.clock
         self.stats = ctx.delivery.stats
         self.sessions: dict[str, Session] = {}
@@ -53,38 +55,53 @@ class SessionRegistry:
 
     @defer.inlineCallbacks
     def restore(self):
-        """Bring persistent sessions back from the session store (before listeners open)."""
-        stored = self.sessions_db.load_all()
+        """Bring back the persistent sessions this holder held (before listeners open)."""
+        stored = yield self.store.list_sessions()
         now = self.now_ms()
         restored = expired = 0
-        for cid, s in stored.items():
-            if s.disconnected_at is not None and s.expiry != NEVER_EXPIRES \
-                    and s.disconnected_at + s.expiry * 1000 <= now:
-                yield self.sessions_db.delete_session(cid)
+        for state in stored:
+            meta = state.meta
+            if state.holder not in ("", self.holder) or meta.client_id in self.sessions:
+                continue  # held by another proxy: it comes back when its client connects here
+            if meta.disconnected_at_ms is not None and meta.expiry_s != NEVER_EXPIRES \
+                    and meta.disconnected_at_ms + meta.expiry_s * 1000 <= now:
+                try:
+                    yield self.store.delete_session(meta.client_id, state.epoch)
+                except StoreError as exc:
+                    log.warning("session_expire_failed client=%s error=%s", meta.client_id, exc)
                 expired += 1
                 continue
-            session = Session(self.ctx, cid, s.level, s.expiry)
-            for key, ss in s.subscriptions.items():
-                sub = yield self.router.restore_subscription(session, key, ss)
-                session.subs[key] = sub
-            for pid, (key, qoff, qos) in s.outbound.items():
-                session.outbound[pid] = Outbound(key, qoff, qos)
-                if key in session.subs:
-                    session.subs[key].inflight.add(qoff)
-            for pid in s.released:
-                session.outbound[pid] = Outbound(None, -1, 2, released=True)
-            session.inbound_qos2 = set(s.inbound_qos2)
-            session.stored = True
-            self.sessions[cid] = session
-            self._schedule_expiry(session, s.disconnected_at or now)
+            session = yield self._revive(state)
+            self.sessions[meta.client_id] = session
+            self._schedule_expiry(session, meta.disconnected_at_ms or now)
             restored += 1
         log.info("sessions_restored sessions=%d expired=%d", restored, expired)
+
+    @defer.inlineCallbacks
+    def _revive(self, state: SessionState):
+        """A stored session as a live one (not yet in ``sessions``): subscriptions, in-flight state."""
+        meta = state.meta
+        session = self._new_session(meta.client_id, meta.protocol_level, meta.expiry_s, state.epoch)
+        for ss in state.subscriptions:
+            session.subs[ss.key] = yield self.router.restore_subscription(session, ss)
+        for o in state.outbound:
+            session.outbound[o.packet_id] = Outbound(o.subscription_key, o.position, o.qos)
+        for pid in state.released:
+            session.outbound[pid] = Outbound(None, None, 2, released=True)
+        session.inbound_qos2 = set(state.inbound_qos2)
+        session.stored = True
+        return session
+
+    def _new_session(self, client_id: str, level: int, expiry: int, epoch: int) -> Session:
+        session = Session(self.ctx, client_id, level, expiry, epoch)
+        session.on_fenced = self._fenced
+        return session
 
     # -- CONNECT ------------------------------------------------------------------------------
 
     @defer.inlineCallbacks
     def connect(self, conn, packet):
-        """Authenticate, find or create the session, answer CONNACK, then resume delivery."""
+        """Authenticate, claim the session, find or create it, answer CONNACK, then resume delivery."""
         level = packet.protocol_level
         props = packet.properties
         client_id = packet.client_id
@@ -118,18 +135,36 @@ class SessionRegistry:
             conn.client_max_packet_size = props.maximum_packet_size or 0
             conn.client_alias_maximum = props.topic_alias_maximum or 0
 
+        # MQTT-3.1.4-3: claim the session first, so a holder elsewhere is fenced off before we read its state.
+        # An id assigned here is new: nobody else can hold it.
+        epoch = 0
+        if assigned is None:
+            try:
+                epoch = yield self.store.claim_session(client_id, self.holder)
+            except StoreError as exc:
+                log.error("session_claim_failed client=%s error=%s", client_id, exc)
+                conn.refuse(ReasonCode.SERVER_UNAVAILABLE)
+                return
         session = self.sessions.get(client_id)
-        if session is not None and session.conn is not None:
-            self.take_over(session)
-            session = self.sessions.get(client_id)  # a non-persistent session ended with the old link
+        if session is not None:
+            session.epoch, session.fenced = epoch, False
+            if session.conn is not None:
+                self.take_over(session)
+                session = self.sessions.get(client_id)  # a non-persistent session ended with the old link
+        elif assigned is None:
+            session = yield self._load(client_id, epoch, packet.clean_start)
         session_present = False
         if session is not None and packet.clean_start:
             yield self.end_session(session)
             session = None
         if session is None:
-            session = Session(self.ctx, client_id, level, expiry)
+            session = self.sessions.get(client_id)  # another CONNECT of the id made one meanwhile
+            if session is not None:
+                session.epoch, session.fenced = epoch, False
+        if session is None:
+            session = self._new_session(client_id, level, expiry, epoch)
             self.sessions[client_id] = session
-        else:
+        elif not packet.clean_start:
             session_present = True
         if not conn.connected:
             # The client left while we waited for the store: keep the session as it is.
@@ -145,13 +180,13 @@ class SessionRegistry:
         session.max_packet_size = conn.client_max_packet_size
         session.alias_maximum = conn.client_alias_maximum
         if session.persistent:
-            yield self.sessions_db.save_session(client_id, expiry, level, None)
+            yield session.write("put_session", SessionMeta(client_id, expiry, level, None))
             session.stored = True
         elif session.stored:
             # Scans of a RocksDB range full of tombstones get slow: only delete what was written.
             session.stored = False
-            yield self.sessions_db.delete_session(client_id)
-        if not conn.connected:
+            yield session.write("delete_session")
+        if not conn.connected or session.fenced:
             self._schedule_expiry(session, self.now_ms())
             return
 
@@ -173,17 +208,66 @@ class SessionRegistry:
         conn.session = session
         conn.send(ConnAck(session_present, ReasonCode.SUCCESS, ack_props or Properties()))
         self.stats.clients_connected += 1
-        session.attach(conn)
-        session.resend_inflight()
+        session.attach(conn)  # resends what was in flight
         session.pump()
         log.info("client_connected client=%s level=%d clean=%s expiry=%d present=%s peer=%s",
                  client_id, level, packet.clean_start, expiry, session_present, conn.peer_host)
 
+    @defer.inlineCallbacks
+    def _load(self, client_id: str, epoch: int, clean_start: bool):
+        """The stored session of ``client_id`` (held elsewhere before, or by nobody since a restart), or None.
+
+        A clean start deletes what was stored instead.
+        """
+        try:
+            state = yield self.store.get_session(client_id)
+        except StoreError as exc:
+            log.error("session_load_failed client=%s error=%s", client_id, exc)
+            return None
+        if state is None:
+            return None
+        if clean_start:
+            try:
+                yield self.store.delete_session(client_id, epoch)
+            except StoreError as exc:
+                log.warning("session_delete_failed client=%s error=%s", client_id, exc)
+            return None
+        session = yield self._revive(state)
+        session.epoch = epoch
+        if client_id in self.sessions:  # another CONNECT of the id won the race: keep its session
+            self.router.release(session)
+            return self.sessions[client_id]
+        self.sessions[client_id] = session
+        return session
+
     def take_over(self, session: Session) -> None:
+        """MQTT-3.1.4-3: a new connection of the client id here closes the old one (v5: 0x8E)."""
         old = session.conn
         log.info("session_taken_over client=%s", session.client_id)
         self.conn_gone(old, publish_will=True)
         old.close(ReasonCode.SESSION_TAKEN_OVER)
+
+    def taken_over(self, client_id: str, epoch: int) -> None:
+        """Another holder claimed ``client_id`` with ``epoch`` (the store's event, carried to the old holder).
+
+        A session held here with an older epoch is fenced: its client is
+        disconnected (v5: 0x8E) and it is forgotten here, without a write.
+        """
+        session = self.sessions.get(client_id)
+        if session is not None and session.epoch < epoch and not session.fenced:
+            session.fenced = True
+            self._fenced(session)
+
+    def _fenced(self, session: Session) -> None:
+        """A write of ``session`` was refused as ``Fenced``: a newer holder has it. Let it go here."""
+        log.info("session_taken_over client=%s epoch=%d holder=elsewhere", session.client_id, session.epoch)
+        conn = session.conn
+        if conn is not None:
+            self.conn_gone(conn, publish_will=True)  # as a takeover here: the old link's will goes out
+            conn.close(ReasonCode.SESSION_TAKEN_OVER)
+        if self.sessions.get(session.client_id) is session:
+            session.stored = False  # the new holder owns what is stored
+            self.end_session(session)
 
     # -- leaving ------------------------------------------------------------------------------
 
@@ -229,7 +313,8 @@ class SessionRegistry:
         if not session.persistent:
             self.end_session(session)
         else:
-            self.sessions_db.save_session(session.client_id, session.expiry, session.level, self.now_ms())
+            session.write("put_session", SessionMeta(session.client_id, session.expiry, session.level,
+                                                     self.now_ms()))
             session.stored = True
             self._schedule_expiry(session, self.now_ms())
         log.info("client_disconnected client=%s will=%s", session.client_id, bool(will_actions))
@@ -261,10 +346,10 @@ class SessionRegistry:
             session.expiry_call.cancel()
         self.router.release(session)
         session.outbound = {}
-        if not session.stored:
+        if not session.stored or session.fenced:
             return defer.succeed(None)
         session.stored = False
-        return self.sessions_db.delete_session(session.client_id)
+        return session.write("delete_session")
 
     # -- will ---------------------------------------------------------------------------------
 
@@ -276,21 +361,24 @@ class SessionRegistry:
             return
         message = rec.Message(will.topic, will.payload, rec.RecordKind.MQTT_PUBLISH, will.qos, will.retain,
                               client_id, self.now_ms(), message_props.to_record(will.properties, self.now_ms()))
-        d = self.store.put(message)
-        d.addCallback(lambda r: log.info("will_published client=%s topic=%s status=%s",
-                                         client_id, will.topic, r.status.name))
+        self.inbound.submit(message, lambda r: log.info("will_published client=%s topic=%s status=%s",
+                                                        client_id, will.topic, r.status.name))
 
     # -- retention ---------------------------------------------------------------------------
 
     def owed(self):
         """Retention holder: per session subscription and shared group, the lowest queue offset still owed.
 
-        A subscription owes from its oldest unacknowledged QoS 1/2 message, else
-        from its next offset; a shared group from its committed offset.
+        A subscription owes, in each broker group, from its oldest unacknowledged
+        QoS 1/2 message there, else from its next position; a shared group from
+        its committed positions. (Retention is the local store's: the offsets
+        are its own group's, read only here, at the composition root's request.)
         """
         for cid, session in self.sessions.items():
             for sub in session.subs.values():
                 if sub.share is None:
-                    low = min(sub.inflight) if sub.inflight else sub.next_offset
-                    yield Owed("session " + cid, sub.queue, min(low, sub.next_offset))
+                    owed = session.state.owed(sub.key)
+                    for position in sub.positions.values():
+                        low = min((p for p in owed if p.group == position.group), default=position)
+                        yield Owed("session " + cid, sub.queue, min(low, position).offset)
         yield from self.router.owed()

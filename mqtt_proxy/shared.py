@@ -1,11 +1,15 @@
-"""Shared subscriptions (``$share/group/filter``): one offset per group, members served in turn.
+"""Shared subscriptions (``$share/group/filter``): one position per broker group, members served in turn.
 
-The group reads the filter's light queue once, from its own offset, and hands
-each message to the next member with room in its window. A message counts as
-delivered only when that member completes it (PUBACK, or PUBREC for QoS 2);
-if the member's connection drops first, the message goes back to the front of
-the line for another member. The committed offset (the lowest message not yet
-completed) is persisted, so a restart redelivers at most what was in flight.
+The group reads the filter's light queue once, from its own position (one per
+broker group holding the queue), and hands each message to the next member
+with room in its window. A message counts as delivered only when that member
+completes it (PUBACK, or PUBREC for QoS 2); if the member's connection drops
+first, the message goes back to the front of the line for another member. The
+committed position (the lowest message not yet completed) is made durable with
+``put_share_position``, so a restart redelivers at most what was in flight.
+
+``ShareCursor`` is that bookkeeping for one broker group's copy of the queue,
+with no I/O; ``SharedGroup`` reads, sends and writes for it.
 """
 
 from __future__ import annotations
@@ -13,30 +17,56 @@ from __future__ import annotations
 import logging
 
 from mqtt_proxy import message_props
+from store.api import QueuePosition, ReadResult
 
 log = logging.getLogger("twistmq.mqtt.shared")
 
 BATCH = 256
 
 
-class SharedGroup:
-    """Members of one ``$share/group/filter`` and the group's position in the queue."""
+class ShareCursor:
+    """A share group's place in one broker group's copy of the queue: next, in flight, owed again, committed."""
 
-    def __init__(self, ctx, group: str, topic_filter: str, queue: str, start_offset: int) -> None:
+    def __init__(self, start: QueuePosition) -> None:
+        self.next = start
+        self.committed = start
+        self.inflight: dict[QueuePosition, object] = {}  # position -> the session it was sent to
+        self.redeliver: list[QueuePosition] = []  # taken back from a member that left, oldest first
+        self.reading = False
+
+    def take_back(self, session) -> int:
+        """A member left: what it had in flight goes to the front of the line again; how many."""
+        lost = [p for p, s in self.inflight.items() if s is session]
+        for p in lost:
+            del self.inflight[p]
+        if lost:
+            self.redeliver = sorted(set(self.redeliver) | set(lost))
+        return len(lost)
+
+    def commit(self) -> QueuePosition | None:
+        """The new committed position if it moved (the lowest still owed, else next), else None."""
+        pending = list(self.inflight) + self.redeliver
+        committed = min(pending) if pending else self.next
+        if committed == self.committed:
+            return None
+        self.committed = committed
+        return committed
+
+
+class SharedGroup:
+    """The members of one ``$share/group/filter`` and the group's positions in the queue."""
+
+    def __init__(self, ctx, group: str, topic_filter: str, queue: str, starts: tuple[QueuePosition, ...]) -> None:
         self.delivery = ctx.delivery  # reads, queue news, the clock and the counters
-        self.sessions_db = ctx.sessions_db  # where the committed offset is kept
+        self.sessions = ctx.sessions  # where the committed positions are kept
         self.group = group
         self.topic_filter = topic_filter
         self.queue = queue
-        self.next_offset = start_offset
-        self.committed = start_offset
+        self.cursors = {p.group: ShareCursor(p) for p in starts}  # broker group -> its cursor
         self.members: list[tuple[object, object]] = []  # (session, subscription), connected ones
         self.subscribers = 0  # sessions holding the subscription, connected or not
-        self.inflight: dict[int, object] = {}  # queue offset -> session
-        self.redeliver: list[int] = []
         self._rr = 0
         self.dropped = 0  # owed messages lost to a disk limit (retention)
-        self._reading = False
         self._pump_scheduled = False
         self.delivery.watch(queue, id(self), lambda _q: self.pump())
 
@@ -50,40 +80,31 @@ class SharedGroup:
 
     def member_left(self, session, sub) -> None:
         self.members = [(s, x) for s, x in self.members if s is not session]
-        lost = sorted(off for off, s in self.inflight.items() if s is session)
-        for off in lost:
-            del self.inflight[off]
+        lost = sum(cursor.take_back(session) for cursor in self.cursors.values())
         if lost:
-            self.redeliver = sorted(set(self.redeliver) | set(lost))
-            log.info("share_redeliver group=%s filter=%s messages=%d", self.group, self.topic_filter, len(lost))
+            log.info("share_redeliver group=%s filter=%s messages=%d", self.group, self.topic_filter, lost)
         self.pump()
 
-    def acked(self, queue_offset: int) -> None:
-        self.inflight.pop(queue_offset, None)
+    def acked(self, position: QueuePosition) -> None:
+        cursor = self.cursors.get(position.group)
+        if cursor is not None:
+            cursor.inflight.pop(position, None)
         if not self._pump_scheduled:  # acknowledgements come in bursts: commit and pump once per tick
             self._pump_scheduled = True
             self.delivery.call_soon(self._after_acks)
 
     def _after_acks(self) -> None:
         self._pump_scheduled = False
-        self._commit()
+        for cursor in self.cursors.values():
+            self._commit(cursor)
         self.pump()
 
-    def _commit(self) -> None:
-        pending = list(self.inflight) + self.redeliver
-        committed = min(pending) if pending else self.next_offset
-        if committed != self.committed:
-            self.committed = committed
-            self.sessions_db.save_group_offset(self.group, self.topic_filter, committed)
-
-    def _gap(self, first_live: int) -> None:
-        """Owed messages are gone (a disk limit deleted them): count, log, and resume after the gap."""
-        lost = first_live - self.next_offset
-        self.dropped += lost
-        self.delivery.stats.messages_gap += lost
-        log.warning("delivery_gap share=%s filter=%s queue_offsets=[%d,%d) messages=%d",
-                    self.group, self.topic_filter, self.next_offset, first_live, lost)
-        self.next_offset = first_live
+    def _commit(self, cursor: ShareCursor) -> None:
+        committed = cursor.commit()
+        if committed is not None:
+            d = self.sessions.put_share_position(self.group, self.topic_filter, committed)
+            d.addErrback(lambda f: log.error("share_commit_failed group=%s filter=%s error=%s", self.group,
+                                             self.topic_filter, f.getErrorMessage()))
 
     def _next_member(self, qos: int):
         n = len(self.members)
@@ -98,56 +119,63 @@ class SharedGroup:
         return None
 
     def pump(self) -> None:
-        if self._reading or not self.members:
+        if not self.members:
             return
-        if self.redeliver:
-            offset, count = self.redeliver[0], 1
-        else:
-            offset, count = self.next_offset, BATCH
-        self._reading = True
-        d = self.delivery.read(self.queue, offset, count)
-        d.addCallback(self._deliver, bool(self.redeliver))
-        d.addErrback(self._failed)
+        for cursor in self.cursors.values():
+            if cursor.reading:
+                continue
+            redelivery = bool(cursor.redeliver)
+            position, count = (cursor.redeliver[0], 1) if redelivery else (cursor.next, BATCH)
+            cursor.reading = True
+            d = self.delivery.read(position, count)
+            d.addCallback(self._deliver, cursor, position, redelivery)
+            d.addErrback(self._failed, cursor)
 
-    def _failed(self, failure) -> None:
-        self._reading = False
+    def _failed(self, failure, cursor: ShareCursor) -> None:
+        cursor.reading = False
         log.error("share_read_failed group=%s error=%s", self.group, failure.getErrorMessage())
 
-    def _deliver(self, messages, redelivery: bool) -> None:
-        self._reading = False
-        progressed = False
+    def _deliver(self, result: ReadResult, cursor: ShareCursor, start: QueuePosition, redelivery: bool) -> None:
+        cursor.reading = False
+        messages = result.messages
         if redelivery:
-            off = self.redeliver.pop(0)
-            if not messages or messages[0].queue_offset != off:
-                self._commit()  # gone (retention): nothing to redeliver
+            if not cursor.redeliver or cursor.redeliver[0] != start:
+                self.pump()  # the line changed meanwhile
+                return
+            cursor.redeliver.pop(0)
+            if not messages or messages[0].position != start:
+                self._commit(cursor)  # gone (retention): nothing to redeliver
                 self.pump()
                 return
+            messages = messages[:1]
+        elif cursor.next != start:
+            return
+        elif result.lost:
+            self.dropped += result.lost
+            self.delivery.gap(f"share={self.group} filter={self.topic_filter}", self.queue, result.lost)
+        progressed = False
         now = self.delivery.now_ms()
-        if not redelivery and messages and messages[0].queue_offset > self.next_offset:
-            self._gap(messages[0].queue_offset)
+        stopped_at = None
         for m in messages:
-            if not redelivery and m.queue_offset < self.next_offset:
-                continue
             record = m.record
             if record.properties and message_props.expired(record.properties, now):
                 self.delivery.stats.messages_expired += 1
-                if not redelivery:
-                    self.next_offset = m.queue_offset + 1
                 progressed = True
                 continue
             target = self._next_member(record.qos)
             if target is None:
+                stopped_at = m.position
                 if redelivery:
-                    self.redeliver.insert(0, m.queue_offset)
+                    cursor.redeliver.insert(0, m.position)
                 break
             session, sub = target
             qos = min(sub.qos, record.qos)
-            if not redelivery:
-                self.next_offset = m.queue_offset + 1
-            pid = session.send_group_message(record, qos, sub, self, m.queue_offset)
+            pid = session.send_group_message(record, qos, sub, self, m.position)
             if pid is not None:
-                self.inflight[m.queue_offset] = session
+                cursor.inflight[m.position] = session
             progressed = True
-        self._commit()
-        if progressed and (redelivery or len(messages) == BATCH or self.redeliver):
+        if not redelivery:
+            cursor.next = result.next if stopped_at is None else stopped_at
+        self._commit(cursor)
+        if progressed and (redelivery or len(messages) == BATCH or cursor.redeliver):
             self.pump()

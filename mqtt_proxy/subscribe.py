@@ -1,8 +1,8 @@
 """SUBSCRIBE and UNSUBSCRIBE: register interest in the store, persist, answer, send retained messages.
 
 A new subscription starts at the end of its filter's light queue (it gets what
-is published from now on); a repeated subscription keeps its offset and only
-changes its options. The subscription is durable before SUBACK goes out.
+is published from now on); a repeated subscription keeps its positions and
+only changes its options. The subscription is durable before SUBACK goes out.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from lightqueue.topic import TopicError, parse_shared
 from mqtt_proxy import message_props
 from mqtt_proxy.codec import MQTT_5, RetainHandling, ReasonCode, SubAck, UnsubAck
 from mqtt_proxy.session import Subscription
+from store.api import StoreError
 
 log = logging.getLogger("twistmq.mqtt.subscribe")
 
@@ -28,6 +29,7 @@ def handle_subscribe(router, conn, packet):
     sub_ids = packet.properties.subscription_identifiers
     sub_id = sub_ids[0] if sub_ids else 0
     codes = []
+    writes = []  # session writes SUBACK waits for
     retained_for: list[tuple[Subscription, bool]] = []
     for topic_filter, opts in packet.subscriptions:
         try:
@@ -62,9 +64,9 @@ def handle_subscribe(router, conn, packet):
                 sub.share = yield router.shared_group(group, real_filter, queue)
                 sub.share.subscribers += 1
             else:
-                sub.next_offset = yield router.store.max_offset(queue)
+                sub.positions = {p.group: p for p in (yield router.store.end_positions(queue))}
             if conn.session is not session or topic_filter in session.subs:
-                router.store.remove_filter(real_filter)  # lost a race with a disconnect or a twin SUBSCRIBE
+                router.remove_filter(real_filter)  # lost a race with a disconnect or a twin SUBSCRIBE
                 if sub.share is not None:
                     router.drop_group_member(sub)
                 if conn.session is not session:
@@ -74,15 +76,14 @@ def handle_subscribe(router, conn, packet):
                 session.subs[topic_filter] = sub
             is_new = True
         if session.persistent:
-            router.sessions_db.save_subscription(session.client_id, topic_filter, sub.stored())
+            writes.append(session.write("put_subscription", sub.state()))
         codes.append(qos)
         if sub.share is None and opts.retain_handling != RetainHandling.DO_NOT_SEND \
                 and not (opts.retain_handling == RetainHandling.SEND_IF_NEW_SUBSCRIPTION and not is_new):
             retained_for.append((sub, is_new))
         if is_new and session.conn is not None:
             session.watch(sub)
-    if session.persistent:
-        yield router.sessions_db.kv_barrier()
+    yield defer.gatherResults([d for d in writes if d is not None])
     if conn.session is not session:
         return
     conn.send(SubAck(packet.packet_id, tuple(codes)))
@@ -94,17 +95,16 @@ def handle_subscribe(router, conn, packet):
 @defer.inlineCallbacks
 def send_retained(router, conn, session, sub: Subscription):
     """Every retained message matching the subscription's filter that the client may read."""
-    if router.retained is None:
+    try:
+        found = yield router.store.get_retained(sub.topic_filter)
+    except StoreError as exc:
+        log.warning("retained_lookup_failed client=%s filter=%s error=%s", session.client_id, sub.topic_filter, exc)
         return
     now = router.now_ms()
-    for topic, cl_offset, size in router.retained.lookup(sub.topic_filter):
-        if not router.acl.allowed(conn.acl_username, session.client_id, topic, "read"):
+    for retained in found:
+        if not router.acl.allowed(conn.acl_username, session.client_id, retained.topic, "read"):
             continue
-        try:
-            record = yield router.store.read(cl_offset, size)
-        except Exception as exc:  # noqa: BLE001 - retention may have removed it since the lookup
-            log.info("retained_unreadable topic=%s error=%s", topic, exc)
-            continue
+        record = retained.record
         if record.properties and message_props.expired(record.properties, now):
             continue
         if conn.session is not session:
@@ -117,6 +117,7 @@ def handle_unsubscribe(router, conn, packet):
     """Drop subscriptions; v5 says per filter whether one existed."""
     session = conn.session
     codes = []
+    writes = []
     for topic_filter in packet.topic_filters:
         sub = session.subs.pop(topic_filter, None)
         if sub is None:
@@ -127,11 +128,10 @@ def handle_unsubscribe(router, conn, packet):
             router.drop_group_member(sub)
         else:
             session.unwatch(sub)
-        router.store.remove_filter(sub.topic_filter)
+        router.remove_filter(sub.topic_filter)
         if session.persistent:
-            router.sessions_db.delete_subscription(session.client_id, sub.stored())
+            writes.append(session.write("delete_subscription", topic_filter))
         codes.append(ReasonCode.SUCCESS)
-    if session.persistent:
-        yield router.sessions_db.kv_barrier()
+    yield defer.gatherResults([d for d in writes if d is not None])
     if conn.session is session:
         conn.send(UnsubAck(packet.packet_id, tuple(codes) if conn.level == MQTT_5 else ()))

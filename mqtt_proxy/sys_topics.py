@@ -10,16 +10,21 @@ Mosquitto's load figures: an exponentially decaying average of the figure's
 rate per minute, ``rate + exp(-elapsed/window) * (previous - rate)``, updated
 at each publish. The counters count PUBLISH packets and their bytes only
 (``messages/*`` and ``publish/messages/*`` are the same numbers here).
-``store/bytes`` and ``sessions`` are twistmq's own.
+``store/bytes`` and ``sessions`` are twistmq's own. Figures only the broker side
+knows (``retained messages/count``, ``store/bytes``) come from ``broker_figures``,
+a callable the composition root passes in; the rest are the front end's own.
 """
 
 from __future__ import annotations
 
 import math
 
+from typing import Callable
+
 from twisted.internet import task
 
 from store import record as rec
+from store.api import MessageLog
 
 LOAD_WINDOWS = (("1min", 60.0), ("5min", 300.0), ("15min", 900.0))
 
@@ -36,7 +41,13 @@ LOAD_FIGURES = {
 """``load/<name>/...`` -> the BrokerStats counter it averages."""
 
 
-def sys_values(front, store, version: str) -> dict[str, str]:
+def no_broker_figures() -> dict[str, str]:
+    """What a front end without broker figures publishes for them: nothing."""
+    return {}
+
+
+def sys_values(front, version: str, broker_figures: Callable[[], dict[str, str]] = no_broker_figures
+               ) -> dict[str, str]:
     """Topic suffix -> value, as text; *version* is twistmq's, as the composition root read it."""
     s = front.stats
     sessions = front.sessions
@@ -56,9 +67,8 @@ def sys_values(front, store, version: str) -> dict[str, str]:
         "bytes/received": str(s.bytes_received),
         "bytes/sent": str(s.bytes_sent),
         "subscriptions/count": str(sum(len(session.subs) for session in sessions.values())),
-        "retained messages/count": str(front.retained.count),
-        "store/bytes": str(store.size_bytes()),
         "sessions": str(len(sessions)),
+        **broker_figures(),
     }
 
 
@@ -83,9 +93,11 @@ class LoadAverage:
 class SysPublisher:
     """Publishes the $SYS values every ``interval`` seconds, retained."""
 
-    def __init__(self, front, store, clock, interval: float, version: str) -> None:
+    def __init__(self, front, store: MessageLog, clock, interval: float, version: str,
+                 broker_figures: Callable[[], dict[str, str]] = no_broker_figures) -> None:
         self.front = front
         self.version = version
+        self.broker_figures = broker_figures  # retained messages/count, store/bytes: the broker side's
         self.store = store
         self.clock = clock
         self.loop = task.LoopingCall(self.publish)
@@ -103,7 +115,7 @@ class SysPublisher:
 
     def values(self) -> dict[str, str]:
         """Every $SYS/broker/ suffix -> its text now, load figures included (and updated)."""
-        values = sys_values(self.front, self.store, self.version)
+        values = sys_values(self.front, self.version, self.broker_figures)
         now = self.clock.seconds()
         for name, counter in LOAD_FIGURES.items():
             for window, value in self.loads[name].update(now, counter(self.front.stats)).items():
@@ -114,4 +126,4 @@ class SysPublisher:
         now = self.front.now_ms()
         messages = [rec.Message("$SYS/broker/" + k, v.encode(), rec.RecordKind.MQTT_PUBLISH, 0, True, "", now)
                     for k, v in self.values().items()]
-        self.store.put_batch(messages)
+        self.store.append_batch(tuple(messages)).addErrback(lambda f: None)  # the next round publishes again

@@ -2,5 +2,6 @@
 
 from push.notifier import Notifier
 from push.read_cache import ReadCache
+from push.watches import QueueWatches
 
-__all__ = ["Notifier", "ReadCache"]
+__all__ = ["Notifier", "QueueWatches", "ReadCache"]

@@ -1,78 +1,115 @@
-"""A read cache in front of ``store.get``: one store read serves every session on a queue.
+"""A read cache in front of ``read_queue``: one store read serves every session on a queue.
 
-Sessions subscribed to the same filter read the same light-queue offsets at
+Sessions subscribed to the same filter read the same light-queue positions at
 nearly the same time. The cache keeps the most recent messages of each queue
-(by queue offset) so only the first reader touches the store.
+(per broker group), keyed by their ``QueuePosition``, so only the first reader
+reaches the store. Positions stay opaque: each cached message remembers the
+position its read said comes next, so a walk through the cache never computes
+with offsets, and a gap retention left is walked the way the store reported it.
+Each entry also links to the next entry once known, so a walk costs one dict
+lookup per read rather than one per message (fan-out reads the same run of
+messages once per subscriber).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 
 from twisted.internet import defer
 
+from store.api import QueuePosition, QueuedMessage, Queues, ReadResult
 
 MAX_CACHED_RECORD = 8192
 
 
 class ReadCache:
-    """Per-queue windows of recent QueueMessages, bounded in total entries."""
+    """Per-queue windows of recent messages, bounded in entries and bytes."""
 
-    def __init__(self, store, max_entries: int = 65536, per_queue: int = 4096, max_bytes: int = 8 << 20) -> None:
+    def __init__(self, store: Queues, max_entries: int = 65536, per_queue: int = 4096,
+                 max_bytes: int = 8 << 20) -> None:
         self._store = store
         self._max_entries = max_entries
         self._per_queue = per_queue
         self._max_bytes = max_bytes
-        self._queues: OrderedDict[str, dict[int, object]] = OrderedDict()
+        # (queue, group) -> position -> [message, position of the next message, the next entry or None]
+        self._queues: OrderedDict[tuple[str, str], dict[QueuePosition, list]] = OrderedDict()
         self._entries = 0
         self._bytes = 0  # record bytes held: large payloads must not multiply memory
         self.hits = 0
         self.misses = 0
 
-    def get(self, queue: str, offset: int, max_count: int) -> defer.Deferred:
-        """Messages of ``queue`` from ``offset`` (at most ``max_count``), from cache when possible."""
-        cached = self._queues.get(queue)
+    def read(self, position: QueuePosition, max_count: int) -> defer.Deferred[ReadResult]:
+        """Up to ``max_count`` messages from ``position`` on (as ``Queues.read_queue``), from cache when possible."""
+        key = (position.queue, position.group)
+        cached = self._queues.get(key)
         if cached is not None:
-            out = []
-            o = offset
-            while len(out) < max_count:
-                m = cached.get(o)
-                if m is None:
-                    break
-                out.append(m)
-                o += 1
-            if out:
+            entry = cached.get(position)
+            if entry is not None:
+                out: list[QueuedMessage] = []
+                while True:
+                    out.append(entry[0])
+                    if len(out) == max_count:
+                        break
+                    following = entry[2]
+                    if following is None or following[0] is None:  # not linked yet, or evicted since
+                        following = cached.get(entry[1])
+                        entry[2] = following
+                        if following is None:
+                            break
+                    entry = following
+                p = entry[1]
                 self.hits += len(out)
-                self._queues.move_to_end(queue)
+                self._queues.move_to_end(key)
                 if len(out) == max_count:
-                    return defer.succeed(out)
-                # partially cached: read the rest from the store
-                return self._store.get(queue, o, max_count - len(out)).addCallback(
-                    lambda more: out + self._fill(queue, more))
-        return self._store.get(queue, offset, max_count).addCallback(lambda got: self._fill(queue, got))
+                    return defer.succeed(ReadResult(tuple(out), p))
+                # partly cached: read the rest from the store
+                return self._store.read_queue(p, max_count - len(out)).addCallback(self._joined, key, tuple(out))
+        return self._store.read_queue(position, max_count).addCallback(self._fill, key)
 
-    def _fill(self, queue: str, messages: list) -> list:
+    def _joined(self, result: ReadResult, key, head: tuple) -> ReadResult:
+        self._fill(result, key)
+        return ReadResult(head + result.messages, result.next, result.lost)
+
+    def _fill(self, result: ReadResult, key) -> ReadResult:
+        messages = result.messages
         self.misses += len(messages)
         if not messages:
-            return messages
-        cached = self._queues.get(queue)
+            return result
+        cached = self._queues.get(key)
         if cached is None:
-            cached = self._queues[queue] = {}
+            cached = self._queues[key] = {}
         else:
-            self._queues.move_to_end(queue)
-        for m in messages:
-            if m.record.size > MAX_CACHED_RECORD:
+            self._queues.move_to_end(key)
+        last = len(messages) - 1
+        before = len(cached)
+        previous = None
+        for i, m in enumerate(messages):
+            size = m.record.size
+            if size > MAX_CACHED_RECORD:
+                previous = None
                 continue  # big payloads are not worth their memory here
-            if m.queue_offset not in cached:
-                cached[m.queue_offset] = m
-                self._entries += 1
-                self._bytes += m.record.size
+            held = len(cached)
+            # [message, position of the next message, the next entry once known]: a walk follows the links
+            entry = cached.setdefault(m.position, [m, messages[i + 1].position if i < last else result.next, None])
+            if len(cached) != held:
+                self._bytes += size
+            if previous is not None:
+                previous[2] = entry
+            previous = entry
+        self._entries += len(cached) - before
         if len(cached) > self._per_queue:
-            for off in sorted(cached)[: len(cached) - self._per_queue // 2]:
-                self._bytes -= cached.pop(off).record.size
-                self._entries -= 1
+            # Readers move forward, so entries go in (mostly) in position order: the oldest inserted go first.
+            for p in list(itertools.islice(cached, len(cached) - self._per_queue // 2)):
+                self._drop(cached.pop(p))
         while (self._entries > self._max_entries or self._bytes > self._max_bytes) and self._queues:
             _, evicted = self._queues.popitem(last=False)
-            self._entries -= len(evicted)
-            self._bytes -= sum(m.record.size for m in evicted.values())
-        return messages
+            for entry in evicted.values():
+                self._drop(entry)
+        return result
+
+    def _drop(self, entry: list) -> None:
+        """Forget an evicted entry; a link to it from a kept one reads as "not linked" (its message is None)."""
+        self._bytes -= entry[0].record.size
+        self._entries -= 1
+        entry[0] = entry[2] = None

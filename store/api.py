@@ -33,7 +33,7 @@ from store import native_types  # re-exported: the native request vocabulary the
 from store.record import Message, Record
 
 __all__ = [
-    "AppendResult", "AppendStatus", "InvalidArgument", "InternalError", "MessageLog", "NativeAddress",
+    "AppendResult", "AppendStatus", "Fenced", "InvalidArgument", "InternalError", "MessageLog", "NativeAddress",
     "NativeDelivery", "NativeError", "NativeItem", "NativeProduced", "NativeQueues", "NotFound", "OutboundState", "Owed",
     "QueuePosition", "Queues", "QuotaExceeded", "ReadResult", "QueuedMessage", "Retained", "RetainedMessage",
     "SessionMeta", "SessionState", "Sessions", "Store", "StoreError", "SubscriptionState", "Timers", "Unavailable",
@@ -77,6 +77,15 @@ class Unavailable(StoreError):
     """The store cannot serve now (not open, closing, a disk error): the call may succeed later."""
 
     code = "unavailable"
+
+
+class Fenced(StoreError):
+    """A session write carries an epoch older than the session's last claim: another holder took it over.
+
+    The writer must let the session go (MQTT-3.1.4-3: its client is disconnected, v5 reason 0x8E).
+    """
+
+    code = "fenced"
 
 
 class NativeError(StoreError):
@@ -167,6 +176,16 @@ class QueuePosition:
     def next(self) -> QueuePosition:
         """The position right after this one."""
         return QueuePosition(self.queue, self.group, self.offset + 1)
+
+    # Written out rather than generated: positions are dict keys and set members on the delivery path,
+    # and the generated methods build a tuple per call (string hashes are cached, so this is cheap).
+    def __hash__(self) -> int:
+        return self.offset ^ hash(self.queue)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not QueuePosition:
+            return NotImplemented
+        return self.offset == other.offset and self.queue == other.queue and self.group == other.group
 
     def _key(self, other: object) -> int:
         if not isinstance(other, QueuePosition) or (other.queue, other.group) != (self.queue, self.group):
@@ -323,15 +342,31 @@ class SessionState:
     """Outbound QoS 2 packet ids released (PUBREL owed until PUBCOMP)."""
     inbound_qos2: frozenset[int] = frozenset()
     """Inbound QoS 2 packet ids stored whose PUBREL has not come yet (exactly once)."""
+    epoch: int = 0
+    """The session epoch of the last ``claim_session`` (0: never claimed)."""
+    holder: str = ""
+    """Who made that claim (a proxy's member id; empty: never claimed)."""
 
 
 @runtime_checkable
 class Sessions(Protocol):
     """Durable MQTT session state: each write fires after the state is durable (survives kill -9).
 
-    Packet ids are 1..65535; anything else fails with ``InvalidArgument``.
-    Writes of one client id apply in call order.
+    One holder at a time: ``claim_session`` records who holds a client id's
+    session and bumps its epoch; every write of that session carries the epoch
+    its writer claimed and is refused with ``Fenced`` when a newer claim exists,
+    so a holder that was taken over (or merely stopped and woken) cannot change
+    the session any more (MQTT-3.1.4-3). An epoch never claimed is
+    ``InvalidArgument``. Packet ids are 1..65535; anything else fails with
+    ``InvalidArgument``. Writes of one client id apply in call order.
     """
+
+    def claim_session(self, client_id: str, holder: str) -> defer.Deferred[int]:
+        """Record ``holder`` as the session's holder under a new epoch, durably; fires with that epoch.
+
+        Works whether or not a session is stored (a CONNECT claims first). Epochs
+        of one client id only grow, also across ``delete_session``.
+        """
 
     def get_session(self, client_id: str) -> defer.Deferred[SessionState | None]:
         """The stored session of ``client_id`` with everything under it, or None."""
@@ -339,38 +374,41 @@ class Sessions(Protocol):
     def list_sessions(self) -> defer.Deferred[tuple[SessionState, ...]]:
         """Every stored session, in client-id order (restore after a restart, admin listings)."""
 
-    def put_session(self, meta: SessionMeta) -> defer.Deferred[None]:
+    def put_session(self, meta: SessionMeta, epoch: int) -> defer.Deferred[None]:
         """Create or update a session's existence and expiry."""
 
-    def delete_session(self, client_id: str) -> defer.Deferred[None]:
-        """Remove a session and everything under it (subscriptions, in-flight state); no error if absent."""
+    def delete_session(self, client_id: str, epoch: int) -> defer.Deferred[None]:
+        """Remove a session and everything under it (subscriptions, in-flight state); no error if absent.
 
-    def put_subscription(self, client_id: str, subscription: SubscriptionState) -> defer.Deferred[None]:
+        The claim stays (its epoch keeps fencing older holders).
+        """
+
+    def put_subscription(self, client_id: str, subscription: SubscriptionState, epoch: int) -> defer.Deferred[None]:
         """Store a subscription under its key (replacing one with the same key).
 
         Its positions must be in the filter's light queue (else
         ``InvalidArgument``) and of groups this store serves (else ``WrongGroup``).
         """
 
-    def delete_subscription(self, client_id: str, key: str) -> defer.Deferred[None]:
+    def delete_subscription(self, client_id: str, key: str, epoch: int) -> defer.Deferred[None]:
         """Remove the subscription named ``key`` (``SubscriptionState.key``); no error if absent."""
 
-    def put_outbound(self, client_id: str, outbound: OutboundState) -> defer.Deferred[None]:
+    def put_outbound(self, client_id: str, outbound: OutboundState, epoch: int) -> defer.Deferred[None]:
         """Record an outbound QoS 1/2 PUBLISH in flight."""
 
-    def delete_outbound(self, client_id: str, packet_id: int) -> defer.Deferred[None]:
+    def delete_outbound(self, client_id: str, packet_id: int, epoch: int) -> defer.Deferred[None]:
         """Forget an outbound PUBLISH (acknowledged, or released for QoS 2)."""
 
-    def put_released(self, client_id: str, packet_id: int) -> defer.Deferred[None]:
+    def put_released(self, client_id: str, packet_id: int, epoch: int) -> defer.Deferred[None]:
         """Record that PUBREL was sent for an outbound QoS 2 message."""
 
-    def delete_released(self, client_id: str, packet_id: int) -> defer.Deferred[None]:
+    def delete_released(self, client_id: str, packet_id: int, epoch: int) -> defer.Deferred[None]:
         """Forget a released packet id (PUBCOMP came)."""
 
-    def put_inbound_qos2(self, client_id: str, packet_id: int) -> defer.Deferred[None]:
+    def put_inbound_qos2(self, client_id: str, packet_id: int, epoch: int) -> defer.Deferred[None]:
         """Record an inbound QoS 2 message stored and answered with PUBREC."""
 
-    def delete_inbound_qos2(self, client_id: str, packet_id: int) -> defer.Deferred[None]:
+    def delete_inbound_qos2(self, client_id: str, packet_id: int, epoch: int) -> defer.Deferred[None]:
         """Forget an inbound QoS 2 packet id (PUBREL came)."""
 
     def get_share_positions(self, share_group: str,

@@ -35,7 +35,7 @@ from cluster.rpc.peer import PeerClient
 from cluster.rpc.protocol import RpcSettings
 from lightqueue.native_engine import NativeEngine
 from lightqueue.retained_index import RetainedIndex
-from mqtt_proxy.session_store import SessionStore
+from cluster.session_store import SessionStore
 from push.notifier import Notifier
 from store.config import NativeConfig, StoreConfig
 from store.executor import SynchronousExecutor

@@ -152,21 +152,29 @@ def test_unwatch_of_an_unknown_watch_fails(store):
 
 # -- session state ------------------------------------------------------------------------------------------
 
+HOLDER = "proxy-1"
+
+
+def _claim(store, client_id: str = "c1", holder: str = HOLDER) -> int:
+    return store.wait(store.store.claim_session(client_id, holder))
+
+
 def _session(store, client_id: str = "c1") -> tuple[api.SubscriptionState, api.SubscriptionState]:
     start = subscribe(store, "s/+")
-    store.wait(store.store.put_session(api.SessionMeta(client_id, 3600, 5, None)))
+    e = _claim(store, client_id)
+    store.wait(store.store.put_session(api.SessionMeta(client_id, 3600, 5, None), e))
     plain = api.SubscriptionState("s/+", 1, (start.next(),), no_local=True, sub_id=7)
     shared = api.SubscriptionState("s/#", 2, (), share_group="g")
-    store.wait(store.store.put_subscription(client_id, plain))
-    store.wait(store.store.put_subscription(client_id, shared))
-    store.wait(store.store.put_outbound(client_id, api.OutboundState(10, plain.key, start, 1)))
-    store.wait(store.store.put_released(client_id, 11))
-    store.wait(store.store.put_inbound_qos2(client_id, 12))
+    store.wait(store.store.put_subscription(client_id, plain, e))
+    store.wait(store.store.put_subscription(client_id, shared, e))
+    store.wait(store.store.put_outbound(client_id, api.OutboundState(10, plain.key, start, 1), e))
+    store.wait(store.store.put_released(client_id, 11, e))
+    store.wait(store.store.put_inbound_qos2(client_id, 12, e))
     return plain, shared
 
 
 def test_session_state_round_trips(store):
-    """Meta, subscriptions, outbound, released and inbound QoS 2 state come back as stored."""
+    """Meta, subscriptions, outbound, released and inbound QoS 2 state come back as stored, with the claim."""
     plain, shared = _session(store)
     s = store.wait(store.store.get_session("c1"))
     assert s.meta == api.SessionMeta("c1", 3600, 5, None)
@@ -174,46 +182,130 @@ def test_session_state_round_trips(store):
     (out,) = s.outbound
     assert (out.packet_id, out.subscription_key, out.qos) == (10, "s/+", 1) and out.position < plain.positions[0]
     assert s.released == frozenset({11}) and s.inbound_qos2 == frozenset({12})
+    assert (s.epoch, s.holder) == (1, HOLDER)
     assert store.wait(store.store.get_session("nobody")) is None
 
 
 def test_session_parts_are_removed_one_by_one(store):
     """Each delete removes exactly its part; a disconnect time is kept on the meta."""
     plain, shared = _session(store)
-    store.wait(store.store.delete_subscription("c1", shared.key))
-    store.wait(store.store.delete_outbound("c1", 10))
-    store.wait(store.store.delete_released("c1", 11))
-    store.wait(store.store.delete_inbound_qos2("c1", 12))
-    store.wait(store.store.put_session(api.SessionMeta("c1", 3600, 5, store.now_ms())))
+    store.wait(store.store.delete_subscription("c1", shared.key, 1))
+    store.wait(store.store.delete_outbound("c1", 10, 1))
+    store.wait(store.store.delete_released("c1", 11, 1))
+    store.wait(store.store.delete_inbound_qos2("c1", 12, 1))
+    store.wait(store.store.put_session(api.SessionMeta("c1", 3600, 5, store.now_ms()), 1))
     s = store.wait(store.store.get_session("c1"))
-    assert s == api.SessionState(api.SessionMeta("c1", 3600, 5, store.now_ms()), (plain,))
+    assert s == api.SessionState(api.SessionMeta("c1", 3600, 5, store.now_ms()), (plain,), epoch=1, holder=HOLDER)
 
 
 def test_delete_session_removes_everything(store):
     """delete_session removes a session and all under it; list_sessions shows the others in id order."""
     _session(store, "c1")
-    store.wait(store.store.put_session(api.SessionMeta("c0", 60, 4, None)))
-    store.wait(store.store.put_session(api.SessionMeta("c2", 60, 4, None)))
+    for cid in ("c0", "c2"):
+        store.wait(store.store.put_session(api.SessionMeta(cid, 60, 4, None), _claim(store, cid)))
     assert [s.meta.client_id for s in store.wait(store.store.list_sessions())] == ["c0", "c1", "c2"]
-    store.wait(store.store.delete_session("c1"))
+    store.wait(store.store.delete_session("c1", 1))
     assert store.wait(store.store.get_session("c1")) is None
     assert [s.meta.client_id for s in store.wait(store.store.list_sessions())] == ["c0", "c2"]
-    store.wait(store.store.delete_session("c1"))  # absent: no error
+    store.wait(store.store.delete_session("c1", 1))  # absent: no error
 
 
 def test_session_errors(store):
     """Bad packet ids and positions of the wrong queue fail with InvalidArgument, another group's with WrongGroup."""
     start = subscribe(store, "e/+")
-    store.wait(store.store.put_session(api.SessionMeta("c1", 60, 5, None)))
+    e = _claim(store)
+    store.wait(store.store.put_session(api.SessionMeta("c1", 60, 5, None), e))
     for pid in (0, 65536):
-        assert isinstance(store.error(store.store.put_released("c1", pid)), api.InvalidArgument)
-        assert isinstance(store.error(store.store.put_outbound("c1", api.OutboundState(pid, "e/+", start, 1))),
+        assert isinstance(store.error(store.store.put_released("c1", pid, e)), api.InvalidArgument)
+        assert isinstance(store.error(store.store.put_outbound("c1", api.OutboundState(pid, "e/+", start, 1), e)),
                           api.InvalidArgument)
     wrong_queue = api.SubscriptionState("e/#", 1, (start,))
-    assert isinstance(store.error(store.store.put_subscription("c1", wrong_queue)), api.InvalidArgument)
+    assert isinstance(store.error(store.store.put_subscription("c1", wrong_queue, e)), api.InvalidArgument)
     foreign = api.SubscriptionState("e/+", 1, (api.QueuePosition(start.queue, "elsewhere", 0),))
-    assert isinstance(store.error(store.store.put_subscription("c1", foreign)), api.WrongGroup)
+    assert isinstance(store.error(store.store.put_subscription("c1", foreign, e)), api.WrongGroup)
     assert store.wait(store.store.get_session("c1")).subscriptions == ()
+
+
+# -- claims and fencing (MQTT-3.1.4-3 across proxies) -----------------------------------------------------
+
+def test_claims_bump_the_epoch_and_name_the_holder(store):
+    """Each claim of a client id fires a higher epoch, durably recorded with its holder, also for a new id."""
+    first = _claim(store, "c1", "proxy-1")
+    second = _claim(store, "c1", "proxy-2")
+    assert second > first >= 1
+    assert _claim(store, "other", "proxy-1") >= 1
+    store.wait(store.store.put_session(api.SessionMeta("c1", 60, 5, None), second))
+    s = store.wait(store.store.get_session("c1"))
+    assert (s.epoch, s.holder) == (second, "proxy-2")
+
+
+def test_writes_with_an_older_epoch_are_fenced(store):
+    """After a takeover every write of the old holder fails with Fenced (code "fenced") and changes nothing."""
+    start = subscribe(store, "f/+")
+    old = _claim(store, "c1", "proxy-1")
+    store.wait(store.store.put_session(api.SessionMeta("c1", 60, 5, None), old))
+    new = _claim(store, "c1", "proxy-2")
+    sub = api.SubscriptionState("f/+", 1, (start,))
+    refused = [
+        store.store.put_session(api.SessionMeta("c1", 1, 4, 5), old),
+        store.store.put_subscription("c1", sub, old),
+        store.store.delete_subscription("c1", "f/+", old),
+        store.store.put_outbound("c1", api.OutboundState(3, "f/+", start, 1), old),
+        store.store.delete_outbound("c1", 3, old),
+        store.store.put_released("c1", 4, old),
+        store.store.delete_released("c1", 4, old),
+        store.store.put_inbound_qos2("c1", 5, old),
+        store.store.delete_inbound_qos2("c1", 5, old),
+        store.store.delete_session("c1", old),
+    ]
+    for d in refused:
+        err = store.error(d)
+        assert isinstance(err, api.Fenced) and err.code == "fenced"
+    s = store.wait(store.store.get_session("c1"))
+    assert s.meta == api.SessionMeta("c1", 60, 5, None) and s.subscriptions == () and s.outbound == ()
+    store.wait(store.store.put_subscription("c1", sub, new))  # the new holder writes
+    assert store.wait(store.store.get_session("c1")).subscriptions == (sub,)
+
+
+def test_an_epoch_never_claimed_is_invalid(store):
+    """A write with an epoch above the last claim is a caller bug: InvalidArgument."""
+    e = _claim(store)
+    assert isinstance(store.error(store.store.put_session(api.SessionMeta("c1", 60, 5, None), e + 1)),
+                      api.InvalidArgument)
+
+
+def test_epochs_keep_growing_across_delete_session(store):
+    """Deleting a session keeps its claim, so a holder from before the delete stays fenced."""
+    old = _claim(store, "c1", "proxy-1")
+    new = _claim(store, "c1", "proxy-2")
+    store.wait(store.store.delete_session("c1", new))
+    assert isinstance(store.error(store.store.put_session(api.SessionMeta("c1", 60, 5, None), old)), api.Fenced)
+    assert _claim(store, "c1", "proxy-1") > new
+
+
+def test_a_claim_by_another_holder_tells_the_old_one(local):
+    """LocalStore raises the takeover event (client id, old holder, new epoch) for the RPC to carry."""
+    heard = []
+    local.store.add_claim_listener(lambda *event: heard.append(event))
+    _claim(local, "c1", "proxy-1")
+    _claim(local, "c1", "proxy-1")  # the same holder again: no takeover
+    epoch = _claim(local, "c1", "proxy-2")
+    assert heard == [("c1", "proxy-1", epoch)]
+
+
+def test_claims_survive_a_restart(tmp_path):
+    """The claim is durable: after the parts reopen, the old holder's epoch is still fenced."""
+    from tests.contract.conftest import _harness
+    gen = _harness(str(tmp_path), "local")
+    h = next(gen)
+    old = _claim(h, "c1", "proxy-1")
+    new = _claim(h, "c1", "proxy-2")
+    next(gen, None)
+    gen = _harness(str(tmp_path), "local")
+    h = next(gen)
+    assert isinstance(h.error(h.store.put_session(api.SessionMeta("c1", 60, 5, None), old)), api.Fenced)
+    h.wait(h.store.put_session(api.SessionMeta("c1", 60, 5, None), new))
+    next(gen, None)
 
 
 def test_share_positions_round_trip(store):

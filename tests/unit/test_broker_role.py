@@ -12,7 +12,7 @@ from cluster.config import load_config
 from cluster.roles import role
 from cluster.rpc.health import HealthLimits, HealthProbe
 from cluster.store_parts import stored_sessions_owed
-from mqtt_proxy.session_store import SessionStore
+from cluster.session_store import SessionStore
 from store import api
 from store.config import ConfigError
 from tests.contract.conftest import T0, Parts

@@ -17,13 +17,15 @@ from mqtt_proxy.codec import (
 from mqtt_proxy.codec.packets import ConnAck, SubAck, Will
 from mqtt_proxy.config import LimitsConfig, MQTTConfig
 from mqtt_proxy.protocol import MQTTServerFactory
-from mqtt_proxy.session_store import SessionStore
+from cluster.session_store import SessionStore
+from cluster.local_store import LocalStore
+from lightqueue.native_engine import NativeEngine
 from push.notifier import Notifier
-from push.read_cache import ReadCache
-from store.config import StoreConfig
+from store.config import NativeConfig, StoreConfig
 from store.executor import DeferredExecutor, SynchronousExecutor
 from store.kv import DurableKV
 from store.message_store import MessageStore
+from store.timer_service import TimerService
 
 
 class Harness:
@@ -37,12 +39,16 @@ class Harness:
         attach(self.store)
         self.retained = RetainedIndex(str(path / "retained"))
         self.store.register_dispatcher(self.retained)
+        self.timers = TimerService(self.store, str(path / "timer"), self.clock, 100, slot_count=600)
         self.kv = DurableKV(str(path / "sessions"), self.clock)
+        self.native_kv = DurableKV(str(path / "native"), self.clock)
         self.notifier = Notifier(self.clock)
         self.store.add_listener(self.notifier.notify)
         self.store.open()
-        self.broker = build_front_end(self.store, SessionStore(self.kv), self.notifier, ReadCache(self.store), self.retained,
-                             self.clock, MQTTConfig(sys_interval=0), limits or LimitsConfig())
+        self.timers.start()
+        engine = NativeEngine(self.store, self.native_kv, NativeConfig(), self.clock, self.timers)
+        self.local = LocalStore(self.store, self.notifier, self.retained, self.timers, SessionStore(self.kv), engine)
+        self.broker = build_front_end(self.local, self.clock, MQTTConfig(sys_interval=0), limits or LimitsConfig())
         self.factory = MQTTServerFactory(self.broker, self.clock)
 
     def connect(self, client_id, level=5, **kw):
@@ -59,8 +65,10 @@ class Harness:
             self.clock.advance(0)
 
     def close(self):
+        self.timers.stop()
         self.store.close()
         self.kv.close()
+        self.native_kv.close()
 
 
 class Conn:

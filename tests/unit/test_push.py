@@ -47,19 +47,21 @@ def test_read_cache_serves_many_readers_with_one_store_read(tmp_path):
     try:
         sub = h.connect("reader-0")
         sub.send(Subscribe(1, (Subscription("rc/t"),)))
-        queue = h.broker.sessions["reader-0"].subs["rc/t"].queue
+        (start,) = h.broker.sessions["reader-0"].subs["rc/t"].positions.values()
         pub = h.connect("writer")
         for i in range(20):
             pub.send(Publish("rc/t", b"%d" % i))
         calls = []
-        real_get = h.store.get
-        h.store.get = lambda *a: calls.append(a) or real_get(*a)
-        cache = ReadCache(h.store)
+        real_read = h.local.read_queue
+        h.local.read_queue = lambda *a: calls.append(a) or real_read(*a)
+        cache = ReadCache(h.local)
         results = []
         for _ in range(5):
-            cache.get(queue, 0, 20).addCallback(results.append)
+            cache.read(start, 20).addCallback(results.append)
+        h.tick()
         assert len(calls) == 1
-        assert all([m.queue_offset for m in r] == list(range(20)) for r in results)
+        assert all([m.record.body for m in r.messages] == [b"%d" % i for i in range(20)] for r in results)
+        assert all(r.next == results[0].next for r in results)
         assert cache.hits == 80
     finally:
         h.close()
@@ -88,3 +90,79 @@ def test_qos0_publish_to_many_sessions_is_encoded_once(tmp_path):
         assert len(encodes) == 1
     finally:
         h.close()
+
+
+# -- the proxy side over the store interface ----------------------------------------------------------------
+
+def _loopback(tmp_path):
+    """A LoopbackStore (answers a tick late, through the codec) over a real in-process store, and its harness."""
+    from cluster.loopback_store import LoopbackStore
+    from tests.contract.conftest import _harness
+    gen = _harness(str(tmp_path), "local")
+    h = next(gen)
+    return LoopbackStore(h.store, h.clock), h, gen
+
+
+def test_queue_watches_share_one_store_watch_and_catch_up_on_registration(tmp_path):
+    """Two local watchers of a queue cost one watch_queue; each is told once when it takes effect, then on news."""
+    from push.watches import QueueWatches
+    from store.record import Message, RecordKind
+    loop, h, gen = _loopback(tmp_path)
+    try:
+        queue = h.wait(loop.add_filter("w/#"))
+        watches = QueueWatches(loop)
+        heard = []
+        watches.watch(queue, "a", lambda q: heard.append(("a", q)))
+        watches.watch(queue, "b", lambda q: heard.append(("b", q)))
+        assert heard == []  # nothing is registered yet: a remote store answers later
+        h.run_for(0.1, step=0.05)
+        assert sorted(heard) == [("a", queue), ("b", queue)] and loop.calls == 2  # add_filter + one watch
+        heard.clear()
+        h.wait(loop.append(Message("w/1", b"x", RecordKind.MQTT_PUBLISH, 0)))
+        h.run_for(0.1, step=0.05)
+        assert sorted(heard) == [("a", queue), ("b", queue)]
+    finally:
+        next(gen, None)
+
+
+def test_queue_watches_drop_the_store_watch_with_the_last_watcher(tmp_path):
+    """Unwatching the last watcher unwatches the store, also when it goes before the registration came back."""
+    from push.watches import QueueWatches
+    from store.record import Message, RecordKind
+    loop, h, gen = _loopback(tmp_path)
+    try:
+        queue = h.wait(loop.add_filter("u/#"))
+        watches = QueueWatches(loop)
+        heard = []
+        watches.watch(queue, "a", heard.append)
+        watches.unwatch(queue, "a")  # before watch_queue answered
+        h.run_for(0.1, step=0.05)
+        h.wait(loop.append(Message("u/1", b"x", RecordKind.MQTT_PUBLISH, 0)))
+        h.run_for(0.1, step=0.05)
+        assert heard == [] and watches.watched() == 0
+        assert h.store._watches == {}  # the store holds no watch for it any more
+    finally:
+        next(gen, None)
+
+
+def test_read_cache_joins_cached_head_and_stored_tail(tmp_path):
+    """A read partly in the cache takes the cached head and reads only the rest, following the store's next."""
+    from store.record import Message, RecordKind
+    loop, h, gen = _loopback(tmp_path)
+    try:
+        cache = ReadCache(loop)
+        queue = h.wait(loop.add_filter("j/#"))
+        (start,) = h.wait(loop.end_positions(queue))
+        for i in range(3):
+            h.wait(loop.append(Message("j/1", b"%d" % i, RecordKind.MQTT_PUBLISH, 0)))
+        head = h.wait(cache.read(start, 10))
+        for i in range(3, 7):
+            h.wait(loop.append(Message("j/1", b"%d" % i, RecordKind.MQTT_PUBLISH, 0)))
+        calls = loop.calls
+        whole = h.wait(cache.read(start, 10))
+        assert [m.record.body for m in whole.messages] == [b"%d" % i for i in range(7)]
+        assert whole.messages[:3] == head.messages and loop.calls == calls + 1  # one store read, for the tail
+        assert h.wait(cache.read(whole.next, 10)).messages == ()
+        assert cache.hits == 3
+    finally:
+        next(gen, None)

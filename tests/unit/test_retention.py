@@ -28,9 +28,9 @@ from mqtt_proxy.config import LimitsConfig, MQTTConfig
 from mqtt_proxy.native import codec as native_codec
 from cluster.native_service import NativeService
 from mqtt_proxy.protocol import MQTTServerFactory
-from mqtt_proxy.session_store import SessionStore
+from cluster.local_store import LocalStore
+from cluster.session_store import SessionStore
 from push.notifier import Notifier
-from push.read_cache import ReadCache
 from store.config import NativeConfig, StoreConfig
 from store.executor import SynchronousExecutor
 from store.kv import DurableKV
@@ -64,9 +64,10 @@ class Node:
         self.store.add_listener(self.notifier.notify)
         self.store.open()
         self.timers.start()
-        self.broker = build_front_end(self.store, SessionStore(self.kv), self.notifier, ReadCache(self.store), self.retained,
-                             clock, MQTTConfig(sys_interval=0), LimitsConfig())
         self.native = NativeService(self.store, self.path, NativeConfig(max_reconsume=2), clock, self.timers)
+        self.local = LocalStore(self.store, self.notifier, self.retained, self.timers, SessionStore(self.kv),
+                                self.native.engine)
+        self.broker = build_front_end(self.local, clock, MQTTConfig(sys_interval=0), LimitsConfig())
         self.native.open()
         self.store.retention.add_holder(self.broker.owed)
         self.store.retention.add_holder(self.native.engine.owed)

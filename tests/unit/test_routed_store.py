@@ -8,7 +8,7 @@ from twisted.internet import task
 from cluster.local_store import LocalStore
 from cluster.routed_store import RoutedStore
 from cluster.routing import SlotTable
-from mqtt_proxy.session_store import SessionStore
+from cluster.session_store import SessionStore
 from store import api
 from store.record import Message, RecordKind
 from store.reader import iter_records

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 
@@ -14,10 +14,9 @@ from mqtt_proxy.session_state import (NEVER_EXPIRES, DeleteOutbound, DeleteRelea
 
 @dataclass
 class Sub:
-    """The two fields of a subscription the state machine reads."""
+    """The one field of a subscription the state machine reads."""
 
     key: str
-    inflight: set[int] = field(default_factory=set)
 
 
 def connected(expiry: int = 0, max_inflight: int = 100, receive_maximum: int = 65535) -> tuple[SessionState, Sub]:
@@ -40,10 +39,10 @@ def test_qos1_gets_unused_packet_ids_and_waits_for_puback():
     second, _ = state.offer(sub, 11, 1)
     assert first != second
     assert set(state.outbound) == {first, second}
-    assert sub.inflight == {10, 11}
+    assert sorted(state.owed(sub.key)) == [10, 11]
     assert state.puback(first) == [PumpSoon()]
     assert set(state.outbound) == {second}
-    assert sub.inflight == {11}
+    assert state.owed(sub.key) == [11]
 
 
 def test_qos0_takes_no_packet_id():
@@ -76,7 +75,7 @@ def test_qos2_pubrec_sends_pubrel_and_pubcomp_completes():
     pid, _ = state.offer(sub, 3, 2)
     assert state.pubcomp(pid) is None  # PUBCOMP before PUBREC: not released yet
     assert state.pubrec(pid, failed=False) == [DeleteOutbound(pid), SaveReleased(pid), SendPubRel(pid)]
-    assert sub.inflight == set()  # the client has the message: the queue offset is no longer owed
+    assert state.owed(sub.key) == []  # the client has the message: its position is no longer owed
     assert state.window == 99  # ... but the packet id is still taken
     assert state.pubcomp(pid) == [DeleteReleased(pid), PumpSoon()]
     assert state.outbound == {}
@@ -95,7 +94,7 @@ def test_pubrec_with_error_code_frees_the_id():
     state, sub = connected(expiry=60)
     pid, _ = state.offer(sub, 3, 2)
     assert state.pubrec(pid, failed=True) == [DeleteOutbound(pid), PumpSoon()]
-    assert state.outbound == {} and sub.inflight == set()
+    assert state.outbound == {} and state.owed(sub.key) == []
 
 
 def test_receive_maximum_bounds_the_window():
@@ -255,3 +254,40 @@ def test_no_aliases_when_the_client_accepts_none():
     """MQTT-3.1.2-26: with Topic Alias Maximum 0 (or absent) the server sends no Topic Alias."""
     state, _ = connected()
     assert state.alias_for("a") is None
+
+
+# -- shared subscriptions: one ShareCursor per broker group, no I/O --------------------------------------------
+
+def _positions(n: int):
+    from store.api import QueuePosition
+    first = QueuePosition("%LMQ%s/#", "g1", 100)
+    out = [first]
+    for _ in range(n - 1):
+        out.append(out[-1].next())
+    return out
+
+
+def test_share_cursor_commits_the_lowest_message_still_owed():
+    """MQTT 4.8.2: a shared message counts as delivered only once acknowledged; the committed position waits for it."""
+    from mqtt_proxy.shared import ShareCursor
+    p = _positions(4)
+    cursor = ShareCursor(p[0])
+    cursor.inflight = {p[0]: "s1", p[1]: "s2"}
+    cursor.next = p[2]
+    assert cursor.commit() is None  # p[0] still owed: nothing moves
+    del cursor.inflight[p[0]]
+    assert cursor.commit() == p[1] and cursor.committed == p[1]
+    del cursor.inflight[p[1]]
+    assert cursor.commit() == p[2]
+
+
+def test_share_cursor_takes_back_what_a_leaving_member_had_in_flight():
+    """MQTT 4.8.2: when a member's session ends before it acknowledged, its messages go to another member, oldest first."""
+    from mqtt_proxy.shared import ShareCursor
+    p = _positions(4)
+    cursor = ShareCursor(p[0])
+    cursor.inflight = {p[2]: "gone", p[0]: "gone", p[1]: "stays"}
+    cursor.next = p[3]
+    assert cursor.take_back("gone") == 2
+    assert cursor.redeliver == [p[0], p[2]] and cursor.inflight == {p[1]: "stays"}
+    assert cursor.commit() is None  # p[0] is owed again: the committed position holds

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from twisted.internet import task
 
-from mqtt_proxy.session_store import SessionStore, StoredSubscription
+from cluster.session_store import SessionStore, StoredSubscription
 from store.kv import DurableKV
 
 

@@ -171,7 +171,7 @@ def test_the_broker_holds_interest_for_stored_sessions(rig, tmp_path):
     """SessionInterest takes interest per stored subscription (also after a restart, from the KV) and drops
     it with the subscription or the session, so persistent sessions miss nothing while no proxy holds it."""
     from cluster.session_interest import SessionInterest
-    from mqtt_proxy.session_store import SessionStore
+    from cluster.session_store import SessionStore
 
     local = rig.parts.local()
     held = SessionInterest(local, SessionStore(rig.parts.kv))

@@ -44,7 +44,7 @@ def test_publisher_values_include_mosquitto_topics(h):
     sub = h.connect("watcher")
     sub.send(Subscribe(1, [Subscription("a/b", SubscriptionOptions(qos=0))]))
     h.connect("other")
-    publisher = SysPublisher(h.broker, h.store, h.clock, 10.0, twistmq_version())
+    publisher = SysPublisher(h.broker, h.local, h.clock, 10.0, twistmq_version(), lambda: {"retained messages/count": str(h.retained.count)})
     values = publisher.values()
     assert values["version"] == f"twistmq version {twistmq_version()}"
     assert values["clients/connected"] == "2" and values["clients/total"] == "2"
@@ -64,7 +64,7 @@ def test_publisher_values_include_mosquitto_topics(h):
 
 def test_publisher_stores_retained_sys_messages(h):
     """publish() stores every value as a retained $SYS/broker message a subscriber can read."""
-    publisher = SysPublisher(h.broker, h.store, h.clock, 10.0, twistmq_version())
+    publisher = SysPublisher(h.broker, h.local, h.clock, 10.0, twistmq_version(), lambda: {"retained messages/count": str(h.retained.count)})
     publisher.start()
     h.tick()
     publisher.stop()

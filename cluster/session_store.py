@@ -8,6 +8,7 @@ Key layout (``cid`` is the client id, ``\\x00`` separates it from the rest)::
     r/<cid>\\x00<pid u16>        -> outbound QoS 2 released (PUBREL owed until PUBCOMP)
     i/<cid>\\x00<pid u16>        -> inbound QoS 2 stored, PUBREL not yet seen (exactly once)
     g/<group>\\x00<filter>       -> shared subscription group's committed offset
+    e/<cid>                    -> the session's claim: {"holder": member id, "epoch": n} (kept across deletes)
 
 Writes are batched per tick by the KV store; callers that must not answer the
 client before the state is durable wait on the Deferred a write returns.
@@ -169,6 +170,24 @@ class SessionStore:
 
     def delete_inbound_qos2(self, client_id: str, pid: int) -> defer.Deferred:
         return self.kv.delete(self._pid_key(b"i/", client_id, pid))
+
+    # -- claims -------------------------------------------------------------------------------
+
+    def save_claim(self, client_id: str, holder: str, epoch: int) -> defer.Deferred:
+        return self.kv.put(b"e/" + _cid(client_id), json.dumps({"holder": holder, "epoch": epoch}).encode())
+
+    def load_claim(self, client_id: str) -> tuple[str, int]:
+        """(holder, epoch) of the session's last claim; ("", 0) if it was never claimed."""
+        v = self.kv.get(b"e/" + _cid(client_id))
+        if v is None:
+            return "", 0
+        d = json.loads(v)
+        return d["holder"], d["epoch"]
+
+    def load_claims(self) -> dict[str, tuple[str, int]]:
+        """Client id -> (holder, epoch) of every claim."""
+        return {key[2:].decode("utf-8"): (d["holder"], d["epoch"])
+                for key, d in ((k, json.loads(v)) for k, v in self.kv.scan(b"e/"))}
 
     # -- shared groups ------------------------------------------------------------------------
 
