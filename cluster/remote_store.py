@@ -147,9 +147,12 @@ class RemoteStore:
 
     # -- native forwarding ------------------------------------------------------------------------------
 
-    def native_request(self, request: dict) -> defer.Deferred:
-        """Forward one native protocol request (the client's JSON object) whole; fires with the reply dict."""
-        d = self.peer.call(NATIVE_REQUEST, msgpack.packb(request, use_bin_type=True))
+    def native_request(self, request: dict, max_data_bytes: int | None = None) -> defer.Deferred:
+        """Forward one native protocol request (the client's JSON object) whole; fires with the reply dict.
+
+        ``max_data_bytes`` bounds the reply's data (a UDP listener's budget), as ``NativeEngine.handle``'s.
+        """
+        d = self.peer.call(NATIVE_REQUEST, msgpack.packb([request, max_data_bytes], use_bin_type=True))
         return d.addCallbacks(lambda body: msgpack.unpackb(body, raw=False), _as_store_error)
 
 

@@ -5,9 +5,11 @@ Request types (``Dispatcher`` rows):
 - ``store.<operation>`` for every operation of the interface: the body is the
   store codec's call frame (``cluster.store_codec``), the answer its result
   frame, a failure the ``StoreError``'s code and message;
-- ``native.request``: the body is one native protocol request as a msgpack map
-  (the JSON object a native client sent), the answer the engine's reply map,
-  so a proxy's native listener forwards requests without understanding them.
+- ``native.request``: the body is ``[request, max_data_bytes]``: one native
+  protocol request as a msgpack map (the JSON object a native client sent) and
+  the reply's data budget (nil, or a UDP listener's), the answer the engine's
+  reply map, so a proxy's native listener forwards requests without
+  understanding them.
 
 Filter interest (``add_filter``/``remove_filter``) and watches belong to the
 connection that took them, and go with it: a proxy that dies stops costing
@@ -197,13 +199,16 @@ class StoreServer:
 
     def _native(self, protocol, body: bytes) -> defer.Deferred:
         try:
-            request = msgpack.unpackb(body, raw=False, strict_map_key=True)
+            frame = msgpack.unpackb(body, raw=False, strict_map_key=True)
         except Exception as exc:  # noqa: BLE001 - garbage from the peer, any msgpack error
             raise api.InvalidArgument(f"native request is not msgpack: {type(exc).__name__}") from None
-        if not isinstance(request, dict):
-            raise api.InvalidArgument("a native request is a map")
+        if (type(frame) is not list or len(frame) != 2 or not isinstance(frame[0], dict)
+                or not (frame[1] is None or (type(frame[1]) is int and frame[1] > 0))):
+            raise api.InvalidArgument("a native request frame is [request map, max_data_bytes or nil]")
+        request, budget = frame
         try:
             parsed = native_codec.parse_request(request, self.native_config)
         except native_codec.RequestError as exc:
             return defer.succeed(msgpack.packb(api.native_types.error_reply(exc.reason, exc.echo), use_bin_type=True))
-        return self.native_engine.handle(parsed).addCallback(lambda reply: msgpack.packb(reply, use_bin_type=True))
+        d = self.native_engine.handle(parsed, max_data_bytes=budget)
+        return d.addCallback(lambda reply: msgpack.packb(reply, use_bin_type=True))

@@ -154,14 +154,23 @@ def test_an_unknown_request_type_gets_an_error_frame_and_the_connection_stays(br
 
 
 def test_native_requests_are_forwarded_whole(broker):
-    """A native request map is served by the broker's engine and its reply map comes back."""
+    """A native request map is served by the broker's engine and its reply map comes back; a UDP budget holds."""
     peer = open_peer(broker)
-    produce = peer.call("native.request", msgpack.packb({"action": "produce", "queue": "jobs", "data": "x",
-                                                         "seq": 3}))
-    reply = msgpack.unpackb(produce.body)
+
+    def native(request: dict, budget=None) -> dict:
+        result = peer.call("native.request", msgpack.packb([request, budget]))
+        assert isinstance(result, Result), result
+        return msgpack.unpackb(result.body)
+
+    reply = native({"action": "produce", "queue": "jobs", "data": "x" * 300, "seq": 3})
     assert reply["code"] == 0 and reply["seq"] == 3 and reply["msg_id"] >= 0
-    bad = msgpack.unpackb(peer.call("native.request", msgpack.packb({"action": "fly"})).body)
+    too_big = native({"action": "consume", "queue": "jobs"}, budget=100)
+    assert too_big["code"] == -1 and too_big["reason"]
+    assert native({"action": "consume", "queue": "jobs"})["data"] == "x" * 300  # it stayed for a TCP consumer
+    bad = native({"action": "fly"})
     assert bad["code"] == -1 and bad["reason"]
+    malformed = peer.call("native.request", msgpack.packb({"action": "produce"}))
+    assert isinstance(malformed, Error) and malformed.code == "invalid_argument"
 
 
 def test_rpc_metrics(broker):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cluster.rpc import frames
 from cluster.rpc.connection import Closed, Connection, LocalProtocolError, Opened, State
@@ -103,3 +105,19 @@ def test_a_second_hello_is_refused():
     client, server = pair()
     (closed,) = server.receive(frames.encode(CLIENT))
     assert "unexpected Hello" in closed.reason
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.binary(max_size=24), st.sampled_from([frames.encode(CLIENT),
+                                                                    frames.encode(Call(1, "x", b""))])),
+                max_size=6))
+def test_fuzz_a_server_connection_never_raises(chunks):
+    """Whatever a peer sends, the server connection answers with events (a Closed at worst), never an exception,
+    and nothing after its Closed."""
+    server = Connection(SERVER, False, 64)
+    closed = False
+    for chunk in chunks:
+        events = server.receive(chunk)
+        assert not (closed and events)
+        closed = closed or any(isinstance(e, Closed) for e in events)
+        server.data_to_send()

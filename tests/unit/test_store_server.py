@@ -191,3 +191,13 @@ def test_the_broker_holds_interest_for_stored_sessions(rig, tmp_path):
     assert held.held == restarted.held == 0
     rig.wait(held.append(publish("p/2")))  # no interest left: not indexed
     assert [m.record.topic for m in rig.wait(local.read_queue(start, 10)).messages] == ["p/1"]
+
+
+def test_native_requests_go_whole_to_the_engine(rig):
+    """RemoteStore.native_request forwards the client's request map and returns the engine's reply map."""
+    a, _pa = rig.proxy("proxy-a")
+    produced = rig.wait(a.native_request({"action": "produce", "queue": "jobs", "data": "hello", "seq": 9}))
+    assert produced["code"] == 0 and produced["seq"] == 9
+    consumed = rig.wait(a.native_request({"action": "consume", "queue": "jobs"}))
+    assert (consumed["msg_id"], consumed["data"]) == (produced["msg_id"], "hello")
+    assert rig.wait(a.native_request({"action": "consume", "queue": ""}))["code"] == -1
