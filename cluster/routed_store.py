@@ -16,11 +16,13 @@ of them, so the MQTT front end and the native server see a single store:
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Callable
 
 from twisted.internet import defer
 
+from cluster.local_sessions import filter_of
 from cluster.routing import SlotTable
 from store import api
 from store.record import Message
@@ -58,6 +60,8 @@ class RoutedStore:
         self.groups = groups
         self._watch_ids = itertools.count(1)
         self._watches: dict[int, tuple[str, list[tuple[api.Store, api.Watch]]]] = {}
+        self._claims: dict[str, tuple[int, dict[str, int]]] = {}  # client id -> (home epoch, group -> epoch)
+        self._outbound_group: dict[tuple[str, int], str] = {}  # (client id, packet id) -> group of its position
 
     def _group(self, name: str) -> api.Store:
         try:
@@ -147,58 +151,164 @@ class RoutedStore:
             return defer.fail(api.NotFound(f"no watch {watch!r}"))
         return _gathered([store.unwatch_queue(w) for store, w in entry[1]]).addCallback(lambda _: None)
 
-    # -- session state (the client id's group) -------------------------------------------------------------
+    # -- session state ----------------------------------------------------------------------------------------
+    #
+    # A session lives in its client id's group (the home: meta, QoS 2 ids, the claim that fences older
+    # holders). Each group a subscription's filter spans also keeps that subscription with its own position,
+    # the outbound messages read from it and a copy of the session's meta, so that group's broker holds the
+    # filter's interest and its retention keeps what the session owes while no proxy holds it. A claim is
+    # made in every group; the front end sees the home group's epoch and this store carries each group's.
 
-    def _client(self, client_id: str) -> api.Store:
+    def _home(self, client_id: str) -> str:
         if not isinstance(client_id, str):
             raise api.InvalidArgument(f"client id must be a string, not {type(client_id).__name__}")
-        return self.groups[self.table.group_of_client(client_id)]
+        return self.table.group_of_client(client_id)
 
-    def _session_call(self, name: str, client_id: str, *args) -> defer.Deferred:
+    def _epoch_in(self, client_id: str, group: str, epoch: int) -> int:
+        """The epoch to write ``group`` with, for a writer holding home epoch ``epoch``."""
+        claims = self._claims.get(client_id)
+        if claims is not None and claims[0] == epoch:
+            return claims[1].get(group, epoch)
+        # Not this proxy's last claim: the home group judges it; elsewhere it must not pass a newer claim.
+        return epoch if group == self._home(client_id) else 0
+
+    def _write(self, client_id: str, groups, name: str, *args, epoch: int) -> defer.Deferred:
         try:
-            store = self._client(client_id)
+            targets = [(g, self._group(g)) for g in groups]
+            epochs = [self._epoch_in(client_id, g, epoch) for g, _ in targets]
         except api.StoreError as exc:
             return defer.fail(exc)
-        return getattr(store, name)(client_id, *args)
+        ds = [defer.maybeDeferred(getattr(store, name), client_id, *args, e) for (_, store), e in zip(targets, epochs)]
+        return _gathered(ds).addCallback(lambda _: None)
+
+    def _spanned(self, client_id: str, topic_filter: str) -> tuple[str, ...]:
+        return self.table.groups_of_filter(topic_filter)
+
+    def claim_session(self, client_id: str, holder: str) -> defer.Deferred:
+        try:
+            home = self._home(client_id)
+        except api.StoreError as exc:
+            return defer.fail(exc)
+
+        def claimed(results):
+            epochs = {g: e for g, (_, e) in zip(self.table.groups, results)}
+            self._claims[client_id] = (epochs[home], epochs)
+            return epochs[home]
+
+        return self._each(self.table.groups, lambda s: s.claim_session(client_id, holder)).addCallback(claimed)
+
+    def _merge(self, client_id: str, states) -> api.SessionState | None:
+        """One session from each group's part of it (None unless the home group has it)."""
+        home_name = self._home(client_id)
+        by_group = {g: st for g, st in states if st is not None}
+        home = by_group.get(home_name)
+        if home is None:
+            return None
+        subs: dict[str, api.SubscriptionState] = {}
+        outbound: dict[int, api.OutboundState] = {}
+        for group in sorted(by_group):
+            st = by_group[group]
+            for sub in st.subscriptions:
+                have = subs.get(sub.key)
+                subs[sub.key] = sub if have is None else dataclasses.replace(
+                    have, positions=have.positions + sub.positions)
+            for out in st.outbound:
+                outbound[out.packet_id] = out
+                self._outbound_group[(client_id, out.packet_id)] = out.position.group
+        return dataclasses.replace(home, subscriptions=tuple(subs[k] for k in sorted(subs)),
+                                   outbound=tuple(outbound[p] for p in sorted(outbound)))
 
     def get_session(self, client_id: str) -> defer.Deferred:
-        return self._session_call("get_session", client_id)
+        try:
+            self._home(client_id)
+        except api.StoreError as exc:
+            return defer.fail(exc)
+        groups = self.table.groups
+        return self._each(groups, lambda s: s.get_session(client_id)).addCallback(
+            lambda rs: self._merge(client_id, [(g, st) for g, (_, st) in zip(groups, rs)]))
 
     def list_sessions(self) -> defer.Deferred:
-        return self._each(self.table.groups, lambda s: s.list_sessions()).addCallback(
-            lambda rs: tuple(sorted(_concat(rs), key=lambda st: st.meta.client_id)))
+        groups = self.table.groups
 
-    def put_session(self, meta: api.SessionMeta) -> defer.Deferred:
+        def merged(results):
+            parts: dict[str, list] = {}
+            for group, (_, states) in zip(groups, results):
+                for st in states:
+                    parts.setdefault(st.meta.client_id, []).append((group, st))
+            out = (self._merge(cid, parts[cid]) for cid in sorted(parts))
+            return tuple(st for st in out if st is not None)
+
+        return self._each(groups, lambda s: s.list_sessions()).addCallback(merged)
+
+    def put_session(self, meta: api.SessionMeta, epoch: int) -> defer.Deferred:
         if not isinstance(meta, api.SessionMeta):
             return defer.fail(api.InvalidArgument(f"expected a SessionMeta, got {type(meta).__name__}"))
-        return self._client(meta.client_id).put_session(meta)
+        # every group keeps the meta: a group's part of a session is listed and restored with it
+        try:
+            targets = [(g, self._group(g)) for g in self.table.groups]
+            epochs = [self._epoch_in(meta.client_id, g, epoch) for g, _ in targets]
+        except api.StoreError as exc:
+            return defer.fail(exc)
+        return _gathered([s.put_session(meta, e) for (_, s), e in zip(targets, epochs)]).addCallback(lambda _: None)
 
-    def delete_session(self, client_id: str) -> defer.Deferred:
-        return self._session_call("delete_session", client_id)
+    def delete_session(self, client_id: str, epoch: int) -> defer.Deferred:
+        for key in [k for k in self._outbound_group if k[0] == client_id]:
+            del self._outbound_group[key]
+        return self._write(client_id, self.table.groups, "delete_session", epoch=epoch)
 
-    def put_subscription(self, client_id: str, subscription: api.SubscriptionState) -> defer.Deferred:
-        return self._session_call("put_subscription", client_id, subscription)
+    def put_subscription(self, client_id: str, subscription: api.SubscriptionState, epoch: int) -> defer.Deferred:
+        if not isinstance(subscription, api.SubscriptionState):
+            return defer.fail(api.InvalidArgument(
+                f"expected a SubscriptionState, got {type(subscription).__name__}"))
+        try:
+            groups = self._spanned(client_id, subscription.topic_filter)
+            epochs = {g: self._epoch_in(client_id, g, epoch) for g in groups}
+        except (api.StoreError, ValueError) as exc:
+            return defer.fail(exc if isinstance(exc, api.StoreError) else api.InvalidArgument(str(exc)))
+        ds = []
+        for group in groups:
+            own = tuple(p for p in subscription.positions if p.group == group)
+            if subscription.share_group is None and not own:
+                return defer.fail(api.InvalidArgument(
+                    f"subscription {subscription.key!r} has no position in group {group!r}, which its filter spans"))
+            part = dataclasses.replace(subscription, positions=own)
+            ds.append(defer.maybeDeferred(self._group(group).put_subscription, client_id, part, epochs[group]))
+        return _gathered(ds).addCallback(lambda _: None)
 
-    def delete_subscription(self, client_id: str, key: str) -> defer.Deferred:
-        return self._session_call("delete_subscription", client_id, key)
+    def delete_subscription(self, client_id: str, key: str, epoch: int) -> defer.Deferred:
+        return self._write(client_id, self._spanned(client_id, filter_of(key)), "delete_subscription", key,
+                           epoch=epoch)
 
-    def put_outbound(self, client_id: str, outbound: api.OutboundState) -> defer.Deferred:
-        return self._session_call("put_outbound", client_id, outbound)
+    def put_outbound(self, client_id: str, outbound: api.OutboundState, epoch: int) -> defer.Deferred:
+        if not isinstance(outbound, api.OutboundState):
+            return defer.fail(api.InvalidArgument(f"expected an OutboundState, got {type(outbound).__name__}"))
+        group = outbound.position.group
+        self._outbound_group[(client_id, outbound.packet_id)] = group
+        return self._write(client_id, (group,), "put_outbound", outbound, epoch=epoch)
 
-    def delete_outbound(self, client_id: str, packet_id: int) -> defer.Deferred:
-        return self._session_call("delete_outbound", client_id, packet_id)
+    def delete_outbound(self, client_id: str, packet_id: int, epoch: int) -> defer.Deferred:
+        group = self._outbound_group.pop((client_id, packet_id), None)
+        groups = (group,) if group is not None else self.table.groups
+        return self._write(client_id, groups, "delete_outbound", packet_id, epoch=epoch)
 
-    def put_released(self, client_id: str, packet_id: int) -> defer.Deferred:
-        return self._session_call("put_released", client_id, packet_id)
+    def _home_write(self, name: str, client_id: str, packet_id: int, epoch: int) -> defer.Deferred:
+        try:
+            home = self._home(client_id)
+        except api.StoreError as exc:
+            return defer.fail(exc)
+        return self._write(client_id, (home,), name, packet_id, epoch=epoch)
 
-    def delete_released(self, client_id: str, packet_id: int) -> defer.Deferred:
-        return self._session_call("delete_released", client_id, packet_id)
+    def put_released(self, client_id: str, packet_id: int, epoch: int) -> defer.Deferred:
+        return self._home_write("put_released", client_id, packet_id, epoch)
 
-    def put_inbound_qos2(self, client_id: str, packet_id: int) -> defer.Deferred:
-        return self._session_call("put_inbound_qos2", client_id, packet_id)
+    def delete_released(self, client_id: str, packet_id: int, epoch: int) -> defer.Deferred:
+        return self._home_write("delete_released", client_id, packet_id, epoch)
 
-    def delete_inbound_qos2(self, client_id: str, packet_id: int) -> defer.Deferred:
-        return self._session_call("delete_inbound_qos2", client_id, packet_id)
+    def put_inbound_qos2(self, client_id: str, packet_id: int, epoch: int) -> defer.Deferred:
+        return self._home_write("put_inbound_qos2", client_id, packet_id, epoch)
+
+    def delete_inbound_qos2(self, client_id: str, packet_id: int, epoch: int) -> defer.Deferred:
+        return self._home_write("delete_inbound_qos2", client_id, packet_id, epoch)
 
     def get_share_positions(self, share_group: str, topic_filter: str) -> defer.Deferred:
         return self._each(self.table.groups_of_filter(topic_filter),

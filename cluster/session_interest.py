@@ -65,26 +65,26 @@ class SessionInterest:
         log.warning("session_interest_failed op=%s filter=%s reason=%s", what, topic_filter,
                     failure.getErrorMessage())
 
-    def put_subscription(self, client_id: str, subscription: api.SubscriptionState) -> defer.Deferred:
+    def put_subscription(self, client_id: str, subscription: api.SubscriptionState, epoch: int) -> defer.Deferred:
         """As ``Sessions.put_subscription``; then the broker holds interest in its filter."""
         def stored(result):
             return self._take(client_id, subscription.key, subscription.topic_filter).addCallback(lambda _: result)
 
-        return self._inner.put_subscription(client_id, subscription).addCallback(stored)
+        return self._inner.put_subscription(client_id, subscription, epoch).addCallback(stored)
 
-    def delete_subscription(self, client_id: str, key: str) -> defer.Deferred:
+    def delete_subscription(self, client_id: str, key: str, epoch: int) -> defer.Deferred:
         """As ``Sessions.delete_subscription``; the broker's interest in its filter goes too."""
         def deleted(result):
             self._drop(client_id, key)
             return result
 
-        return self._inner.delete_subscription(client_id, key).addCallback(deleted)
+        return self._inner.delete_subscription(client_id, key, epoch).addCallback(deleted)
 
-    def delete_session(self, client_id: str) -> defer.Deferred:
+    def delete_session(self, client_id: str, epoch: int) -> defer.Deferred:
         """As ``Sessions.delete_session``; the broker's interest in all its filters goes too."""
         def deleted(result):
             for cid, key in [k for k in self._held if k[0] == client_id]:
                 self._drop(cid, key)
             return result
 
-        return self._inner.delete_session(client_id).addCallback(deleted)
+        return self._inner.delete_session(client_id, epoch).addCallback(deleted)

@@ -92,12 +92,15 @@ def test_stored_sessions_owe_from_their_oldest_message_in_flight(tmp_path):
         clock.advance(0)
         (end,) = local.end_positions(queue.result).result
         far = api.QueuePosition(end.queue, end.group, end.offset + 9)
-        local.put_session(api.SessionMeta("c1", 3600, 5))
-        local.put_subscription("c1", api.SubscriptionState("h/#", 1, (far,)))
-        local.put_session(api.SessionMeta("c2", 3600, 5))
-        local.put_subscription("c2", api.SubscriptionState("h/#", 1, (far,)))
+        claims = [local.claim_session(cid, "p1") for cid in ("c1", "c2")]
+        clock.advance(0)
+        e1, e2 = (d.result for d in claims)
+        local.put_session(api.SessionMeta("c1", 3600, 5), e1)
+        local.put_subscription("c1", api.SubscriptionState("h/#", 1, (far,)), e1)
+        local.put_session(api.SessionMeta("c2", 3600, 5), e2)
+        local.put_subscription("c2", api.SubscriptionState("h/#", 1, (far,)), e2)
         local.put_outbound("c2", api.OutboundState(5, "h/#", api.QueuePosition(end.queue, end.group, end.offset + 2),
-                                                    1))
+                                                    1), e2)
         clock.advance(1)
         owed = sorted(stored_sessions_owed(SessionStore(parts.kv)))
         assert owed == [api.Owed("session c1", queue.result, far.offset),

@@ -91,12 +91,57 @@ def test_session_state_lives_in_the_client_ids_group(cluster):
     store = cluster.store
     cid = "device-42"
     home = cluster.table.group_of_client(cid)
-    cluster.wait(store.put_session(api.SessionMeta(cid, 3600, 5)))
-    assert cluster.wait(store.get_session(cid)).meta.client_id == cid
+    epoch = cluster.wait(store.claim_session(cid, "proxy-1"))
+    cluster.wait(store.put_session(api.SessionMeta(cid, 3600, 5), epoch))
+    cluster.wait(store.put_inbound_qos2(cid, 7, epoch))
+    state = cluster.wait(store.get_session(cid))
+    assert state.meta.client_id == cid and state.epoch == epoch and state.inbound_qos2 == {7}
     other = "g1" if home == "g2" else "g2"
-    parts = cluster.parts_by_group[other]
-    assert SessionStore(parts.kv).load_all() == {} or cid not in SessionStore(parts.kv).load_all()
+    assert SessionStore(cluster.parts_by_group[home].kv).load(cid).inbound_qos2 == {7}
+    assert not SessionStore(cluster.parts_by_group[other].kv).load(cid).inbound_qos2
     assert [s.meta.client_id for s in cluster.wait(store.list_sessions())] == [cid]
+
+
+def _subscribed(cluster, cid, topic_filter, holder="proxy-1"):
+    store = cluster.store
+    epoch = cluster.wait(store.claim_session(cid, holder))
+    cluster.wait(store.put_session(api.SessionMeta(cid, 3600, 5), epoch))
+    queue = cluster.wait(store.add_filter(topic_filter))
+    positions = cluster.wait(store.end_positions(queue))
+    cluster.wait(store.put_subscription(cid, api.SubscriptionState(topic_filter, 1, positions), epoch))
+    return epoch, positions
+
+
+def test_a_spanning_subscription_is_kept_by_every_group_it_reads(cluster):
+    """'+/chk/#' is stored in both groups with each group's own position; get_session merges them back."""
+    epoch, positions = _subscribed(cluster, "sub-1", "+/chk/#")
+    for group, parts in cluster.parts_by_group.items():
+        stored = SessionStore(parts.kv).load("sub-1")
+        assert list(stored.subscriptions) == ["+/chk/#"]
+    (sub,) = cluster.wait(cluster.store.get_session("sub-1")).subscriptions
+    assert sorted(p.group for p in sub.positions) == ["g1", "g2"] and set(sub.positions) == set(positions)
+
+
+def test_outbound_goes_to_its_positions_group_and_its_ack_finds_it(cluster):
+    """An outbound message is kept in the group its position names; deleting it needs no group."""
+    epoch, positions = _subscribed(cluster, "sub-2", "+/chk/#")
+    p2 = [p for p in positions if p.group == "g2"][0]
+    cluster.wait(cluster.store.put_outbound("sub-2", api.OutboundState(3, "+/chk/#", p2, 1), epoch))
+    assert 3 in SessionStore(cluster.parts_by_group["g2"].kv).load("sub-2").outbound
+    assert [o.packet_id for o in cluster.wait(cluster.store.get_session("sub-2")).outbound] == [3]
+    cluster.wait(cluster.store.delete_outbound("sub-2", 3, epoch))
+    assert not SessionStore(cluster.parts_by_group["g2"].kv).load("sub-2").outbound
+
+
+def test_a_takeover_fences_the_old_holder_in_every_group(cluster):
+    """After another proxy claims the session, the old holder's writes fail with Fenced in each group."""
+    old_epoch, positions = _subscribed(cluster, "sub-3", "+/chk/#", holder="proxy-1")
+    from cluster.routed_store import RoutedStore
+    other_proxy = RoutedStore(cluster.table, cluster.store.groups)
+    cluster.wait(other_proxy.claim_session("sub-3", "proxy-2"))
+    for p in positions:
+        err = cluster.error(cluster.store.put_outbound("sub-3", api.OutboundState(9, "+/chk/#", p, 1), old_epoch))
+        assert isinstance(err, api.Fenced), p.group
 
 
 def test_retained_messages_merge_across_groups(cluster):

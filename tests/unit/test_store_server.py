@@ -178,16 +178,17 @@ def test_the_broker_holds_interest_for_stored_sessions(rig, tmp_path):
     q = rig.wait(local.add_filter("p/#"))
     (start,) = rig.wait(local.end_positions(q))
     rig.wait(local.remove_filter("p/#"))
-    rig.wait(held.put_session(api.SessionMeta("c1", 3600, 5)))
-    rig.wait(held.put_subscription("c1", api.SubscriptionState("p/#", 1, (start,))))
-    rig.wait(held.put_subscription("c1", api.SubscriptionState("p/#", 1, (start,))))  # replaced: one reference
+    epoch = rig.wait(held.claim_session("c1", "proxy-1"))
+    rig.wait(held.put_session(api.SessionMeta("c1", 3600, 5), epoch))
+    rig.wait(held.put_subscription("c1", api.SubscriptionState("p/#", 1, (start,)), epoch))
+    rig.wait(held.put_subscription("c1", api.SubscriptionState("p/#", 1, (start,)), epoch))  # replaced: one ref
     assert held.held == 1
     rig.wait(held.append(publish("p/1")))
     restarted = SessionInterest(local, SessionStore(rig.parts.kv))  # as a broker starting on this KV
     rig.wait(restarted.restore())
     assert restarted.held == 1
-    rig.wait(held.delete_session("c1"))
-    rig.wait(restarted.delete_subscription("c1", "p/#"))
+    rig.wait(held.delete_session("c1", epoch))
+    rig.wait(restarted.delete_subscription("c1", "p/#", epoch))
     assert held.held == restarted.held == 0
     rig.wait(held.append(publish("p/2")))  # no interest left: not indexed
     assert [m.record.topic for m in rig.wait(local.read_queue(start, 10)).messages] == ["p/1"]
