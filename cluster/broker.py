@@ -122,11 +122,13 @@ class BrokerParts:
         self.state = StoreParts(reactor, cfg)
         self.state.hold_stored_sessions()
         # the broker's own interest in stored sessions' filters: they miss nothing while their proxy is gone
-        self.local = SessionInterest(self.state.local_store(cluster.group), SessionStore(self.state.kv))
+        local_store = self.state.local_store(cluster.group)
+        self.local = SessionInterest(local_store, SessionStore(self.state.kv))
         self.metrics = RpcMetrics()
         self.dispatcher = Dispatcher(reactor, self.metrics)
         self.server = StoreServer(self.local, reactor, self.state.native.engine, self.state.native_config)
         self.server.register(self.dispatcher)
+        local_store.add_claim_listener(self.server.session_claimed)  # takeovers reach the old holder
         settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes)
         hello = Hello(cluster.cluster_id, cluster.node_id, "broker", RPC_VERSION)
         self.rpc = RpcServerFactory(hello, settings, reactor, self.dispatcher, health=HealthProbe())

@@ -78,8 +78,8 @@ class MemberConfig:
     """The member's node id (its ``cluster.node_id``)."""
     role: str
     """broker or proxy."""
-    rpc: str
-    """How to reach its RPC listener: a Twisted client endpoint string, e.g. tcp:127.0.0.1:7800."""
+    rpc: str = ""
+    """How to reach its RPC listener: a Twisted client endpoint string, e.g. tcp:127.0.0.1:7800 (brokers)."""
     group: str = ""
     """Its broker group (brokers only)."""
 
@@ -90,7 +90,8 @@ class MemberConfig:
             raise ConfigError(f"role must be broker or proxy, not {self.role!r}")
         if self.role == "broker" and not self.group:
             raise ConfigError(f"group must be set for broker {self.id!r}")
-        if not self.rpc.startswith(("tcp:", "unix:", "tcp6:")) or ":" not in self.rpc[4:]:
+        if (self.rpc or self.role == "broker") and \
+                (not self.rpc.startswith(("tcp:", "unix:", "tcp6:")) or ":" not in self.rpc[4:]):
             raise ConfigError(f"rpc must be a client endpoint like tcp:127.0.0.1:7800, not {self.rpc!r}")
 
 
@@ -112,6 +113,10 @@ class ClusterConfig:
     """Seconds between RPC heartbeats (carrying the health flag); a peer silent for three intervals is dropped."""
     max_frame_bytes: int = 16 << 20
     """Largest RPC frame accepted; a bigger one closes the connection."""
+    slots: dict = dataclasses.field(default_factory=dict)
+    """Hash slots (0-1023) of each broker group, as ``group = "0-511,700"``; empty: even contiguous ranges in group-name order. Every slot must be assigned once."""
+    routes: dict = dataclasses.field(default_factory=dict)
+    """Explicit routes: a first topic level to the group that stores it (``sensors = "g2"``); they win over the slots."""
     members: tuple = ()
     """The static membership, as ``[[cluster.members]]`` tables with ``id``, ``role`` (broker or proxy), ``group`` (brokers) and ``rpc`` (a client endpoint string like tcp:127.0.0.1:7800)."""
 
@@ -128,6 +133,18 @@ class ClusterConfig:
         ids = [m.id for m in self.members]
         if len(set(ids)) != len(ids):
             raise ConfigError("members: a member id is listed twice")
+        for name, table in (("slots", self.slots), ("routes", self.routes)):
+            if not all(isinstance(k, str) and isinstance(v, str) for k, v in table.items()):
+                raise ConfigError(f"{name} maps names to strings ({name}.g1 = \"...\")")
+        try:
+            self.slot_assignment()
+        except ValueError as exc:
+            raise ConfigError(f"slots: {exc}") from None
+
+    def slot_assignment(self) -> dict:
+        """``slots`` parsed into ranges per group (empty: the default even split)."""
+        from cluster.routing import parse_ranges  # routing is pure; imported here to keep config light
+        return {group: parse_ranges(text) for group, text in self.slots.items()}
 
 
 def _cluster_values(values: dict) -> dict:

@@ -141,3 +141,75 @@ def store_site(store, collectors=(), extra=lambda: ()) -> server.Site:
     site = server.Site(root)
     site.noisy = False
     return site
+
+
+class _ProxyCollector:
+    """A proxy's figures: its MQTT front end's counters and its broker connections."""
+
+    def __init__(self, front, remotes, extra, lag) -> None:
+        self.front, self.remotes, self.extra, self.lag = front, remotes, extra, lag
+        self.peers = [peer for peer, _ in remotes]
+
+    def collect(self):
+        s = self.front.stats
+        for name, doc, value in (("twistmq_messages_received", "PUBLISH packets received", s.messages_received),
+                                 ("twistmq_messages_sent", "PUBLISH packets sent", s.messages_sent),
+                                 ("twistmq_connections", "connections accepted", s.connections_total),
+                                 ("twistmq_messages_dropped", "publishes refused by ACL or quota",
+                                  s.messages_dropped)):
+            c = CounterMetricFamily(name, doc)
+            c.add_metric([], value)
+            yield c
+        for name, doc, value in (("twistmq_clients_connected", "clients connected now", s.clients_connected),
+                                 ("twistmq_sessions", "sessions held, connected or not", len(self.front.sessions))):
+            g = GaugeMetricFamily(name, doc)
+            g.add_metric([], value)
+            yield g
+        g = GaugeMetricFamily("twistmq_rpc_peer_connected", "1 while the RPC connection to a broker is open",
+                              labels=["peer"])
+        for peer in self.peers:
+            g.add_metric([peer.peer_id], 1.0 if peer.connected else 0.0)
+        yield g
+        c = CounterMetricFamily("twistmq_notify_events_received", "queue news events received from a broker",
+                                labels=["peer"])
+        for peer, remote in self.remotes:
+            c.add_metric([peer.peer_id], remote.events_received)
+        yield c
+        if self.lag is not None:
+            g = GaugeMetricFamily("twistmq_reactor_lag_seconds", "reactor lateness (quantile 1 is the maximum)",
+                                  labels=["quantile"])
+            for quantile, value in self.lag.stats().items():
+                g.add_metric([quantile], value)
+            yield g
+        for prefix, stats in self.extra():
+            for key, value in stats.items():
+                g = GaugeMetricFamily(f"twistmq_{prefix}_{key}", f"{prefix} {key}")
+                g.add_metric([], float(value))
+                yield g
+
+
+class _PeersHealth(resource.Resource):
+    isLeaf = True
+
+    def __init__(self, peers) -> None:
+        super().__init__()
+        self.peers = peers
+
+    def render_GET(self, request):
+        down = [p.peer_id for p in self.peers if not p.connected]
+        request.setResponseCode(503 if down else 200)
+        request.setHeader(b"content-type", b"application/json")
+        return json.dumps({"status": "degraded" if down else "ok", "brokers_unreachable": down}).encode()
+
+
+def proxy_site(front, remotes, extra=lambda: (), lag=None) -> server.Site:
+    """A proxy's Site: /health (200 while every broker connection is open, else 503 naming the unreachable)
+    and /metrics. ``remotes``: (PeerClient, RemoteStore) per broker."""
+    registry = CollectorRegistry()
+    registry.register(_ProxyCollector(front, remotes, extra, lag))
+    root = resource.Resource()
+    root.putChild(b"health", _PeersHealth([peer for peer, _ in remotes]))
+    root.putChild(b"metrics", Metrics(registry))
+    site = server.Site(root)
+    site.noisy = False
+    return site

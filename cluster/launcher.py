@@ -91,8 +91,8 @@ def membership_toml(cluster_id: str, procs: list[dict], base: str = "") -> str:
     """The config every process reads: ``base`` (an operator's file, if any) plus the ``[cluster]`` section."""
     if re.search(r"^\s*\[cluster\]", base, re.M):
         raise LaunchError("the base config has a [cluster] section: the launcher writes that one itself")
-    lines = [base.rstrip(), "", "[cluster]", f'id = "{cluster_id}"', ""] if base.strip() else \
-        ["[cluster]", f'id = "{cluster_id}"', ""]
+    lines = [base.rstrip(), "", "[cluster]", f'cluster_id = "{cluster_id}"', ""] if base.strip() else \
+        ["[cluster]", f'cluster_id = "{cluster_id}"', ""]
     for p in procs:
         lines.append("[[cluster.members]]")
         lines.append(f'id = "{p["id"]}"')

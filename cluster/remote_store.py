@@ -46,8 +46,12 @@ def _as_store_error(failure):
 class RemoteStore:
     """``store.api.Store`` served by the broker at the other end of ``peer``."""
 
-    def __init__(self, peer: PeerClient) -> None:
+    def __init__(self, peer: PeerClient, wait_connected: float = 0.0) -> None:
         self.peer = peer
+        # > 0: a call made while disconnected waits this long for the connection (a broker restarting)
+        # before it fails with Unavailable; 0: it fails at once.
+        self.wait_connected = wait_connected
+        self.events_received = 0  # queue news frames from the broker (a proxy watching nothing gets none)
         self._ids = itertools.count(1)
         self._watches: dict[int, tuple[str, Callable[[str], None], api.Watch]] = {}  # local id -> (queue, cb, remote)
         self._filters: dict[str, int] = {}  # topic filter -> add_filter references held
@@ -59,9 +63,20 @@ class RemoteStore:
             frame = store_codec.pack_call(name, args, kwargs)
         except store_codec.CodecError as exc:
             return defer.fail(api.InvalidArgument(str(exc)))
-        d = self.peer.call(request_type(name), frame)
+        if self.wait_connected > 0 and not self.peer.connected:
+            d = self._when_connected().addCallback(lambda _: self.peer.call(request_type(name), frame))
+        else:
+            d = self.peer.call(request_type(name), frame)
         d.addCallbacks(lambda body: store_codec.unpack_result(name, body), _as_store_error)
         return d
+
+    def _when_connected(self) -> defer.Deferred:
+        def late(failure):
+            failure.trap(defer.TimeoutError)
+            raise api.Unavailable(f"broker {self.peer.peer_id} unreachable for {self.wait_connected:g} s")
+        d = self.peer.when_connected()
+        d.addTimeout(self.wait_connected, self.peer.clock)
+        return d.addErrback(late)
 
     # -- interest -------------------------------------------------------------------------------------
 
@@ -122,6 +137,7 @@ class RemoteStore:
     def _event(self, topic: str, body: bytes) -> None:
         if topic != QUEUE_EVENT:
             return
+        self.events_received += 1
         try:
             queue = store_codec.unpack(body, str)
         except store_codec.CodecError:
@@ -152,7 +168,11 @@ class RemoteStore:
 
         ``max_data_bytes`` bounds the reply's data (a UDP listener's budget), as ``NativeEngine.handle``'s.
         """
-        d = self.peer.call(NATIVE_REQUEST, msgpack.packb([request, max_data_bytes], use_bin_type=True))
+        body = msgpack.packb([request, max_data_bytes], use_bin_type=True)
+        if self.wait_connected > 0 and not self.peer.connected:
+            d = self._when_connected().addCallback(lambda _: self.peer.call(NATIVE_REQUEST, body))
+        else:
+            d = self.peer.call(NATIVE_REQUEST, body)
         return d.addCallbacks(lambda body: msgpack.unpackb(body, raw=False), _as_store_error)
 
 

@@ -15,7 +15,7 @@ from typing import Callable
 from twisted.application import service
 from twisted.python import usage
 
-from cluster import broker, node
+from cluster import broker, node, proxy
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,8 @@ ROLES: tuple[Role, ...] = (
          node.START_ERRORS),
     Role("broker", "one broker group's store, served to proxies over RPC", broker.BrokerOptions,
          broker.build_broker, broker.START_ERRORS),
+    Role("proxy", "MQTT and native listeners and sessions over the brokers' stores (no durable state)",
+         proxy.ProxyOptions, proxy.build_proxy, proxy.START_ERRORS),
 )
 
 

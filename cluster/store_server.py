@@ -43,6 +43,8 @@ log = logging.getLogger("twistmq.cluster.store_server")
 
 QUEUE_EVENT = "queue"
 """Topic of the event frame that carries a watched queue's news."""
+SESSION_EVENT = "session"
+"""Topic of the event frame telling a session's old holder that another took it over: ``[client id, epoch]``."""
 NATIVE_REQUEST = "native.request"
 STORE_PREFIX = "store."
 
@@ -72,6 +74,7 @@ class StoreServer:
         self.native_engine = native_engine
         self.native_config = native_config
         self._connections: dict[object, _ConnectionWatches] = {}
+        self._members: dict[str, set] = {}  # peer node id -> its open connections that have called us
         self.metrics = None
 
     def register(self, dispatcher: Dispatcher) -> None:
@@ -88,6 +91,7 @@ class StoreServer:
                    "remove_filter": self._remove_filter}.get(name)
 
         def serve(protocol, body: bytes) -> defer.Deferred:
+            self._seen(protocol)
             try:
                 called, args = store_codec.unpack_call(body)
             except store_codec.CodecError as exc:
@@ -194,6 +198,25 @@ class StoreServer:
     def filters(self) -> int:
         """Filter interest references held by connections now."""
         return sum(sum(h.filters.values()) for h in self._connections.values())
+
+    # -- takeover news ---------------------------------------------------------------------------------
+
+    def _seen(self, protocol) -> None:
+        peer = getattr(protocol, "peer", None)
+        if peer is None:
+            return
+        held = self._members.setdefault(peer.node_id, set())
+        if protocol not in held:
+            held.add(protocol)
+            protocol.when_lost().addCallback(lambda _reason: held.discard(protocol))
+
+    def session_claimed(self, client_id: str, old_holder: str, epoch: int) -> None:
+        """A claim took ``client_id``'s session from ``old_holder``: tell that member, if it is connected,
+        so it disconnects its client now (MQTT-3.1.4-3); if it is not, its writes are fenced anyway."""
+        for protocol in list(self._members.get(old_holder, ())):
+            protocol.send_event(SESSION_EVENT, msgpack.packb([client_id, epoch], use_bin_type=True))
+            if self.metrics is not None:
+                self.metrics.events += 1
 
     # -- native requests --------------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from mqtt_proxy.config import LimitsConfig, MQTTConfig
 from mqtt_proxy.inbound import InboundBatcher
 from mqtt_proxy.stats import BrokerStats
 from store import record as rec
-from store.api import AppendStatus, QuotaExceeded, Retained, Timers
+from store.api import AppendStatus, QuotaExceeded, Retained, Timers, Unavailable
 
 log = logging.getLogger("twistmq.mqtt.publish")
 
@@ -186,7 +186,7 @@ class Publisher:
         if result.status is not PUT_OK:
             log.error("put_failed client=%s status=%s reason=%s", session.client_id, result.status.name,
                       result.reason)
-            _refuse_after_store(conn, qos, packet_id)
+            _refuse_after_store(conn, qos, packet_id, result.status is AppendStatus.SERVICE_NOT_AVAILABLE)
             return
         if qos == 1:
             conn.inbound_inflight -= 1
@@ -217,7 +217,7 @@ class Publisher:
             self._refuse(conn, qos, packet_id, ReasonCode.QUOTA_EXCEEDED)
             return
         log.error("put_failed client=%s error=%s", session.client_id, failure.getErrorMessage())
-        _refuse_after_store(conn, qos, packet_id)
+        _refuse_after_store(conn, qos, packet_id, bool(failure.check(Unavailable)))
 
     def handle_pubrel(self, conn, packet) -> None:
         """Second half of inbound QoS 2: forget the packet id (durably), then PUBCOMP."""
@@ -239,9 +239,14 @@ class Publisher:
             d.addCallback(answer)
 
 
-def _refuse_after_store(conn, qos: int, packet_id) -> None:
+def _refuse_after_store(conn, qos: int, packet_id, unavailable: bool = False) -> None:
     if qos:
         conn.inbound_inflight -= 1
+    if unavailable:
+        # The store (a broker group, for a proxy) cannot be reached: no acknowledgement, and the client goes,
+        # so it reconnects and sends its unacknowledged messages again once the group is back.
+        conn.close(ReasonCode.SERVER_BUSY)
+        return
     if conn.level == MQTT_5 and qos:
         _ack(conn, qos, packet_id, ReasonCode.UNSPECIFIED_ERROR)
     else:

@@ -116,6 +116,36 @@ def parse_request(raw: bytes | str | dict, config: NativeConfig) -> Request:
         raise
 
 
+def request_object(req: Request) -> dict:
+    """A validated request as the JSON object that parses back to it (a proxy forwards requests whole).
+
+    The echo fields are kept as the client sent them, so the reply echoes them unchanged.
+    """
+    obj = dict(req.echo)
+    obj.setdefault("action", req.action)
+    for key in ("queue", "topic", "group", "msg_id", "invisible_time"):
+        value = getattr(req, key)
+        if value is not None:
+            obj[key] = value
+    if req.encoding != "utf-8":
+        obj["encoding"] = req.encoding
+    if req.items:
+        entries = []
+        for item in req.items:
+            data = base64.b64encode(item.data).decode("ascii") if req.encoding == "base64" else item.data.decode()
+            entry = {"data": data, "delay": item.delay, "retry": item.retry}
+            if item.ttl is not None:
+                entry["ttl"] = item.ttl
+            if req.topic is not None:
+                entry["qos"], entry["retain"] = item.qos, item.retain
+            entries.append(entry)
+        if req.batch:
+            obj["batch"] = entries
+        else:
+            obj.update(entries[0])
+    return obj
+
+
 def _int(obj: dict, key: str, default: int | None, lo: int, hi: int) -> int | None:
     if key not in obj or obj[key] is None:
         return default

@@ -31,12 +31,12 @@ def test_membership_config_lists_groups_and_their_rpc_addresses(tmp_path):
     """cluster.toml parses as TOML and names each broker's group and RPC address."""
     procs = launcher.plan(str(tmp_path), 2, 1, False, "c")
     doc = tomllib.loads(launcher.membership_toml("c", procs, "[mqtt]\nallow_anonymous = true\n"))
-    assert doc["cluster"]["id"] == "c" and doc["mqtt"]["allow_anonymous"] is True
+    assert doc["cluster"]["cluster_id"] == "c" and doc["mqtt"]["allow_anonymous"] is True
     brokers = [m for m in doc["cluster"]["members"] if m["role"] == "broker"]
     assert [(m["group"], m["rpc"]) for m in brokers] == [
         (p["group"], f"tcp:127.0.0.1:{p['ports']['rpc']}") for p in procs if p["role"] == "broker"]
     with pytest.raises(launcher.LaunchError, match=r"\[cluster\]"):
-        launcher.membership_toml("c", procs, "[cluster]\nid = 'x'\n")
+        launcher.membership_toml("c", procs, "[cluster]\ncluster_id = 'x'\n")
 
 
 def test_what_is_not_built_yet_is_refused_with_a_reason(tmp_path):

@@ -178,3 +178,19 @@ def test_fuzz_raw_bytes(raw):
         parse_request(raw, CFG)
     except RequestError:
         pass
+
+
+@given(st.sampled_from([
+    {"action": "produce", "queue": "q", "data": "hé", "delay": 3, "ttl": 60, "retry": 5, "seq": 7},
+    {"action": 1, "queue": "q", "batch": ["a", {"data": "b", "delay": 2}], "seq": "s"},
+    {"action": "produce", "topic": "t/1", "data": "AAE=", "encoding": "base64", "qos": 0, "retain": True},
+    {"action": "consume", "queue": "q", "group": "g", "encoding": "base64"},
+    {"action": "pop", "queue": "q", "invisible_time": 9},
+    {"action": "ack", "queue": "q", "msg_id": 12},
+    {"action": "queue_list", "seq": 1},
+]))
+def test_request_object_parses_back_to_the_same_request(obj):
+    """A proxy forwards request_object(req): the broker parses exactly the request the proxy parsed."""
+    config = NativeConfig()
+    req = codec.parse_request(obj, config)
+    assert codec.parse_request(codec.request_object(req), config) == req

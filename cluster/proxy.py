@@ -1,0 +1,231 @@
+"""The ``proxy`` role: MQTT and native listeners, sessions, and the remote store; no durable state of its own.
+
+``twistd -n twistmq proxy --config F --node-id ID --mqtt ... --native ... --http ...``
+connects to every broker of ``[[cluster.members]]`` (one RPC connection each,
+reconnecting with back-off), puts a ``RemoteStore`` per broker group behind a
+``RoutedStore`` (hash slots: ``cluster.routing``), and runs the node's MQTT
+front end over it: the same sessions, QoS flows, retained and will messages,
+with every piece of durable state in the broker groups. A session is claimed
+in its groups on CONNECT; when another proxy claims it, the broker tells this
+one (an RPC event) and the client is disconnected (v5: 0x8E), and a proxy that
+was merely stopped finds its writes refused (``Fenced``) when it wakes.
+Native requests are forwarded whole to the group of their queue
+(``cluster.proxy_native``). ``/health`` and ``/metrics`` are on ``--http``.
+
+A group that cannot be reached holds the client's acknowledgement for up to
+``[cluster] call_timeout`` (the RPC waits for the broker to come back); then
+the client is disconnected (v5 DISCONNECT 0x89 Server busy; 3.1.1 closes) and
+the publish is not acknowledged: nothing is acknowledged that a broker did not
+store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import signal
+
+import msgpack
+from twisted.internet import defer, endpoints
+from twisted.python import usage
+
+from cluster import node_log
+from cluster.broker import RPC_VERSION, default_node_id
+from cluster.config import load_config, settle, with_flags
+from cluster.http import proxy_site
+from cluster.node import LISTENER_FLAGS, NodeOptions, _backlog
+from cluster.proxy_native import ForwardingEngine, ProxyNativeService
+from cluster.remote_store import RemoteStore
+from cluster.reuseport import server_endpoint
+from cluster.routed_store import RoutedStore
+from cluster.routing import RoutingError, SlotTable
+from cluster.rpc.frames import Hello
+from cluster.rpc.health import HealthProbe
+from cluster.rpc.peer import PeerClient
+from cluster.rpc.protocol import RpcSettings
+from cluster.services import DatagramListenerService, ListenerService, Part, ReadyLine, RoleService, SignalService
+from cluster.store_server import SESSION_EVENT
+from cluster.version import twistmq_version
+from mqtt_proxy import tls
+from mqtt_proxy.auth.acl import ACLError, load_acl
+from mqtt_proxy.auth.authenticator import Authenticator
+from mqtt_proxy.auth.passwords import PasswordFile, PasswordFileError
+from mqtt_proxy.auth.reload import Reloader, security_targets
+from mqtt_proxy.front_end import build_front_end
+from mqtt_proxy.protocol import MQTTServerFactory
+from mqtt_proxy.reactor_lag import ReactorLagProbe
+from mqtt_proxy.websocket import websocket_factory
+from store.config import ConfigError, NativeConfig, from_mapping
+from store.executor import ThreadPoolExecutor
+
+log = logging.getLogger("twistmq.proxy")
+
+START_ERRORS = (ConfigError, tls.TLSConfigError, PasswordFileError, ACLError, OSError, RoutingError)
+
+
+class ProxyOptions(NodeOptions):
+    """Options of ``twistmq proxy``: the node's listeners, plus its member id."""
+
+    optParameters = NodeOptions.optParameters + [
+        ["node-id", None, None, "this proxy's member id (overrides cluster.node_id)"],
+    ]
+
+
+def proxy_config(options: ProxyOptions):
+    """The node's config handling, then the proxy's identity and the broker groups it needs."""
+    cfg = load_config(options["config"])
+    changes = {}
+    if options.listeners:
+        for kind in LISTENER_FLAGS:
+            changes[kind.replace("-", "_")] = tuple(options.listeners.get(kind.replace("-", "_"), ()))
+    if options["data-dir"]:
+        changes["data_dir"] = options["data-dir"]
+    for flag, key in (("mqtt-tls-ca", "mqtt_tls_ca"), ("ws-path", "ws_path")):
+        if options[flag]:
+            changes[key] = options[flag]
+    if options["use-identity-as-username"]:
+        changes["use_identity_as_username"] = True
+    cfg = settle(with_flags(cfg, changes), set(changes))
+    cluster = cfg.cluster
+    if options["node-id"]:
+        cluster = dataclasses.replace(cluster, node_id=options["node-id"])
+    if not cluster.node_id:
+        cluster = dataclasses.replace(cluster, node_id=default_node_id(cfg.node.data_dir))
+    if not [m for m in cluster.members if m.role == "broker"]:
+        raise ConfigError("a proxy needs brokers: list them as [[cluster.members]] with role = \"broker\", "
+                          "a group and an rpc address")
+    return dataclasses.replace(cfg, cluster=cluster)
+
+
+class ProxyParts:
+    """The proxy's parts: RPC peers and remote stores per group, the routed store, the front end, listeners."""
+
+    def __init__(self, reactor, cfg) -> None:
+        self.reactor = reactor
+        self.cfg = cfg
+        cluster = cfg.cluster
+        settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes)
+        hello = Hello(cluster.cluster_id, cluster.node_id, "proxy", RPC_VERSION)
+        health = HealthProbe()
+        self.peers: list[PeerClient] = []
+        self.remotes: dict[str, RemoteStore] = {}
+        for member in cluster.members:
+            if member.role != "broker":
+                continue
+            if member.group in self.remotes:  # replicas come with replication: the first listed serves
+                continue
+            peer = PeerClient(member.id, endpoints.clientFromString(reactor, member.rpc), hello, settings, reactor,
+                              health=health)
+            self.peers.append(peer)
+            remote = RemoteStore(peer, wait_connected=cluster.call_timeout)
+            peer.on_event(lambda topic, body, g=member.group: self._event(g, topic, body))
+            self.remotes[member.group] = remote
+        self.table = SlotTable.build(tuple(self.remotes), cluster.slot_assignment(), dict(cluster.routes))
+        self.store = RoutedStore(self.table, self.remotes)
+        mqtt = cfg.mqtt
+        self.auth_executor = ThreadPoolExecutor(reactor, max_threads=2, name="twistmq-auth")
+        auth = Authenticator(PasswordFile.load(mqtt.password_file) if mqtt.password_file else None,
+                             allow_anonymous=mqtt.allow_anonymous, clock=reactor, executor=self.auth_executor,
+                             use_identity_as_username=cfg.node.use_identity_as_username,
+                             base_delay=mqtt.auth_fail_delay, max_delay=mqtt.auth_fail_delay_max)
+        acl = load_acl(mqtt.acl_file or None)
+        self.mqtt = build_front_end(self.store, reactor, mqtt, cfg.limits, auth, acl, holder=cluster.node_id)
+        self.native = ProxyNativeService(ForwardingEngine(self.table, self.remotes),
+                                         from_mapping(NativeConfig, "native", cfg.native))
+        self.lag = ReactorLagProbe(reactor)
+        self.streams, self.datagrams = self._listeners()
+
+    def _event(self, group: str, topic: str, body: bytes) -> None:
+        """A broker's event other than queue news: a session of ours taken over elsewhere."""
+        if topic != SESSION_EVENT:
+            return
+        try:
+            client_id, epoch = msgpack.unpackb(body, raw=False)
+        except Exception:  # noqa: BLE001 - a malformed event is logged, never fatal
+            log.warning("proxy_bad_session_event group=%s", group)
+            return
+        if self.table.group_of_client(client_id) == group:  # the home group's epoch is the session's
+            self.mqtt.registry.taken_over(client_id, epoch)
+
+    def connect(self) -> defer.Deferred:
+        """Start the RPC peers; fires once each group is connected or ``call_timeout`` has passed (a group
+        that is down does not keep the proxy from serving the others)."""
+        for peer in self.peers:
+            peer.startService()
+        waits = [peer.when_connected() for peer in self.peers]
+        timeout = self.cfg.cluster.call_timeout
+        for d in waits:
+            d.addTimeout(timeout, self.reactor).addErrback(lambda f: f.trap(defer.TimeoutError))
+        return defer.DeferredList(waits).addCallback(self._connected)
+
+    def _connected(self, _results) -> None:
+        down = [p.peer_id for p in self.peers if not p.connected]
+        if down:
+            log.warning("proxy_brokers_unreachable brokers=%s", ",".join(down))
+
+    def disconnect(self) -> defer.Deferred:
+        return defer.DeferredList([peer.stopService() for peer in self.peers])
+
+    def _listeners(self):
+        ca = self.cfg.node.mqtt_tls_ca or None
+        mqtt_factory = MQTTServerFactory(self.mqtt, self.reactor, cert_identity=tls.peer_identity)
+        ws_factory = websocket_factory(mqtt_factory, self.cfg.node.ws_path, self.reactor,
+                                       self.cfg.limits.max_packet_size)
+        http = proxy_site(self.mqtt, [(r.peer, r) for r in self.remotes.values()], lambda: [("native", self.native.stats())], self.lag)
+        build = {
+            "mqtt": lambda d: (server_endpoint(self.reactor, _backlog(d)), mqtt_factory),
+            "mqtt_tls": lambda d: (tls.tls_server_endpoint(self.reactor, _backlog(d), ca), mqtt_factory),
+            "mqtt_ws": lambda d: (tls.server_endpoint(self.reactor, d, ca), ws_factory),
+            "http": lambda d: (endpoints.serverFromString(self.reactor, d), http),
+            "native": lambda d: (server_endpoint(self.reactor, d), self.native.tcp_factory()),
+        }
+        streams, datagrams = [], []
+        for listener in self.cfg.listeners:
+            if listener.key == "native_udp":
+                datagrams.append(DatagramListenerService(listener, self.native.udp_protocol(), self.reactor))
+                continue
+            try:
+                endpoint, factory = build[listener.key](listener.description)
+            except tls.TLSConfigError as exc:
+                raise ConfigError(f"{listener.where}: {exc}") from None
+            streams.append(ListenerService(listener, endpoint, factory))
+        return streams, datagrams
+
+    def reloader(self) -> Reloader:
+        contexts = [(svc.listener.key.replace("_", "-"), svc.endpoint.context_factory)
+                    for svc in self.streams if isinstance(svc.endpoint, tls.TLSServerEndpoint)]
+        return Reloader(security_targets(self.mqtt.auth.password_file, self.mqtt.acl, contexts))
+
+
+def proxy_tree(parts: ProxyParts) -> RoleService:
+    """Start order: RPC peers, the front end (sessions it held before a restart), $SYS, listeners, ready."""
+    cfg = parts.cfg
+    root = RoleService("proxy", parts.reactor, START_ERRORS, cfg.log.file)
+    listeners = parts.streams + parts.datagrams
+
+    def announce():
+        log.info("proxy_ready version=%s node_id=%s cluster=%s groups=%s", twistmq_version(), cfg.cluster.node_id,
+                 cfg.cluster.cluster_id, ",".join(parts.table.groups))
+
+    children = [
+        SignalService("reload", signal.SIGHUP, parts.reloader().reload, parts.reactor),
+        Part("auth-executor", start=parts.auth_executor.start, stop=parts.auth_executor.stop),
+        Part("rpc-peers", start=parts.connect, stop=parts.disconnect),
+        Part("mqtt-sessions", start=parts.mqtt.restore, stop=parts.mqtt.shutdown),
+        Part("native", stop=parts.native.stop),
+        *listeners,
+        Part("lag-probe", start=lambda: (gc.freeze(), parts.lag.start()), stop=parts.lag.stop),
+        ReadyLine(listeners, announce),
+    ]
+    for child in children:
+        child.setServiceParent(root)
+    return root
+
+
+def build_proxy(options: ProxyOptions, reactor) -> RoleService:
+    cfg = proxy_config(options)
+    observer = node_log.configure(cfg.log)
+    root = proxy_tree(ProxyParts(reactor, cfg))
+    root.log_observer = observer
+    return root
