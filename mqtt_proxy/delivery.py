@@ -59,7 +59,9 @@ class DeliveryPump:
 
     def encoded_publish(self, record, qos: int, retain: bool, level: int) -> bytes:
         """The PUBLISH for ``record`` without v5 properties, encoded once for all its subscribers."""
-        key = (record.offset, qos, retain, level)
+        # A commit-log offset names a record within one broker group only; two groups never store the same
+        # topic (a topic's group is its first level's), so offset and topic together name one record.
+        key = (record.offset, record.topic, qos, retain, level)
         data = self._encoded.get(key)
         if data is None:
             data = encode_publish(record.topic, record.body, qos, retain, False, 1 if qos else None, None, level)
