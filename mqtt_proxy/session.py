@@ -326,6 +326,8 @@ class Session:
             return
         self.conn.write(data)
         self.delivery.stats.sent(len(data))
+        if self.delivery.deliver_latency is not None:
+            self.delivery.deliver_latency.sample(record.store_ts)
 
     # -- acknowledgements ------------------------------------------------------------------
 

@@ -83,7 +83,8 @@ class LoadAverage:
 class SysPublisher:
     """Publishes the $SYS values every ``interval`` seconds, retained."""
 
-    def __init__(self, front, store, clock, interval: float, version: str) -> None:
+    def __init__(self, front, store, clock, interval: float, version: str, extra=None) -> None:
+        self.extra = extra  # () -> {suffix: text}: the composition root's own figures (process, latency, ...)
         self.front = front
         self.version = version
         self.store = store
@@ -104,6 +105,8 @@ class SysPublisher:
     def values(self) -> dict[str, str]:
         """Every $SYS/broker/ suffix -> its text now, load figures included (and updated)."""
         values = sys_values(self.front, self.store, self.version)
+        if self.extra is not None:
+            values.update(self.extra())
         now = self.clock.seconds()
         for name, counter in LOAD_FIGURES.items():
             for window, value in self.loads[name].update(now, counter(self.front.stats)).items():
