@@ -67,7 +67,8 @@ def _loopback(request) -> bool:
 
 def _cursor_key(cursor: str) -> str:
     try:
-        return base64.urlsafe_b64decode(cursor.encode("ascii") + b"=" * (-len(cursor) % 4)).decode("utf-8")
+        raw = cursor.encode("ascii") + b"=" * (-len(cursor) % 4)
+        return base64.b64decode(raw, altchars=b"-_", validate=True).decode("utf-8")
     except (binascii.Error, UnicodeError, ValueError):
         raise ApiError(400, "bad_request", f"cursor {cursor[:64]!r} is not one this server gave") from None
 
@@ -160,8 +161,8 @@ class AdminAPI(resource.Resource):
 
     def _authorize(self, request) -> None:
         if self.token:
-            given = request.getHeader(b"authorization") or ""
-            if not hmac.compare_digest(given.encode("utf-8", "replace"), b"Bearer " + self.token):
+            given = request.getHeader(b"authorization") or b""
+            if not hmac.compare_digest(given, b"Bearer " + self.token):
                 request.setHeader(b"www-authenticate", b'Bearer realm="twistmq"')
                 raise ApiError(401, "unauthorized", "a bearer token is required (Authorization: Bearer TOKEN)")
         elif not _loopback(request):
