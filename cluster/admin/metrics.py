@@ -103,11 +103,12 @@ def listener_connections(listeners, connections) -> dict[str, int]:
     *listeners* are bound ``ListenerService``s; *connections* yields the protocol
     objects of open connections (each with a ``transport``). Counted when asked,
     from the connections' local addresses, so accepting a connection costs nothing.
+    HTTP listeners are left out: the web site keeps no list of its connections.
     """
     names = {}
     for svc in listeners:
         port = getattr(svc, "port", None)
-        if port is None:
+        if port is None or svc.listener.key == "http":
             continue
         host = port.getHost()
         names[host.port] = f"{svc.listener.key} {host.host}:{host.port}"

@@ -59,24 +59,29 @@
       ctx.beginPath(); ctx.moveTo(pad, y); ctx.lineTo(w - 8, y); ctx.stroke();
       ctx.fillText((max * i / 4).toFixed(max < 10 ? 1 : 0), 2, y + 4);
     }
+    // x is time: the newest point at the right edge; the window grows from 1 to 5 minutes (what the server keeps).
     const n = series.t.length;
-    const line = (data, color) => {
+    const now = n ? series.t[n - 1] : 0;
+    const span = Math.min(300, Math.max(60, n ? now - series.t[0] : 0));
+    ctx.fillText("-" + Math.round(span) + " s", pad, h - 2); ctx.fillText("now", w - 30, h - 2);
+    const line = (data, color, dash) => {
       if (!n) return;
-      ctx.strokeStyle = color; ctx.lineWidth = 2; ctx.beginPath();
+      ctx.strokeStyle = color; ctx.lineWidth = 2; ctx.setLineDash(dash); ctx.beginPath();
       data.forEach((v, i) => {
-        const x = pad + (w - pad - 8) * (n === 1 ? 1 : i / (n - 1));
+        const x = pad + (w - pad - 8) * Math.max(0, 1 - (now - series.t[i]) / span);
         const y = h - pad / 2 - (h - pad) * v / max;
         if (i) ctx.lineTo(x, y); else ctx.moveTo(x, y);
       });
-      ctx.stroke(); ctx.lineWidth = 1;
+      ctx.stroke(); ctx.lineWidth = 1; ctx.setLineDash([]);
     };
-    line(series.in, "#2e7dd7");
-    line(series.out, "#e8830c");
+    line(series.in, "#2e7dd7", []);
+    line(series.out, "#e8830c", [6, 5]);  // dashed: "in" shows through where the two are equal
     // What was drawn, for tests and curious operators: the newest points and the scale.
     canvas.dataset.points = String(n);
     canvas.dataset.lastIn = String(n ? series.in[n - 1] : 0);
     canvas.dataset.lastOut = String(n ? series.out[n - 1] : 0);
     canvas.dataset.maxIn = String(n ? Math.max(...series.in) : 0);
+    canvas.dataset.maxOut = String(n ? Math.max(...series.out) : 0);
   }
 
   async function overview() {
