@@ -128,11 +128,14 @@ def listener_connections(listeners, connections) -> dict[str, int]:
 
 
 class RateHistory:
-    """The last ``HISTORY_POINTS`` seconds of msg/s in and out, and each topic queue's rate, sampled every second.
+    """The last ``HISTORY_POINTS`` seconds of msg/s in and out, sampled every second, and each topic
+    queue's msg/s, sampled every ``TOPIC_EVERY`` seconds (listing queues costs more than two counters).
 
     *counters()* returns (messages received, messages sent) so far; *topic_offsets()*
     returns {topic queue: messages stored so far}.
     """
+
+    TOPIC_EVERY = 10
 
     def __init__(self, clock, counters, topic_offsets=lambda: {}, interval: float = 1.0) -> None:
         self.clock = clock
@@ -141,7 +144,9 @@ class RateHistory:
         self.interval = interval
         self.points: collections.deque = collections.deque(maxlen=HISTORY_POINTS)  # (t, in/s, out/s)
         self.topic_rates: dict[str, float] = {}
-        self._last = None  # (t, received, sent, topic offsets)
+        self._last = None  # (t, received, sent)
+        self._last_topics = None  # (t, {topic: offset})
+        self._ticks = 0
         self.loop = task.LoopingCall(self.sample)
         self.loop.clock = clock
 
@@ -155,13 +160,17 @@ class RateHistory:
     def sample(self) -> None:
         now = self.clock.seconds()
         received, sent = self.counters()
-        offsets = self.topic_offsets()
         if self._last is not None and now > self._last[0]:
-            t0, r0, s0, o0 = self._last
-            dt = now - t0
-            self.points.append((now, (received - r0) / dt, (sent - s0) / dt))
-            self.topic_rates = {q: (n - o0.get(q, n)) / dt for q, n in offsets.items()}
-        self._last = (now, received, sent, offsets)
+            t0, r0, s0 = self._last
+            self.points.append((now, (received - r0) / (now - t0), (sent - s0) / (now - t0)))
+        self._last = (now, received, sent)
+        if self._ticks % self.TOPIC_EVERY == 0:
+            offsets = self.topic_offsets()
+            if self._last_topics is not None and now > self._last_topics[0]:
+                t0, o0 = self._last_topics
+                self.topic_rates = {q: (n - o0.get(q, n)) / (now - t0) for q, n in offsets.items()}
+            self._last_topics = (now, offsets)
+        self._ticks += 1
 
     def series(self) -> dict:
         """{"t": [unix seconds], "in": [msg/s], "out": [msg/s]}, oldest first."""

@@ -185,20 +185,31 @@ def test_deliver_latency_samples_one_in_sixteen():
 
 
 def test_rate_history_records_msg_per_second_in_and_out():
-    """Each second adds a point of the counters' rate; topic rates come from their stored counts."""
+    """Each second adds a point of the counters' rate; topic rates come from their stored counts (every 10 s)."""
     clock = task.Clock()
     counts = {"in": 0, "out": 0, "dev": 0}
     history = RateHistory(clock, lambda: (counts["in"], counts["out"]), lambda: {"dev": counts["dev"]})
     history.start()
-    for step in range(5):
+    for step in range(RateHistory.TOPIC_EVERY):
         counts["in"] += 10
         counts["out"] += 20
         counts["dev"] += 10
         clock.advance(1.0)
     history.stop()
     series = history.series()
-    assert series["in"] == [10.0] * 5 and series["out"] == [20.0] * 5
+    assert series["in"] == [10.0] * 10 and series["out"] == [20.0] * 10
     assert history.topic_rates == {"dev": 10.0}
+
+
+def test_native_codec_parses_cancel_timer():
+    """cancel_timer (14) needs a msg_id and no queue; without one the codec names the missing field."""
+    from mqtt_proxy.native.codec import RequestError, parse_request
+    from store.config import NativeConfig
+
+    req = parse_request({"action": "cancel_timer", "msg_id": 42, "seq": 1}, NativeConfig())
+    assert (req.name, req.msg_id, req.echo["seq"]) == ("cancel_timer", 42, 1)
+    with pytest.raises(RequestError, match="missing field msg_id"):
+        parse_request({"action": 14}, NativeConfig())
 
 
 def test_admin_command_grammar():
