@@ -21,10 +21,15 @@ LMQ_PREFIX, TOPIC_PREFIX, QUEUE_PREFIX = "%LMQ%", "%TOPIC%", "%QUEUE%"
 class NodeView:
     """Reads (and the few changes: kick, end a session, drop a queue, publish) of one node's state."""
 
+    LAG_TTL = 5.0
+    """Seconds a computed lag total is reused: it walks every subscription, and /metrics, $SYS and each open
+    dashboard ask for it."""
+
     def __init__(self, front, store, member_id: str) -> None:
         self.front = front
         self.store = store
         self.member_id = member_id
+        self._lag: tuple[float, tuple[int, int]] | None = None  # (computed at, (sum, max))
 
     # -- queues --------------------------------------------------------------------------------
 
@@ -73,7 +78,14 @@ class NodeView:
         return None
 
     def lag_total(self) -> tuple[int, int]:
-        """(sum, max) over session subscriptions of the entries each has yet to read."""
+        """(sum, max) over session subscriptions of the entries each has yet to read (at most LAG_TTL old)."""
+        now = self.front.clock.seconds()
+        if self._lag is not None and now - self._lag[0] < self.LAG_TTL:
+            return self._lag[1]
+        self._lag = (now, self._lag_now())
+        return self._lag[1]
+
+    def _lag_now(self) -> tuple[int, int]:
         total = worst = 0
         for name, subs in self.readers().items():
             lo, hi = self.queue_span(name)
