@@ -77,7 +77,7 @@ def _figures(figures):
     """The histograms, per-listener connections and light-queue lag of ``cluster.admin.metrics.NodeFigures``."""
     for name, doc, hist in (
             ("twistmq_deliver_latency_seconds", "from the store's stamp on a message to its PUBLISH written to a "
-             "subscriber (one delivery in 16 sampled)", figures.deliver),
+             "subscriber (the newest message of each batch a session sends)", figures.deliver),
             ("twistmq_store_append_latency_seconds", "from the start of a commit-log batch write to its "
              "acknowledgement (the fsync included under flush = sync)", figures.append)):
         h = HistogramMetricFamily(name, doc)

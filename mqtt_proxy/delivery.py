@@ -28,7 +28,7 @@ class DeliveryPump:
         self.notifier = notifier
         self.clock = clock
         self.stats = stats
-        self.deliver_latency = None  # an object with sample(store_ts_ms), set by the composition root (metrics)
+        self.deliver_latency = None  # an object with observe(seconds), set by the composition root (metrics)
         self._encoded: OrderedDict[tuple, bytes] = OrderedDict()
         self._encoded_bytes = 0
 

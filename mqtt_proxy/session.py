@@ -235,6 +235,7 @@ class Session:
             return
         now = self.delivery.now_ms()
         advanced = False
+        sent = None
         more = len(messages) == PUMP_BATCH
         if messages and messages[0].queue_offset > sub.next_offset:
             self._gap(sub, messages[0].queue_offset)
@@ -260,8 +261,11 @@ class Session:
             if actions:
                 self.carry_out(actions)
             self._send(record, qos, pid, sub)
+            sent = record
         if advanced:
             self._dirty_subs.add(sub.key)
+            if sent is not None and self.delivery.deliver_latency is not None:  # one sample per batch
+                self.delivery.deliver_latency.observe(max(0, now - sent.store_ts) / 1000.0)
         if more:
             self._pump_again = True
             if not self._pumping:
@@ -326,8 +330,6 @@ class Session:
             return
         self.conn.write(data)
         self.delivery.stats.sent(len(data))
-        if self.delivery.deliver_latency is not None:
-            self.delivery.deliver_latency.sample(record.store_ts)
 
     # -- acknowledgements ------------------------------------------------------------------
 

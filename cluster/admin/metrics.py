@@ -1,10 +1,11 @@
 """The node's own figures beyond the front end's counters: latency histograms, process CPU and RSS,
 per-listener connections, light-queue lag, and the msg/s history the dashboard draws.
 
-Histograms sit on hot paths (every delivered PUBLISH, every store batch), so
+Histograms sit on hot paths, so they are fed once per batch, not per message
+(the store observes each commit-log batch, a session each batch of messages it
+read and sent to one subscription: the newest message of the batch), and
 ``observe`` only bisects a fixed tuple of bounds and bumps a preallocated
-count: no allocation, no lock (the reactor thread is the only writer), and the
-delivery path samples one message in ``DELIVER_SAMPLE_EVERY``.
+count: no allocation, no lock (the reactor thread is the only writer).
 """
 
 from __future__ import annotations
@@ -18,9 +19,6 @@ from twisted.internet import task
 
 LATENCY_BOUNDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 """Upper bounds (seconds) of the latency buckets; one more bucket holds everything slower."""
-
-DELIVER_SAMPLE_EVERY = 16
-"""The publish-to-deliver histogram times one delivered PUBLISH in this many (a power of two)."""
 
 HISTORY_POINTS = 300
 """Seconds of msg/s history kept for the dashboard's chart (one point a second: five minutes)."""
@@ -60,27 +58,6 @@ class Histogram:
             if seen >= rank:
                 return bound
         return self.bounds[-1]
-
-
-class DeliverLatency(Histogram):
-    """Publish-to-deliver latency: from the store's stamp on the record to the PUBLISH written to a subscriber.
-
-    ``sample(store_ts_ms)`` is called for every delivered PUBLISH and reads the
-    clock for one in ``DELIVER_SAMPLE_EVERY`` only.
-    """
-
-    __slots__ = ("clock", "_seen")
-
-    def __init__(self, clock, bounds=LATENCY_BOUNDS) -> None:
-        super().__init__(bounds)
-        self.clock = clock
-        self._seen = 0
-
-    def sample(self, store_ts_ms: int) -> None:
-        self._seen += 1
-        if self._seen & (DELIVER_SAMPLE_EVERY - 1):
-            return
-        self.observe(max(0.0, self.clock.seconds() - store_ts_ms / 1000.0))
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -188,7 +165,7 @@ class NodeFigures:
 
     def __init__(self, clock, lag=None, listeners=lambda: (), connections=lambda: (),
                  queue_lag=lambda: (0, 0)) -> None:
-        self.deliver = DeliverLatency(clock)
+        self.deliver = Histogram()  # publish-to-deliver: one observation per session batch
         self.append = Histogram()
         self.lag = lag
         self._listeners = listeners

@@ -230,7 +230,7 @@ def test_metrics_and_sys_show_latency_listeners_process_and_lag(node):
         assert m, pattern
         return float(m.group(1))
 
-    assert value(r"twistmq_deliver_latency_seconds_count") >= 4  # one delivery in 16 is timed
+    assert value(r"twistmq_deliver_latency_seconds_count") >= 1  # one observation per batch a session sends
     assert value(r"twistmq_store_append_latency_seconds_count") >= 1
     assert value(r'twistmq_store_append_latency_seconds_bucket\{le="\+Inf"\}') >= 1
     assert value(r'twistmq_listener_connections\{listener="mqtt 127\.0\.0\.1:%d"\}' % node.port("mqtt")) >= 2

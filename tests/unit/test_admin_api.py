@@ -15,7 +15,7 @@ from cluster.admin import commands
 from cluster.admin.api import AdminAPI, ApiError, page
 from cluster.admin.handlers import Handlers
 from cluster.admin.main import build_parser
-from cluster.admin.metrics import DELIVER_SAMPLE_EVERY, DeliverLatency, Histogram, RateHistory
+from cluster.admin.metrics import Histogram, RateHistory
 from cluster.admin.routes import load_spec, match, routes
 from cluster.http import http_site
 
@@ -171,17 +171,6 @@ def test_histogram_buckets_cumulate_and_quantiles_take_the_bucket_bound():
     assert h.count == 5 and h.sum == pytest.approx(7.565)
     assert h.quantile(0.5) == 0.1 and h.quantile(1.0) == 1.0
     assert Histogram().quantile(0.99) == 0.0
-
-
-def test_deliver_latency_samples_one_in_sixteen():
-    """Only every DELIVER_SAMPLE_EVERY-th delivery reads the clock; its latency is now minus the store stamp."""
-    clock = task.Clock()
-    clock.advance(100.0)
-    h = DeliverLatency(clock)
-    for _ in range(DELIVER_SAMPLE_EVERY * 3):
-        h.sample(99_980)  # stored 20 ms ago
-    assert h.count == 3
-    assert h.quantile(0.5) == 0.025
 
 
 def test_rate_history_records_msg_per_second_in_and_out():
