@@ -139,3 +139,25 @@ def test_clients_page_lists_ids_and_kick_disconnects(node, browser):
              timeout=20, what="the page to show the kicked client offline")
     assert not bystander.disconnects, "only the kicked client was disconnected"
     close(bystander)
+
+
+def test_a_node_with_a_token_asks_for_it(browser, tmp_path):
+    """With [admin] token set, the page asks for the token, then shows the overview with it."""
+    from selenium.webdriver.common.by import By
+
+    config = tmp_path / "twistmq.toml"
+    config.write_text('[admin]\ntoken = "dash-token"\nmember_id = "dash-node"\n')
+    node = NodeProcess(str(tmp_path / "data"), listeners=("mqtt", "http"), extra_args=["--config", str(config)])
+    node.start()
+    try:
+        browser.get(f"http://127.0.0.1:{node.port('http')}/dashboard/#overview")
+        browser.execute_script("sessionStorage.clear()")
+        browser.refresh()
+        wait_for(lambda: browser.find_element(By.ID, "auth").is_displayed(), what="the token prompt")
+        assert "bearer token" in browser.find_element(By.ID, "error").text
+        browser.find_element(By.ID, "token").send_keys("dash-token")
+        browser.find_element(By.ID, "token-save").click()
+        wait_for(lambda: "dash-node" in browser.find_element(By.ID, "member").text, what="the overview with the token")
+        assert not browser.find_element(By.ID, "auth").is_displayed()
+    finally:
+        node.stop()
