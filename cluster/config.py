@@ -20,6 +20,7 @@ import os
 import tomllib
 from dataclasses import dataclass
 
+from cluster.admin.config import AdminConfig
 from cluster.listeners import FLAGS, Listener, check_exposure, parse_listener, resolve_path
 from mqtt_proxy.config import LimitsConfig, MQTTConfig
 from store.config import ConfigError, StoreConfig, from_mapping
@@ -48,7 +49,7 @@ class NodeConfig:
     native_udp: tuple[str, ...] = ()
     """Native JSON protocol over UDP, as ``[HOST:]PORT``."""
     http: tuple[str, ...] = ("tcp:8080:interface=127.0.0.1",)
-    """HTTP listeners: /health and /metrics, without authentication. One reachable from other hosts must name its interface (``interface=0.0.0.0`` for all): a bare ``tcp:8080`` is refused."""
+    """HTTP listeners: /health and /metrics (without authentication), the admin API and the dashboard (see [admin]). One reachable from other hosts must name its interface (``interface=0.0.0.0`` for all): a bare ``tcp:8080`` is refused."""
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -178,10 +179,11 @@ class Config:
     cluster: ClusterConfig = ClusterConfig()
     path: str = ""  # the config file itself, for messages
     listeners: tuple[Listener, ...] = ()  # filled by settle(): every listener, checked, in opening order
+    admin: AdminConfig = AdminConfig()
 
 
 SECTIONS = {"node": NodeConfig, "store": StoreConfig, "mqtt": MQTTConfig, "limits": LimitsConfig,
-            "log": LogConfig, "cluster": ClusterConfig}
+            "log": LogConfig, "cluster": ClusterConfig, "admin": AdminConfig}
 
 _FILE_KEYS = (("node", "mqtt_tls_ca"), ("mqtt", "password_file"), ("mqtt", "acl_file"), ("log", "file"))
 """(section, key) of every setting that names a file; each must exist except the log file."""
@@ -227,7 +229,7 @@ def load_config(path: str | None) -> Config:
         if value:
             built[section] = dataclasses.replace(built[section], **{key: resolve_path(value, base_dir)})
     return Config(built["node"], built["store"], built["mqtt"], built["limits"], dict(raw.get("native", {})),
-                  base_dir, built["log"], built["cluster"], path)
+                  base_dir, built["log"], built["cluster"], path, admin=built["admin"])
 
 
 def with_flags(cfg: Config, node_changes: dict) -> Config:

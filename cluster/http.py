@@ -1,18 +1,24 @@
-"""The node's HTTP listener: ``/health`` and ``/metrics`` (Prometheus text)."""
+"""The node's HTTP listener: ``/health``, ``/metrics`` (Prometheus text), the admin API and the dashboard.
+
+The admin API (``/api/v1/``, ``cluster.admin.api``) and the dashboard's static
+files (``/dashboard/``) are mounted when given; /health and /metrics never need
+the API's token.
+"""
 
 from __future__ import annotations
 
 import json
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from twisted.web import resource, server
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from twisted.web import resource, server, static
 
 
 class _BrokerCollector:
     """Reads the live counters at scrape time (no copies to keep in sync)."""
 
-    def __init__(self, front, store, extra, losses, lag=None) -> None:
+    def __init__(self, front, store, extra, losses, lag=None, figures=None) -> None:
+        self.figures = figures
         self.front = front
         self.store = store
         self.extra = extra
@@ -58,11 +64,37 @@ class _BrokerCollector:
             for quantile, value in self.lag.stats().items():
                 g.add_metric([quantile], value)
             yield g
+        if self.figures is not None:
+            yield from _figures(self.figures)
         for prefix, stats in self.extra():
             for key, value in stats.items():
                 g = GaugeMetricFamily(f"twistmq_{prefix}_{key}", f"{prefix} {key}")
                 g.add_metric([], float(value))
                 yield g
+
+
+def _figures(figures):
+    """The histograms, per-listener connections and light-queue lag of ``cluster.admin.metrics.NodeFigures``."""
+    for name, doc, hist in (
+            ("twistmq_deliver_latency_seconds", "from the store's stamp on a message to its PUBLISH written to a "
+             "subscriber (the newest message of each batch a session sends)", figures.deliver),
+            ("twistmq_store_append_latency_seconds", "from the start of a commit-log batch write to its "
+             "acknowledgement (the fsync included under flush = sync)", figures.append)):
+        h = HistogramMetricFamily(name, doc)
+        h.add_metric([], hist.cumulative(), hist.sum)
+        yield h
+    g = GaugeMetricFamily("twistmq_listener_connections", "open connections per listener", labels=["listener"])
+    for listener, n in sorted(figures.listener_connections().items()):
+        g.add_metric([listener], n)
+    yield g
+    total, worst = figures.queue_lag()
+    g = GaugeMetricFamily("twistmq_lightqueue_lag_messages", "light-queue entries session subscriptions have yet "
+                          "to read, summed")
+    g.add_metric([], total)
+    yield g
+    g = GaugeMetricFamily("twistmq_lightqueue_lag_max_messages", "the most entries one subscription has yet to read")
+    g.add_metric([], worst)
+    yield g
 
 
 class Health(resource.Resource):
@@ -91,18 +123,29 @@ class Metrics(resource.Resource):
         return generate_latest(self.registry)
 
 
-def http_site(front, store, extra=lambda: (), losses=lambda: {}, lag=None) -> server.Site:
-    """A Site with /health and /metrics.
+def http_site(front, store, extra=lambda: (), losses=lambda: {}, lag=None, figures=None, api=None,
+              dashboard_dir=None) -> server.Site:
+    """A Site with /health and /metrics, and /api/ and /dashboard/ when given.
 
     ``extra()`` yields (prefix, {name: value}) for other services; ``losses()``
     gives {metric name: (help, count)} of messages that went away undelivered;
-    ``lag`` is the node's ``ReactorLagProbe``.
+    ``lag`` is the node's ``ReactorLagProbe``; ``figures`` its ``NodeFigures``
+    (latency histograms, per-listener connections, light-queue lag); ``api`` the
+    ``AdminAPI`` resource; ``dashboard_dir`` the directory of the dashboard's files.
     """
     registry = CollectorRegistry()
-    registry.register(_BrokerCollector(front, store, extra, losses, lag))
+    registry.register(_BrokerCollector(front, store, extra, losses, lag, figures))
+    ProcessCollector(registry=registry)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
     root = resource.Resource()
     root.putChild(b"health", Health(store))
     root.putChild(b"metrics", Metrics(registry))
+    if api is not None:
+        root.putChild(b"api", api)
+    if dashboard_dir is not None:
+        files = static.File(dashboard_dir, defaultType="application/octet-stream")
+        files.contentTypes.update({".js": "text/javascript", ".css": "text/css", ".html": "text/html"})
+        files.directoryListing = lambda: resource.NoResource("no such file")
+        root.putChild(b"dashboard", files)
     site = server.Site(root)
     site.noisy = False
     return site

@@ -16,12 +16,21 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import signal
+import socket
+from itertools import chain
 
 from twisted.internet import endpoints
 from twisted.python import usage
 
 from cluster import node_log
+from cluster.admin.api import AdminAPI
+from cluster.admin.handlers import Handlers
+from cluster.admin.metrics import NodeFigures, RateHistory
+from cluster.admin.overview import overview
+from cluster.admin.routes import routes
+from cluster.admin.view import NodeView
 from cluster.config import load_config, settle, with_flags
 from cluster.http import http_site
 from cluster.reuseport import server_endpoint
@@ -45,6 +54,7 @@ from store.message_store import StoreLockedError
 
 log = logging.getLogger("twistmq.node")
 
+DASHBOARD_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "admin", "dashboard")
 LISTEN_BACKLOG = 4096
 LISTENER_FLAGS = ("mqtt", "mqtt-tls", "mqtt-ws", "native", "native-udp", "http")
 NODE_HOLDER = "node"
@@ -141,12 +151,25 @@ class NodeParts:
         # here by one broker group (a proxy runs the same front end over the remote store).
         self.local_store = self.state.local_store(cfg.cluster.group)
         self.mqtt = build_front_end(self.local_store, reactor, mqtt, cfg.limits, auth, acl, holder=NODE_HOLDER)
+        delivery = self.mqtt.registry.ctx.delivery
         # Retention keeps what sessions and shared groups still owe (native consumers and retained messages:
         # StoreParts).
         self.store.retention.add_holder(self.mqtt.owed)
-        self.sys = SysPublisher(self.mqtt, self.local_store, reactor, cfg.mqtt.sys_interval, twistmq_version(),
-                                self._broker_figures)
         self.lag = ReactorLagProbe(reactor)  # twistmq_reactor_lag_seconds: nothing may hold the reactor
+        # The admin API, its figures (latency histograms fed by the store and the delivery pump) and history.
+        self.view = NodeView(self.mqtt, self.store, cfg.admin.member_id or f"node@{socket.gethostname()}")
+        self.figures = NodeFigures(reactor, self.lag, listeners=lambda: self.streams,
+                                   connections=lambda: chain(self.mqtt.connections, self.native.connections),
+                                   queue_lag=self.view.lag_total)
+        self.store.append_latency = self.figures.append
+        delivery.deliver_latency = self.figures.deliver
+        stats = self.mqtt.stats
+        self.history = RateHistory(reactor, lambda: (stats.messages_received, stats.messages_sent),
+                                   self.view.topic_offsets)
+        self.sys = SysPublisher(self.mqtt, self.local_store, reactor, cfg.mqtt.sys_interval, twistmq_version(),
+                                self._broker_figures, extra=self.figures.sys_values)
+        handlers = Handlers(self.view, reactor, self._overview, self.timers, self.native.engine, self.history)
+        self.admin_api = AdminAPI(routes(), handlers, cfg.admin.token)
         self.extra_stats = [("native", self.native.stats), ("timer", self.timers.stats)]
         self.streams, self.datagrams = self._listeners()
 
@@ -156,7 +179,8 @@ class NodeParts:
         mqtt_factory = MQTTServerFactory(self.mqtt, self.reactor, cert_identity=tls.peer_identity)
         ws_factory = websocket_factory(mqtt_factory, self.cfg.node.ws_path, self.reactor,
                                        self.cfg.limits.max_packet_size)
-        http = http_site(self.mqtt, self.store, self._extra_stats, self._losses, self.lag)
+        http = http_site(self.mqtt, self.store, self._extra_stats, self._losses, self.lag, self.figures,
+                         self.admin_api, DASHBOARD_DIR if self.cfg.admin.dashboard else None)
         build = {
             "mqtt": lambda d: (server_endpoint(self.reactor, _backlog(d)), mqtt_factory),
             "mqtt_tls": lambda d: (tls.tls_server_endpoint(self.reactor, _backlog(d), ca), mqtt_factory),
@@ -199,6 +223,9 @@ class NodeParts:
                                                native["dead_lettered"]),
         }
 
+    def _overview(self) -> dict:
+        return overview(self.mqtt, self.store, self.view, self.figures, self.history, twistmq_version())
+
     def _extra_stats(self):
         return [(prefix, fn()) for prefix, fn in self.extra_stats]
 
@@ -219,6 +246,7 @@ def node_tree(parts: NodeParts) -> RoleService:
         *parts.state.tree_parts(),
         Part("mqtt-sessions", start=parts.mqtt.restore, stop=parts.mqtt.shutdown),
         Part("sys", start=parts.sys.start, stop=parts.sys.stop),
+        Part("admin-history", start=parts.history.start, stop=parts.history.stop),
         *listeners,
         # Everything alive now (modules, recovered state) stays alive: out of the collector's full passes,
         # which stop the reactor for as long as they walk the heap (measured: about half the pause). The lag

@@ -201,6 +201,8 @@ class NativeEngine:
             return self._queue_list()
         if a == native_types.NODE_MONITOR:
             return self._node_monitor()
+        if a == native_types.CANCEL_TIMER:
+            return self._cancel_timer(req)
         raise EngineError(f"action {a} is not served")
 
     # -- produce -----------------------------------------------------------------------------------
@@ -571,6 +573,18 @@ class NativeEngine:
         info.pop("queue")
         info.update(code=0, node_id=self.config.node_id)
         return info
+
+    def _cancel_timer(self, req: Request) -> defer.Deferred:
+        """Cancel a delayed message by the ``msg_id`` its produce answered (its timer's id)."""
+        if self.timers is None:
+            raise EngineError("delay is not available (no timer service)")
+
+        def missing(failure):
+            failure.trap(LookupError)  # the timer service's TimerNotFound
+            raise EngineError(str(failure.value))
+
+        return self.timers.cancel(req.msg_id).addCallbacks(
+            lambda cancelled: {"code": 0, "msg_id": req.msg_id, "cancelled": bool(cancelled)}, missing)
 
     def _queue_list(self) -> dict:
         queues = [self._queue_info(q) for q in sorted(self._queues)]

@@ -330,6 +330,20 @@ class LightQueueIndex(DispatcherBase):
             log.info("lightqueue_gc removed=%d", len(dead))
         return len(dead)
 
+    def drop_idle(self, name: str) -> bool:
+        """Delete one light queue nobody subscribes to (the admin API's queue delete); False if it is in use."""
+        qid = self._ids.get(name)
+        if qid is None or not name.startswith("%LMQ%") or name[5:] in self.trie:
+            return False
+        wb = WriteBatch(raw_mode=True)
+        wb.delete_range(_KEY.pack(qid, 0), _KEY.pack(qid + 1, 0), self._entries_cf)
+        wb.delete(b"q" + _U64.pack(qid), self._meta_cf)
+        self._db.write(wb, self._wo)
+        del self._ids[name]
+        self._names[qid] = None
+        log.info("lightqueue_dropped queue=%s", name)
+        return True
+
     def flush(self) -> None:
         """Persist memtables, entries first, then meta.
 

@@ -32,6 +32,7 @@ class DeliveryPump:
         self.watches = watches
         self.clock = clock
         self.stats = stats
+        self.deliver_latency = None  # an object with observe(seconds), set by the composition root (metrics)
         self._encoded: OrderedDict[tuple, bytes] = OrderedDict()
         self._encoded_bytes = 0
 

@@ -284,6 +284,7 @@ class Session:
             sub.dropped += result.lost
             self.delivery.gap(f"client={self.client_id}", sub.queue, result.lost)
         messages = result.messages
+        sent = None
         more = len(messages) == PUMP_BATCH
         now = self.delivery.now_ms()
         window = self.window
@@ -307,10 +308,13 @@ class Session:
             if qos:
                 window -= 1
             self._send(record, qos, pid, sub)
+            sent = record
         position = result.next if stopped_at is None else stopped_at
         if position != start:
             sub.positions[group] = position
             self._dirty_subs.add(sub.key)
+            if sent is not None and self.delivery.deliver_latency is not None:  # one sample per batch
+                self.delivery.deliver_latency.observe(max(0, now - sent.store_ts) / 1000.0)
         if more:
             self._pump_again = True
             if not self._pumping:

@@ -94,7 +94,8 @@ class SysPublisher:
     """Publishes the $SYS values every ``interval`` seconds, retained."""
 
     def __init__(self, front, store: MessageLog, clock, interval: float, version: str,
-                 broker_figures: Callable[[], dict[str, str]] = no_broker_figures) -> None:
+                 broker_figures: Callable[[], dict[str, str]] = no_broker_figures, extra=None) -> None:
+        self.extra = extra  # () -> {suffix: text}: the composition root's own figures (process, latency, ...)
         self.front = front
         self.version = version
         self.broker_figures = broker_figures  # retained messages/count, store/bytes: the broker side's
@@ -116,6 +117,8 @@ class SysPublisher:
     def values(self) -> dict[str, str]:
         """Every $SYS/broker/ suffix -> its text now, load figures included (and updated)."""
         values = sys_values(self.front, self.version, self.broker_figures)
+        if self.extra is not None:
+            values.update(self.extra())
         now = self.clock.seconds()
         for name, counter in LOAD_FIGURES.items():
             for window, value in self.loads[name].update(now, counter(self.front.stats)).items():

@@ -175,6 +175,7 @@ class MessageStore:
         self._dispatchers: list[Dispatcher] = []
         self._index: QueueIndex | None = None
         self._listeners: list[Callable[[set[str]], None]] = []
+        self.append_latency = None  # an object with observe(seconds), set by the composition root (metrics)
         self._pending: list[tuple[rec.Message, defer.Deferred]] = []
         self._drain_call = None
         self._loops: list[task.LoopingCall] = []
@@ -337,7 +338,8 @@ class MessageStore:
         batch, self._pending = self._pending, []
         if not batch:
             return
-        now = int(self._clock.seconds() * 1000)
+        started = self._clock.seconds()
+        now = int(started * 1000)
         resolve = self._index.resolve if self._index is not None else (lambda m: ())
         encoded: list[bytes] = []
         accepted: list[tuple[rec.Message, defer.Deferred, tuple[str, ...]]] = []
@@ -382,6 +384,8 @@ class MessageStore:
         waiters = [d for _m, d, _q in accepted]
 
         def acknowledge(_):
+            if self.append_latency is not None:
+                self.append_latency.observe(self._clock.seconds() - started)
             for d, r in zip(waiters, results):
                 _resolve(d, r)
 

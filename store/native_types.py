@@ -15,11 +15,12 @@ from dataclasses import dataclass
 
 PRODUCE, CONSUME, CONFIRM, MONITOR, QUEUE_LIST = 1, 2, 3, 4, 7
 POP, ACK, CHANGE_INVISIBLE_TIME = 11, 12, 13
+CANCEL_TIMER = 14
 NODE_MONITOR, NODE_QUEUE_LIST = 104, 107
 
 ACTIONS: dict[int, str] = {
     PRODUCE: "produce", CONSUME: "consume", CONFIRM: "confirm", MONITOR: "monitor", QUEUE_LIST: "queue_list",
-    POP: "pop", ACK: "ack", CHANGE_INVISIBLE_TIME: "change_invisible_time",
+    POP: "pop", ACK: "ack", CHANGE_INVISIBLE_TIME: "change_invisible_time", CANCEL_TIMER: "cancel_timer",
     NODE_MONITOR: "node_monitor", NODE_QUEUE_LIST: "node_queue_list",
 }
 ACTION_CODES: dict[str, int] = {name: code for code, name in ACTIONS.items()}

@@ -1,5 +1,9 @@
 """``twistmq-admin``: argparse entry point; each subcommand lives in its own module.
 
+``twistmq-admin [--server URL] [--token T] [--json] NOUN VERB ARGS`` runs the
+admin API's operations (``cluster.admin.commands``); ``certs`` and ``passwd``
+work offline. Global options come before the command.
+
 A subcommand module exposes ``register(subparsers)``, which adds its parser and
 sets ``func=run`` with ``run(args) -> int``. To add one (e.g. ``status``), add
 its module to ``SUBCOMMANDS``. A subcommand reports a user error by raising
@@ -12,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cluster.admin import certs, passwd
+from cluster.admin import certs, commands, passwd
 from cluster.admin.errors import AdminError
 from cluster.version import twistmq_version
 
@@ -28,7 +32,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-SUBCOMMANDS = [certs, passwd]
+SUBCOMMANDS = [certs, passwd, commands]
 """Modules with ``register(subparsers)``, in help order."""
 
 
@@ -37,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="twistmq operator tools")
     parser.add_argument("--version", action="version", version=f"twistmq {twistmq_version()}",
                         help="print twistmq's version and exit")
+    commands.add_global_options(parser)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     subparsers.required = True
     for module in SUBCOMMANDS:

@@ -29,6 +29,7 @@ code  name                     request fields -> reply fields
                                (default 30)] -> ``msg_id``, ``data`` [, ``attempts`` when redelivered]
 12    ack                      ``queue`` | ``topic``, ``msg_id`` [, ``group``] -> ``msg_id``
 13    change_invisible_time    ``queue`` | ``topic``, ``msg_id``, ``invisible_time`` [, ``group``] -> ``visible_at`` (ms)
+14    cancel_timer             ``msg_id`` (a delayed produce's) -> ``cancelled`` (false: it had come due)
 104   node_monitor             -> ``node_id``, ``queue_count``, ``consumer_count``, ``inflight``, ``trans_id``
                                (commit-log end offset), ``uptime_s``, ``requests``
 107   node_queue_list          as 7 (a single node holds every queue)

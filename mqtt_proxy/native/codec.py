@@ -185,6 +185,11 @@ def _validate(obj: dict, echo: dict, cfg: NativeConfig) -> Request:
     seq = obj.get("seq")
     if seq is not None and "seq" not in echo:
         raise RequestError(f"seq must be an integer or a string of at most {MAX_SEQ_CHARS} characters")
+    if action == native_types.CANCEL_TIMER:  # msg_id: the id a delayed produce answered
+        msg_id = _int(obj, "msg_id", None, 0, MAX_MSG_ID)
+        if msg_id is None:
+            raise RequestError("missing field msg_id")
+        return Request(action, echo, msg_id=msg_id)
     if action not in _QUEUE_ACTIONS:
         return Request(action, echo)
 

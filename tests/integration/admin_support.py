@@ -1,0 +1,68 @@
+"""Helpers of the admin tests: HTTP calls to a node's API, response validation against openapi.json, paho."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+import paho.mqtt.client as mqtt
+from jsonschema import Draft202012Validator
+
+from cluster.admin.routes import load_spec
+
+SPEC = load_spec()
+
+
+def validate(schema_name: str, value) -> None:
+    """Raise jsonschema.ValidationError unless *value* is what openapi.json says *schema_name* is."""
+    schema = {"$ref": f"#/components/schemas/{schema_name}", "components": SPEC["components"]}
+    Draft202012Validator(schema).validate(value)
+
+
+def call(port: int, method: str, path: str, body=None, token: str | None = None, raw: bytes | None = None):
+    """(status, content type, decoded JSON or text) of one request to 127.0.0.1:*port*."""
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
+    if token:
+        req.add_header("Authorization", "Bearer " + token)
+    try:
+        with urllib.request.urlopen(req, timeout=15) as resp:
+            status, ctype, payload = resp.status, resp.headers.get("content-type", ""), resp.read()
+    except urllib.error.HTTPError as exc:
+        status, ctype, payload = exc.code, exc.headers.get("content-type", ""), exc.read()
+    if ctype.startswith("application/json"):
+        return status, ctype, json.loads(payload)
+    return status, ctype, payload.decode("utf-8", "replace")
+
+
+def paho(port: int, client_id: str, clean: bool = True, subscribe: str | None = None,
+         level=mqtt.MQTTv311) -> mqtt.Client:
+    """A connected paho client (its loop running), subscribed to *subscribe* at QoS 1 when given."""
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=clean, protocol=level)
+    c.disconnects = []
+    c.on_disconnect = lambda _c, _u, _flags, reason, _props: c.disconnects.append(reason)
+    subscribed = []
+    c.on_subscribe = lambda *_a: subscribed.append(1)
+    c.connect("127.0.0.1", port)
+    c.loop_start()
+    if subscribe:
+        c.subscribe(subscribe, qos=1)
+        wait_for(lambda: subscribed, what=f"SUBACK for {client_id}")
+    return c
+
+
+def wait_for(check, timeout: float = 15.0, what: str = "the condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def close(client: mqtt.Client) -> None:
+    client.disconnect()
+    client.loop_stop()

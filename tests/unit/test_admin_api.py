@@ -1,0 +1,227 @@
+"""The admin API framework without sockets: the OpenAPI route table, handler binding, paging, auth, errors;
+the metrics' histograms and msg/s history on a task.Clock; the twistmq-admin command grammar."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from twisted.internet import defer, task
+from twisted.internet.address import IPv4Address, IPv6Address
+from twisted.web.test.requesthelper import DummyRequest
+
+from cluster.admin import commands
+from cluster.admin.api import AdminAPI, ApiError, page
+from cluster.admin.handlers import Handlers
+from cluster.admin.main import build_parser
+from cluster.admin.metrics import Histogram, RateHistory
+from cluster.admin.routes import load_spec, match, routes
+from cluster.http import http_site
+
+
+def _public_methods(cls) -> set[str]:
+    return {name for name in vars(cls) if not name.startswith("_") and callable(getattr(cls, name))}
+
+
+def test_every_operation_has_a_handler_and_every_handler_an_operation():
+    """The server's routes are the file's: no handler the file lacks, no operation without a handler."""
+    api_ops = {r.operation_id for r in routes() if r.segments}
+    assert api_ops == _public_methods(Handlers)
+
+
+def test_the_site_serves_nothing_the_file_lacks():
+    """Top-level resources are /health and /metrics (both in the file), /api (the table) and the static dashboard."""
+    spec = load_spec()
+
+    class Front:
+        stats = None
+        sessions = {}
+
+    site = http_site(Front(), store=None, api=AdminAPI(routes(), _StubHandlers()), dashboard_dir="/nonexistent")
+    children = {name.decode() for name in site.resource.children}
+    assert children == {"health", "metrics", "api", "dashboard"}
+    for name in ("health", "metrics"):
+        assert "/" + name in spec["paths"]
+    assert spec["info"]["x-static"] == ["/dashboard/"]
+    assert all(p.startswith("/api/v1/") for p in spec["paths"] if p not in ("/health", "/metrics"))
+
+
+def test_the_cluster_routes_the_design_names_are_rows():
+    """cluster/members is served now; its response has the fields DESIGN.md's contract lists."""
+    table = {(r.method, r.path): r for r in routes()}
+    members = table[("GET", "/api/v1/cluster/members")]
+    assert members.page_key == "id"
+    fields = load_spec()["components"]["schemas"]["Member"]["required"]
+    assert set(fields) >= {"id", "role", "group", "active", "healthy", "leader"}
+
+
+def test_match_tells_unknown_paths_from_unknown_methods():
+    """A path no row has is a 404; a known path with another method a 405; parameters come back decoded."""
+    table = routes()
+    route, params, known = match(table, "GET", ["clients", "a/b"])
+    assert route.operation_id == "get_client" and params == {"client_id": "a/b"} and known
+    route, params, known = match(table, "PUT", ["clients", "x"])
+    assert route is None and known
+    assert match(table, "GET", ["nothing", "here"]) == (None, {}, False)
+
+
+def test_paging_walks_every_item_once_in_key_order():
+    """limit/cursor pages cover all items in order; the last page's next is null."""
+    items = [{"id": f"c{i:03d}"} for i in range(25)]
+    seen, cursor = [], None
+    for _ in range(10):
+        p = page(list(reversed(items)), "id", 7, cursor)
+        seen += [i["id"] for i in p["items"]]
+        cursor = p["next"]
+        if cursor is None:
+            break
+    assert seen == [i["id"] for i in items]
+    with pytest.raises(ApiError) as err:
+        page(items, "id", 7, "%%%")
+    assert err.value.status == 400
+
+
+class _StubHandlers:
+    """Answers for the routes these tests call (the API framework is under test, not the handlers)."""
+
+    def list_clients(self, params, query, body):
+        return [{"client_id": f"c{i}", "connected": True} for i in range(3)]
+
+    def get_client(self, params, query, body):
+        if params["client_id"] != "known":
+            raise ApiError(404, "not_found", "no client")
+        return {"client_id": "known"}
+
+    def publish(self, params, query, body):
+        return defer.succeed({"echo": body})
+
+    def __getattr__(self, name):
+        return lambda params, query, body: {}
+
+
+def _call(api, method, path, host="127.0.0.1", headers=None, body=b"", query=None):
+    request = DummyRequest(path.strip("/").split("/"))
+    request.path = path.encode()
+    request.method = method.encode()
+    request.content = io.BytesIO(body)
+    address = IPv6Address if ":" in host else IPv4Address
+    request.getHost = lambda: address("TCP", host, 8080)
+    for k, v in (query or {}).items():
+        request.addArg(k.encode(), v.encode())
+    for k, v in (headers or {}).items():
+        request.requestHeaders.setRawHeaders(k.encode(), [v.encode()])
+    api.render(request)
+    assert request.finished, "the API answers every request"
+    return request.responseCode, json.loads(b"".join(request.written))
+
+
+def test_with_a_token_every_call_needs_it():
+    """[admin] token set: a missing or wrong bearer token is 401 in the error shape; the right one is served."""
+    api = AdminAPI(routes(), _StubHandlers(), token="s3cret")
+    assert _call(api, "GET", "/api/v1/clients")[0] == 401
+    status, body = _call(api, "GET", "/api/v1/clients", headers={"Authorization": "Bearer nope"})
+    assert status == 401 and body["code"] == "unauthorized" and body["message"]
+    status, body = _call(api, "GET", "/api/v1/clients", host="10.1.2.3", headers={"Authorization": "Bearer s3cret"})
+    assert status == 200 and len(body["items"]) == 3
+
+
+def test_without_a_token_only_loopback_listeners_serve():
+    """No token: a request that reached a non-loopback listener is refused with 403."""
+    api = AdminAPI(routes(), _StubHandlers())
+    status, body = _call(api, "GET", "/api/v1/clients", host="10.1.2.3")
+    assert status == 403 and body["code"] == "forbidden"
+    assert _call(api, "GET", "/api/v1/clients", host="::1")[0] == 200
+
+
+def test_errors_have_the_design_shape():
+    """Unknown route 404, wrong method 405, bad JSON 400, bad query 400, bad limit 400, unknown id 404."""
+    api = AdminAPI(routes(), _StubHandlers())
+    cases = [
+        (("GET", "/api/v1/nothing"), 404, "not_found"),
+        (("PUT", "/api/v1/clients/x"), 405, "method_not_allowed"),
+        (("POST", "/api/v1/publish", "127.0.0.1", None, b"{not json"), 400, "bad_json"),
+        (("POST", "/api/v1/publish", "127.0.0.1", None, b"[1]"), 400, "bad_request"),
+        (("GET", "/api/v1/clients", "127.0.0.1", None, b"", {"connected": "maybe"}), 400, "bad_request"),
+        (("GET", "/api/v1/clients", "127.0.0.1", None, b"", {"limit": "0"}), 400, "bad_request"),
+        (("GET", "/api/v1/clients", "127.0.0.1", None, b"", {"colour": "red"}), 400, "bad_request"),
+        (("GET", "/api/v1/clients/unknown"), 404, "not_found"),
+    ]
+    for args, status, code in cases:
+        got, body = _call(api, *args)
+        assert (got, body["code"]) == (status, code), args
+        assert set(body) == {"code", "message"}
+    assert _call(api, "POST", "/api/v1/publish", body=b'{"topic": "t"}') == (200, {"echo": {"topic": "t"}})
+
+
+def test_a_row_without_a_handler_fails_at_build_time():
+    """An operationId with no handler method is refused when the API is built, not at the first request."""
+    class Missing:
+        pass
+    with pytest.raises(LookupError):
+        AdminAPI(routes(), Missing())
+
+
+def test_histogram_buckets_cumulate_and_quantiles_take_the_bucket_bound():
+    """observe() lands in the first bucket whose bound is at or above the value; +Inf takes the rest."""
+    h = Histogram((0.01, 0.1, 1.0))
+    for v in (0.005, 0.01, 0.05, 0.5, 7.0):
+        h.observe(v)
+    assert h.cumulative() == [("0.01", 2), ("0.1", 3), ("1.0", 4), ("+Inf", 5)]
+    assert h.count == 5 and h.sum == pytest.approx(7.565)
+    assert h.quantile(0.5) == 0.1 and h.quantile(1.0) == 1.0
+    assert Histogram().quantile(0.99) == 0.0
+
+
+def test_rate_history_records_msg_per_second_in_and_out():
+    """Each second adds a point of the counters' rate; topic rates come from their stored counts (every 10 s)."""
+    clock = task.Clock()
+    counts = {"in": 0, "out": 0, "dev": 0}
+    history = RateHistory(clock, lambda: (counts["in"], counts["out"]), lambda: {"dev": counts["dev"]})
+    history.start()
+    for step in range(RateHistory.TOPIC_EVERY):
+        counts["in"] += 10
+        counts["out"] += 20
+        counts["dev"] += 10
+        clock.advance(1.0)
+    history.stop()
+    series = history.series()
+    assert series["in"] == [10.0] * 10 and series["out"] == [20.0] * 10
+    assert history.topic_rates == {"dev": 10.0}
+
+
+def test_native_codec_parses_cancel_timer():
+    """cancel_timer (14) needs a msg_id and no queue; without one the codec names the missing field."""
+    from mqtt_proxy.native.codec import RequestError, parse_request
+    from store.config import NativeConfig
+
+    req = parse_request({"action": "cancel_timer", "msg_id": 42, "seq": 1}, NativeConfig())
+    assert (req.name, req.msg_id, req.echo["seq"]) == ("cancel_timer", 42, 1)
+    with pytest.raises(RequestError, match="missing field msg_id"):
+        parse_request({"action": 14}, NativeConfig())
+
+
+def test_admin_command_grammar():
+    """Global options come before NOUN VERB; mqadmin names parse as their rows; arguments fill the path encoded."""
+    parser = build_parser()
+    args = parser.parse_args(["--server", "http://h:1", "--json", "clients", "kick", "a/b c"])
+    assert args.server == "http://h:1" and args.json
+    assert commands.request_for(args.command_row, args) == ("clients/a%2Fb%20c", {}, None)
+    args = parser.parse_args(["getSyncStateSet", "g1"])
+    assert commands.request_for(args.command_row, args)[0] == "cluster/groups/g1/sync-state-set"
+    args = parser.parse_args(["clients", "list", "--offline", "--like", "dev"])
+    assert commands.request_for(args.command_row, args)[1] == {"like": "dev", "connected": "false"}
+    args = parser.parse_args(["messages", "publish", "t/1", "hi", "--qos", "1"])
+    assert commands.request_for(args.command_row, args)[2] == {"topic": "t/1", "payload": "hi", "qos": 1,
+                                                               "retain": False}
+    with pytest.raises(SystemExit):
+        parser.parse_args(["clients", "explode"])
+
+
+def test_tables_for_people():
+    """A list prints as aligned columns of its scalar fields; an object as key/value lines."""
+    text = commands.render([{"client_id": "a", "connected": True, "subs": [1]},
+                            {"client_id": "bbbb", "connected": False, "subs": []}])
+    assert text.splitlines() == ["CLIENT_ID  CONNECTED", "a          yes", "bbbb       no"]
+    assert commands.render({"pending": 2, "x": None}).splitlines() == ["pending  2", "x        -"]
+    assert commands.render([]) == "(none)"
