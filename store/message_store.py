@@ -358,8 +358,9 @@ class MessageStore:
             for _, d, _q in accepted:
                 _resolve(d, PutResult(PutStatus.OS_ERROR, reason=str(exc)))
             return
+        new = tuple.__new__  # DispatchRequest's own __new__ is a Python-level call per record
         requests = [
-            DispatchRequest(off, len(data), now, m.kind, m.topic, queues, m.properties, m.retain, len(m.body))
+            new(DispatchRequest, (off, len(data), now, m.kind, m.topic, queues, m.properties, m.retain, len(m.body)))
             for off, data, (m, _d, queues) in zip(offsets, encoded, accepted)
         ]
         touched: set[str] = set()

@@ -194,33 +194,50 @@ def _cached_utf8(text: str, what: str) -> bytes:
     return data
 
 
+# The bytes between the fixed fields and the body (topic, client id, property block) for messages
+# without properties of their own: a device publishes to the same topic, with the same client id, to
+# the same queues, over and over, so the hot path packs them once.
+_MIDDLES: dict[tuple, bytes] = {}
+_MIDDLES_MAX = 65536
+_BODY_HEAD = struct.Struct(">BBQQ")  # the fixed fields, packed straight before the cached middle
+
+
+def _middle(topic: str, client_id: str, props_bytes: bytes) -> bytes:
+    """topic_len | topic | client_id_len | client_id | props_len | props, checked."""
+    t = _ENCODED.get(topic)
+    if t is None:
+        t = _cached_utf8(topic, "topic")
+    c = _ENCODED.get(client_id)
+    if c is None:
+        c = _cached_utf8(client_id, "client_id")
+    if len(t) > 0xFFFF or len(c) > 0xFFFF:
+        raise RecordError("topic or client_id longer than 65535 bytes")
+    return b"".join((_U16.pack(len(t)), t, _U16.pack(len(c)), c, _U32.pack(len(props_bytes)), props_bytes))
+
+
 def encode(message: Message, store_ts: int, queues: tuple[str, ...] = ()) -> bytes:
     """Encode ``message`` as a complete record stamped with ``store_ts``."""
-    if not 0 <= message.qos <= 2:
-        raise RecordError(f"qos must be 0, 1 or 2, not {message.qos}")
-    topic = _ENCODED.get(message.topic)
-    if topic is None:
-        topic = _cached_utf8(message.topic, "topic")
-    client_id = _ENCODED.get(message.client_id)
-    if client_id is None:
-        client_id = _cached_utf8(message.client_id, "client_id")
-    if len(topic) > 0xFFFF or len(client_id) > 0xFFFF:
-        raise RecordError("topic or client_id longer than 65535 bytes")
+    qos = message.qos
+    if not 0 <= qos <= 2:
+        raise RecordError(f"qos must be 0, 1 or 2, not {qos}")
     props = message.properties
     if not props:
-        props_bytes = _queues_only_block(queues) if queues else b"\x00\x00"
+        key = (message.topic, message.client_id, queues)
+        middle = _MIDDLES.get(key)
+        if middle is None:
+            if len(_MIDDLES) >= _MIDDLES_MAX:
+                _MIDDLES.clear()
+            middle = _MIDDLES[key] = _middle(
+                message.topic, message.client_id, _queues_only_block(queues) if queues else b"\x00\x00")
     else:
         if queues:
             props = dict(props)
             props[QUEUES_PROPERTY] = QUEUE_SEPARATOR.join(queues)
-        props_bytes = encode_properties(props)
-    flags = message.qos | (4 if message.retain else 0)
+        middle = _middle(message.topic, message.client_id, encode_properties(props))
+    body = message.body
     payload = b"".join((
-        _FIXED.pack(int(message.kind), flags, store_ts, message.born_ts or store_ts),
-        _U16.pack(len(topic)), topic,
-        _U16.pack(len(client_id)), client_id,
-        _U32.pack(len(props_bytes)), props_bytes,
-        _U32.pack(len(message.body)), message.body,
+        _BODY_HEAD.pack(message.kind, qos | 4 if message.retain else qos, store_ts, message.born_ts or store_ts),
+        middle, _U32.pack(len(body)), body,
     ))
     total = HEADER_SIZE + len(payload)
     if total > MAX_RECORD_SIZE:
