@@ -167,11 +167,85 @@ class LightQueueIndex(DispatcherBase):
         """Append one entry per (record, queue) in a single WriteBatch; return the queues touched."""
         wb = WriteBatch(raw_mode=True)
         wb.set_default_column_family(self._entries_cf)
+        end = self.dispatched_offset
+        if requests:
+            last = requests[-1]
+            end = last.offset + last.size
+            if requests[0].offset < self._replay_bound:
+                touched = self._index_replayed(requests, wb)
+            else:
+                touched = self._index_appended(requests, wb)
+        else:
+            touched = {}
+        mx, last_ts, tails = self._max, self._last_ts, self._tails
+        for qid in touched:
+            tail = tails.get(qid)
+            if tail is not None and len(tail.entries) > TAIL_ENTRIES:
+                tail.trim()
+        for qid in touched:
+            wb.put(b"q" + _U64.pack(qid),
+                   _META.pack(self._min[qid], mx[qid], last_ts[qid]) + self._names[qid].encode("utf-8"),
+                   self._meta_cf)
+        checkpoint = _U64.pack(end)
+        wb.put(_CHECKPOINT, checkpoint, self._meta_cf)
+        wb.put(_ENTRIES_CHECKPOINT, checkpoint, self._entries_cf)
+        self._db.write(wb, self._wo)
+        self.dispatched_offset = end
+        return set(touched.values())
+
+    def _index_appended(self, requests: Sequence[DispatchRequest], wb: WriteBatch) -> dict[int, str]:
+        """Index new appends: none can be indexed already, and records of one topic share their queues.
+
+        So the queue ids, next offsets and tails are looked up once per distinct ``queues``
+        tuple (the resolver hands out one tuple per topic), not once per entry.
+        """
+        mx, last_ts = self._max, self._last_ts
+        put, pack_key, pack_value = wb.put, _KEY.pack, _VALUE.pack
+        new = tuple.__new__
+        plans: dict[tuple[str, ...], list] = {}  # queues -> [(qid, tail entries or None)]
+        next_off: dict[int, int] = {}  # qid -> queue offset of its next entry, written back at the end
+        newest: dict[tuple[str, ...], int] = {}  # queues -> store_ts of the newest record sent to them
+        for req in requests:
+            queues = req.queues
+            plan = plans.get(queues)
+            if plan is None:
+                plan = plans[queues] = self._plan(queues, next_off)
+            newest[queues] = req.store_ts
+            value = pack_value(req.offset, req.size, req.store_ts)
+            for qid, tail in plan:
+                off = next_off[qid]
+                put(pack_key(qid, off), value)
+                next_off[qid] = off + 1
+                if tail is not None:
+                    tail.append(new(QueueEntry, (off, req.offset, req.size, req.store_ts)))
+        for qid, off in next_off.items():
+            mx[qid] = off
+        for queues, ts in newest.items():
+            for qid, _tail in plans[queues]:
+                if ts > last_ts[qid]:
+                    last_ts[qid] = ts
+        names = self._names
+        return {qid: names[qid] for qid in next_off}
+
+    def _plan(self, queues: tuple[str, ...], next_off: dict[int, int]) -> list:
+        ids, tails = self._ids, self._tails
+        plan = []
+        for name in queues:
+            qid = ids.get(name)
+            if qid is None:
+                qid = self._create(name)
+            if qid not in next_off:
+                next_off[qid] = self._max[qid]
+            tail = tails.get(qid)
+            plan.append((qid, None if tail is None else tail.entries))
+        return plan
+
+    def _index_replayed(self, requests: Sequence[DispatchRequest], wb: WriteBatch) -> dict[int, str]:
+        """Index records replayed after a restart, skipping those a queue already holds."""
         touched: dict[int, str] = {}
         ids, mx, last_ts = self._ids, self._max, self._last_ts
         pack_key, pack_value = _KEY.pack, _VALUE.pack
         bound = self._replay_bound
-        end = self.dispatched_offset
         tails = self._tails
         new = tuple.__new__
         for req in requests:
@@ -190,21 +264,7 @@ class LightQueueIndex(DispatcherBase):
                 tail = tails.get(qid)
                 if tail is not None:
                     tail.entries.append(new(QueueEntry, (off, req.offset, req.size, req.store_ts)))
-            end = req.offset + req.size
-        for qid in touched:
-            tail = tails.get(qid)
-            if tail is not None and len(tail.entries) > TAIL_ENTRIES:
-                tail.trim()
-        for qid in touched:
-            wb.put(b"q" + _U64.pack(qid),
-                   _META.pack(self._min[qid], mx[qid], last_ts[qid]) + self._names[qid].encode("utf-8"),
-                   self._meta_cf)
-        checkpoint = _U64.pack(end)
-        wb.put(_CHECKPOINT, checkpoint, self._meta_cf)
-        wb.put(_ENTRIES_CHECKPOINT, checkpoint, self._entries_cf)
-        self._db.write(wb, self._wo)
-        self.dispatched_offset = end
-        return set(touched.values())
+        return touched
 
     def _already_indexed(self, qid: int, cl_offset: int) -> bool:
         """During replay: is the record at ``cl_offset`` already in this queue?"""
