@@ -52,7 +52,7 @@ _CHECKPOINT = b"checkpoint"
 _ENTRIES_CHECKPOINT = b"\xff" * 17  # longer than any entry key: sorts after all of them, no queue range holds it
 RESOLVE_CACHE_SIZE = 65536
 TAIL_ENTRIES = 1024  # newest entries kept in memory per queue that is read (half go when it is full)
-TAIL_QUEUES = 256    # queues with a tail at most (the oldest tail goes first): at most ~25 MB of entries
+TAIL_QUEUES = 128    # queues with a tail at most (the oldest goes first): at worst ~22 MB of entries (~170 B each)
 ENTRIES_WRITE_BUFFER = 4 << 20  # bytes of light-queue entries held in memory before a flush
 
 

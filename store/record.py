@@ -275,6 +275,21 @@ def _cached_decode(raw: bytes) -> str:
     return text
 
 
+_FIXED_TOPIC_LEN = struct.Struct(">BBQQH")  # the fixed fields and topic_len, read in one call
+_PROPERTY_BLOCKS: dict[bytes, dict[str, str]] = {}  # records of one topic repeat their QUEUES block
+
+
+def _decoded_properties(block: bytes) -> dict[str, str]:
+    """``decode_properties(block)``, cached; each caller gets its own dict."""
+    props = _PROPERTY_BLOCKS.get(block)
+    if props is None:
+        props = decode_properties(block)
+        if len(_PROPERTY_BLOCKS) >= 16384:
+            _PROPERTY_BLOCKS.clear()
+        _PROPERTY_BLOCKS[block] = props
+    return props.copy()
+
+
 def decode(buf, pos: int = 0, offset: int | None = None) -> Record:
     """Decode the record starting at ``buf[pos]``.
 
@@ -286,30 +301,32 @@ def decode(buf, pos: int = 0, offset: int | None = None) -> Record:
     if len(buf) - pos < total:
         raise TruncatedRecord(f"record of {total} bytes, only {len(buf) - pos} present")
     (crc,) = _U32.unpack_from(buf, pos + 9)
-    view = memoryview(buf)[pos + HEADER_SIZE:pos + total]
-    if crc32c(view) != crc:
+    # One copy of the CRC-covered bytes (records are small), then plain bytes slices of it.
+    data = buf[pos + HEADER_SIZE:pos + total]
+    if type(data) is not bytes:
+        data = bytes(data)
+    if crc32c(data) != crc:
         raise CorruptRecord("CRC32C mismatch")
     try:
-        kind, flags, store_ts, born_ts = _FIXED.unpack_from(view, 0)
-        p = _FIXED.size
-        (tlen,) = _U16.unpack_from(view, p)
-        raw = bytes(view[p + 2:p + 2 + tlen])
+        kind, flags, store_ts, born_ts, tlen = _FIXED_TOPIC_LEN.unpack_from(data, 0)
+        p = _FIXED_TOPIC_LEN.size
+        raw = data[p:p + tlen]
         topic = _DECODED.get(raw)
         if topic is None:
             topic = _cached_decode(raw)
-        p += 2 + tlen
-        (clen,) = _U16.unpack_from(view, p)
-        raw = bytes(view[p + 2:p + 2 + clen])
+        p += tlen
+        (clen,) = _U16.unpack_from(data, p)
+        raw = data[p + 2:p + 2 + clen]
         client_id = _DECODED.get(raw)
         if client_id is None:
             client_id = _cached_decode(raw)
         p += 2 + clen
-        (plen,) = _U32.unpack_from(view, p)
-        block = bytes(view[p + 4:p + 4 + plen])
-        properties = {} if block == b"\x00\x00" else decode_properties(block)
+        (plen,) = _U32.unpack_from(data, p)
+        block = data[p + 4:p + 4 + plen]
+        properties = {} if block == b"\x00\x00" else _decoded_properties(block)
         p += 4 + plen
-        (blen,) = _U32.unpack_from(view, p)
-        body = bytes(view[p + 4:p + 4 + blen])
+        (blen,) = _U32.unpack_from(data, p)
+        body = data[p + 4:p + 4 + blen]
         p += 4 + blen
         record_kind = _KINDS[kind]
     except KeyError:
@@ -318,10 +335,9 @@ def decode(buf, pos: int = 0, offset: int | None = None) -> Record:
         if isinstance(exc, CorruptRecord):
             raise
         raise CorruptRecord(f"bad record fields: {exc}") from None
-    if p != len(view):
+    if p != len(data):
         raise CorruptRecord("record fields do not fill total_size")
     return Record(
-        offset=pos if offset is None else offset, size=total, kind=record_kind,
-        qos=flags & 3, retain=bool(flags & 4), store_ts=store_ts, born_ts=born_ts,
-        topic=topic, client_id=client_id, properties=properties, body=body,
+        pos if offset is None else offset, total, record_kind, flags & 3, bool(flags & 4), store_ts, born_ts,
+        topic, client_id, properties, body,
     )
