@@ -2,7 +2,7 @@
 
 Usage::
 
-    ./dev bench                      # the whole comparison (3 brokers x 8 scenarios x 3 reps, < 15 min)
+    ./dev bench                      # the whole comparison (3 brokers x 8 scenarios x 3 reps, < 20 min)
     python -m bench.compare          # the same, from the repository root with the venv active
     python -m bench.compare --brokers mosquitto,amqtt --scenarios 1,2 --reps 1 --scale 0.1
     python -m bench.compare --brokers twistmq --scenarios 1 --reps 1 --profile   # py-spy flame graph
@@ -320,7 +320,7 @@ def parse_args(argv):
     parser.add_argument("--profile-format", default="flamegraph", choices=["flamegraph", "speedscope", "raw"],
                         help="py-spy output: an SVG flame graph, speedscope JSON, or raw collapsed stacks "
                              "(summarise with python -m bench.profile_summary FILE)")
-    parser.add_argument("--budget", type=float, default=13.0,
+    parser.add_argument("--budget", type=float, default=18.0,
                         help="minutes for the whole comparison: later repetitions of runs that hit the cap "
                              "get a shorter cap (not below %g s) to stay within it" % MIN_CAP)
     parser.add_argument("--no-write", action="store_true", help="do not write docs/benchmarks.md")

@@ -174,3 +174,20 @@ def test_short_puback_fast_path_equals_the_general_decoder(side, level):
         parser().feed(b"\x40\x02\x00\x00")
     with pytest.raises(ProtocolError, match="CONNECT"):
         MQTTParser(server_side=True).feed(b"\x40\x02\x00\x01")  # before CONNECT: not the fast path's to accept
+
+
+@settings(max_examples=100, deadline=None)
+@given(topic=st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00+#"), min_size=1),
+       payload=st.binary(max_size=400), packet_id=st.integers(1, 0xFFFF), qos=st.sampled_from([1, 2]),
+       level=st.sampled_from([4, 5]))
+def test_patch_publish_packet_id_only_equals_a_fresh_encode(topic, payload, packet_id, qos, level):
+    """Re-stamping only the packet id (the delivery path) gives the bytes of a fresh encode with that id."""
+    template = encode_publish(topic, payload, qos, packet_id=1, protocol_level=level)
+    assert patch_publish(template, packet_id) == encode_publish(topic, payload, qos, packet_id=packet_id,
+                                                                protocol_level=level)
+
+
+def test_patch_publish_refuses_a_packet_id_on_qos_0():
+    """A QoS 0 PUBLISH has no packet id to re-stamp: the caller's mistake is a ValueError."""
+    with pytest.raises(ValueError):
+        patch_publish(encode_publish("t", b"x"), 5)
