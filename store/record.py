@@ -284,6 +284,8 @@ def _decoded_properties(block: bytes) -> dict[str, str]:
     props = _PROPERTY_BLOCKS.get(block)
     if props is None:
         props = decode_properties(block)
+        if len(block) > 512:  # rare and big: not worth the memory
+            return props
         if len(_PROPERTY_BLOCKS) >= 16384:
             _PROPERTY_BLOCKS.clear()
         _PROPERTY_BLOCKS[block] = props
