@@ -29,7 +29,7 @@ START_TIMEOUT = 30.0
 MOSQUITTO_CONF = """\
 listener {port} 127.0.0.1
 allow_anonymous true
-persistence false
+{persistence}
 max_queued_messages 0
 max_queued_bytes 0
 max_inflight_messages 100
@@ -41,8 +41,12 @@ log_type error
 log_type warning
 """
 
+PERSISTENCE_ON = "persistence true\npersistence_location WORKDIR/"
+
 MOSQUITTO_NOTES = [
-    "persistence false (no disk); sessions and offline messages in memory",
+    "persistence false (no disk; sessions and offline messages in memory), except in scenario 8: "
+    f"{PERSISTENCE_ON} (its default autosave: the in-memory database is written at shutdown and every "
+    "30 minutes)",
     "max_queued_messages 0 and max_queued_bytes 0 (unlimited): the default (1000) silently drops "
     "QoS 1 messages under burst",
     "max_inflight_messages 100: the same window the generator's publishers use (default 20)",
@@ -141,15 +145,19 @@ class Broker:
     def settings(self):
         raise NotImplementedError
 
-    def command(self, port, workdir):
+    def command(self, port, workdir, scenario=None):
         raise NotImplementedError
 
-    def start(self, workdir, cpu=None):
-        """Start on a fresh port; return a ``Running`` once it accepts MQTT connections."""
+    def start(self, workdir, cpu=None, scenario=None):
+        """Start on a fresh port; return a ``Running`` once it accepts MQTT connections.
+
+        ``scenario`` lets a broker adjust its configuration to one scenario (Mosquitto
+        persists its sessions in scenario 8).
+        """
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
         port = free_port()
-        argv = self.command(port, workdir)
+        argv = self.command(port, workdir, scenario)
         if cpu is not None and shutil.which("taskset"):
             argv = ["taskset", "-c", str(cpu)] + argv
         log_path = workdir / f"{self.name}.log"
@@ -189,12 +197,14 @@ class Mosquitto(Broker):
         return out.strip().splitlines()[0] if out.strip() else "unknown"
 
     def settings(self):
-        conf = [line for line in MOSQUITTO_CONF.format(port="PORT").splitlines() if line]
+        conf = [line for line in MOSQUITTO_CONF.format(port="PORT", persistence="persistence false").splitlines()
+                if line]
         return ["config: " + "; ".join(conf)] + MOSQUITTO_NOTES
 
-    def command(self, port, workdir):
+    def command(self, port, workdir, scenario=None):
         conf = workdir / "mosquitto.conf"
-        conf.write_text(MOSQUITTO_CONF.format(port=port))
+        persistence = PERSISTENCE_ON.replace("WORKDIR", str(workdir)) if scenario == 8 else "persistence false"
+        conf.write_text(MOSQUITTO_CONF.format(port=port, persistence=persistence))
         return [self.path, "-c", str(conf)]
 
 
@@ -217,7 +227,7 @@ class Amqtt(Broker):
     def settings(self):
         return amqtt_broker.CONFIG_NOTES
 
-    def command(self, port, workdir):
+    def command(self, port, workdir, scenario=None):
         return [sys.executable, "-m", "bench.amqtt_broker", "--port", str(port)]
 
 
@@ -249,7 +259,7 @@ class Twistmq(Broker):
     def settings(self):
         return TWISTMQ_NOTES
 
-    def command(self, port, workdir):
+    def command(self, port, workdir, scenario=None):
         http = free_port()
         return [self.twistd(), "-n", "--pidfile=", "twistmq", "node",
                 "--mqtt", f"tcp:{port}:interface=127.0.0.1", "--http", f"tcp:{http}:interface=127.0.0.1",

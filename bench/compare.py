@@ -2,12 +2,12 @@
 
 Usage::
 
-    ./dev bench                      # the whole comparison (3 brokers x 7 scenarios x 3 reps, < 15 min)
+    ./dev bench                      # the whole comparison (3 brokers x 8 scenarios x 3 reps, < 20 min)
     python -m bench.compare          # the same, from the repository root with the venv active
     python -m bench.compare --brokers mosquitto,amqtt --scenarios 1,2 --reps 1 --scale 0.1
     python -m bench.compare --brokers twistmq --scenarios 1 --reps 1 --profile   # py-spy flame graph
 
-Options: ``--scenarios 1,2,...`` (default all of 1-7), ``--brokers`` (default
+Options: ``--scenarios 1,2,...`` (default all of 1-8), ``--brokers`` (default
 ``twistmq,mosquitto,amqtt``), ``--reps N`` (default 3), ``--scale F``
 (multiplies message, connection and filter counts and the latency run's
 length; for quick runs), ``--cap S`` (seconds of sending per phase, default
@@ -66,7 +66,7 @@ COMMON_SETTINGS = [
 
 def scenario_notes(scale):
     """One line per scenario describing exactly what runs at ``scale``."""
-    p = {n: params_for(n, scale) for n in range(1, 8)}
+    p = {n: params_for(n, scale) for n in range(1, 9)}
     return [
         f"1: {p[1]['publishers']} QoS 0 publishers on dev/pN/temp -> 1 subscriber on dev/+/temp (QoS 0), "
         f"{p[1]['messages']:,} messages; delivered msg/s (first send to last delivery) and loss",
@@ -85,6 +85,12 @@ def scenario_notes(scale):
         f"7: {p[7]['filters']:,} other distinct filters subscribed under dev/ (dev/nI/+ and dev/+/tI, "
         f"{p[7]['filters_per_conn']} per connection, none matching), then scenario 1 with "
         f"{p[7]['messages']:,} messages; routed (delivered) msg/s and loss",
+        f"8: {p[8]['sessions']:,} persistent sessions (clean session 0) subscribe to fleet/+/cmd (QoS 1) and "
+        f"disconnect; 1 publisher sends {p[8]['messages']:,} QoS 1 messages of {p[8]['payload']} B to "
+        "fleet/all/cmd (window 100), each owed to every session; PUBACKed msg/s, broker VmRSS growth and "
+        "bytes gained on disk (its working directory) from before the publishing to 1 s after the last "
+        f"PUBACK; then {p[8]['sample']} of the sessions reconnect and count their messages (loss); sending "
+        f"stops if the broker's RSS grows by more than {p[8]['rss_cap_mb']:,} MB",
     ]
 
 
@@ -128,7 +134,7 @@ def run_one(broker, scenario, *, scale=1.0, cap=20.0, params=None, cpus=(None, N
     tag = f"{broker.name}-s{scenario}-r{rep + 1}"
     profiler = None
     try:
-        running = broker.start(workdir, cpu=cpus[0])
+        running = broker.start(workdir, cpu=cpus[0], scenario=scenario)
     except BrokerStartError as e:
         kept = keep_log(workdir / f"{broker.name}.log", tag)
         shutil.rmtree(workdir, ignore_errors=True)
@@ -139,7 +145,8 @@ def run_one(broker, scenario, *, scale=1.0, cap=20.0, params=None, cpus=(None, N
             profiler = start_profiler(running, scenario, rep, profile_format, cpus[1])
         argv = [sys.executable, "-m", "bench.loadgen", "--port", str(running.port),
                 "--scenario", str(scenario), "--scale", str(scale), "--cap", str(cap),
-                "--broker-pid", str(running.pid), "--params", json.dumps(params or {})]
+                "--broker-pid", str(running.pid), "--params", json.dumps(params or {}),
+                "--workdir", str(workdir)]
         if cpus[1] is not None:
             argv = ["taskset", "-c", str(cpus[1])] + argv
         try:
@@ -303,7 +310,7 @@ def measure_jitter(cpu):
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scenarios", default="1,2,3,4,5,6,7")
+    parser.add_argument("--scenarios", default="1,2,3,4,5,6,7,8")
     parser.add_argument("--brokers", default="twistmq,mosquitto,amqtt")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--scale", type=float, default=1.0)
@@ -313,7 +320,7 @@ def parse_args(argv):
     parser.add_argument("--profile-format", default="flamegraph", choices=["flamegraph", "speedscope", "raw"],
                         help="py-spy output: an SVG flame graph, speedscope JSON, or raw collapsed stacks "
                              "(summarise with python -m bench.profile_summary FILE)")
-    parser.add_argument("--budget", type=float, default=13.0,
+    parser.add_argument("--budget", type=float, default=18.0,
                         help="minutes for the whole comparison: later repetitions of runs that hit the cap "
                              "get a shorter cap (not below %g s) to stay within it" % MIN_CAP)
     parser.add_argument("--no-write", action="store_true", help="do not write docs/benchmarks.md")
@@ -321,7 +328,7 @@ def parse_args(argv):
     args.scenarios = [int(s) for s in args.scenarios.split(",") if s.strip()]
     args.brokers = [b.strip() for b in args.brokers.split(",") if b.strip()]
     args.profile_brokers = [b.strip() for b in args.profile_brokers.split(",")]
-    bad = [s for s in args.scenarios if s not in range(1, 8)] + [b for b in args.brokers if b not in BROKERS]
+    bad = [s for s in args.scenarios if s not in range(1, 9)] + [b for b in args.brokers if b not in BROKERS]
     if bad:
         parser.error(f"unknown scenario or broker: {bad}")
     return args

@@ -49,12 +49,14 @@ SCENARIOS = {
     5: {"connections": 10_000, "window": 100},
     6: {"messages": 100_000, "publishers": 4, "window": 100, "batch_ms": 0.3},
     7: {"messages": 100_000, "publishers": 4, "filters": 10_000, "filters_per_conn": 100},
+    8: {"sessions": 10_000, "messages": 1_000, "payload": 200, "window": 100, "sample": 20,
+        "rss_cap_mb": 2_000},
 }
 # ``batch_ms``: the generator polls its sockets at most once per that many ms while receiving (see
 # ``Loop.batch``): each read and write then carries many packets, which keeps one Python process ahead of
 # Mosquitto (with 0, it used 90-97% of its core on scenarios 2, 3 and 6's drain). 0.3 ms delays a QoS 1
 # acknowledgement by at most that, far inside every broker's in-flight window of 100.
-SCALED = {"messages": 40, "connections": 10, "filters": 100, "seconds": 0.2}
+SCALED = {"messages": 40, "connections": 10, "filters": 100, "seconds": 0.2, "sessions": 10}
 
 
 def params_for(scenario, scale=1.0, overrides=None):
@@ -103,9 +105,9 @@ def _client(name, client_id, subscriptions=(), clean=True, per_packet=100):
     return conn
 
 
-def _publisher(index, count, qos, window, prefix):
+def _publisher(index, count, qos, window, prefix, topic=None, payload=16):
     conn = _client(f"pub{index}", f"{prefix}-pub{index}")
-    conn.stream, conn.plen = pre_encode(f"dev/p{index}/temp", index, count, qos)
+    conn.stream, conn.plen = pre_encode(topic or f"dev/p{index}/temp", index, count, qos, payload=payload)
     conn.limit, conn.window = count, window
     return conn
 
@@ -229,11 +231,12 @@ class _Stall:
         return True
 
 
-def _flow(loop, pubs, fanout, cap, idle=1.5):
+def _flow(loop, pubs, fanout, cap, idle=1.5, abort=None):
     """Stream every publisher's packets, then wait for delivery; bounded by ``cap`` seconds.
 
     Returns the counts and whether the run is partial: not everything sent
-    within the cap, or deliveries still arriving when the cap was reached. A
+    within the cap, or deliveries still arriving when the cap was reached, or
+    ``abort()`` (polled while sending) returned a reason to stop. A
     broker that stops delivering after the last send (see ``_Stall``) ends the
     run early: what is missing is then loss, not slowness.
     """
@@ -246,9 +249,14 @@ def _flow(loop, pubs, fanout, cap, idle=1.5):
         p.refill = stream_refill
         loop.flush(p)
     stall = _Stall(loop, idle)
-    marks = {"stalled": False}
+    marks = {"stalled": False, "aborted": None}
 
     def done():
+        if abort is not None:
+            marks["aborted"] = abort()
+            if marks["aborted"]:
+                loop.send_deadline = time.monotonic()  # stop sending: the publishers' refill checks it
+                return True
         all_sent = all(_all_sent(p) for p in pubs)
         delivered = loop.delivered - base
         if all_sent and delivered >= sum(p.sent for p in pubs) * fanout:
@@ -269,7 +277,7 @@ def _flow(loop, pubs, fanout, cap, idle=1.5):
     elapsed = (loop.last_rx - start) if delivered else (time.monotonic() - start)
     all_sent = all(_all_sent(p) for p in pubs)
     complete = all_sent and delivered >= sent * fanout
-    partial = not complete and not marks["stalled"] and not loop.errors
+    partial = not complete and not marks["stalled"] and not loop.errors or bool(marks["aborted"])
     ack_elapsed = loop.last_ack - start
     return {
         "sent": sent, "expected": sent * fanout, "delivered": delivered,
@@ -277,7 +285,7 @@ def _flow(loop, pubs, fanout, cap, idle=1.5):
         "rate": delivered / elapsed if elapsed > 0 else 0.0,
         "accept_rate": acked / ack_elapsed if acked and ack_elapsed > 0 else None,
         "loss_pct": None if partial else 100.0 * (sent * fanout - delivered) / max(1, sent * fanout),
-        "partial": partial, **shares,
+        "partial": partial, "aborted": marks["aborted"], **shares,
     }
 
 
@@ -438,7 +446,91 @@ def wildcard_filters(loop, p, cap, prefix):
     return r
 
 
-def run(scenario, port, params, cap, broker_pid=None):
+def disk_bytes(path):
+    """Bytes allocated on disk under ``path`` (st_blocks, so sparse or preallocated files count as written)."""
+    if not path:
+        return None
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def offline_fan_out(loop, p, cap, prefix, broker_pid, workdir=None):
+    """Scenario 8: N offline persistent sessions on one filter; one publisher sends QoS 1 messages to them.
+
+    Every session subscribes to ``fleet/+/cmd`` at QoS 1 with clean session off and
+    disconnects; then one publisher sends ``messages`` QoS 1 PUBLISHes of ``payload``
+    bytes to ``fleet/all/cmd``, each one owed to every session. Figures: PUBLISHes
+    accepted (PUBACKed) per second, the broker's RSS growth and the bytes its working
+    directory gained on disk, from before the publishing to 1 s after the last PUBACK.
+    Then ``sample`` sessions come back and count what they receive (loss against
+    the PUBACKed messages). The send stops early if the broker's RSS grows by more
+    than ``rss_cap_mb`` (a broker that queues a copy per session can exhaust the machine).
+    """
+    n, count = p["sessions"], p["messages"]
+    sessions = [_client(f"sess{i}", f"{prefix}-sess{i}", [("fleet/+/cmd", 1)], clean=False) for i in range(n)]
+    start = time.monotonic()
+    if not loop.open_many(sessions, start + max(cap, SETUP_TIMEOUT), window=p["window"]) \
+            and (loop.errors or not loop.ready_count):
+        raise SystemExit(_fail(loop, f"setup: {loop.ready_count} of {n} sessions subscribed"))
+    setup_s = time.monotonic() - start
+    # A broker too slow to subscribe every session in time runs with those it did (marked partial).
+    ready = [conn for conn in sessions if conn.ready]
+    for conn in sessions:
+        if conn.sock is not None:  # the rest were never opened
+            loop.close(conn, graceful=True)
+    loop.poll_until(lambda: False, time.monotonic() + 1.0)  # let the broker see every DISCONNECT
+    rss0, disk0 = rss_bytes(broker_pid), disk_bytes(workdir)
+    cap_bytes = p["rss_cap_mb"] * 1_000_000
+    checked = {"at": 0.0}
+
+    def too_big():
+        now = time.monotonic()
+        if now - checked["at"] < 0.2 or rss0 is None:
+            return None
+        checked["at"] = now
+        rss = rss_bytes(broker_pid)
+        if rss is not None and rss - rss0 > cap_bytes:
+            return f"broker RSS grew by more than {p['rss_cap_mb']:,} MB: sending stopped"
+        return None
+
+    pub = _publisher(0, count, 1, p["window"], prefix, topic="fleet/all/cmd", payload=p["payload"])
+    _setup(loop, [pub])
+    r = _flow(loop, [pub], 0, cap, abort=too_big)
+    loop.poll_until(lambda: False, time.monotonic() + 1.0)
+    rss1, disk1 = rss_bytes(broker_pid), disk_bytes(workdir)
+    loop.close(pub, graceful=True)
+    acked = r["acked"]
+    back = []
+    for i in range(min(p["sample"], len(ready))):
+        conn = _client(f"back{i}", f"{prefix}-{ready[i].name}", clean=False)
+        conn.expect(1, count)
+        back.append(conn)
+    loop.batch = 0.0003
+    loop.open_many(back, time.monotonic() + cap, window=p["window"])
+    stall = _Stall(loop, 1.5)
+    loop.poll_until(lambda: all(b.uniq >= acked for b in back) or loop.errors or stall(loop.delivered),
+                    time.monotonic() + cap)
+    loop.batch = 0.0
+    got = sum(min(b.uniq, acked) for b in back)
+    want = acked * len(back)
+    growth = (rss1 - rss0) if rss0 is not None and rss1 is not None else None
+    disk = (disk1 - disk0) if disk0 is not None and disk1 is not None else None
+    return {"sent": r["sent"], "expected": want, "delivered": got, "acked": acked, "sessions": len(ready),
+            "setup_s": round(setup_s, 3), "rss_before": rss0, "rss_after": rss1, "disk_before": disk0,
+            "disk_after": disk1, "partial": r["partial"] or len(ready) < n, "aborted": r["aborted"],
+            "gen_cpu": r["gen_cpu"], "broker_cpu": r["broker_cpu"], "other_cpu": r["other_cpu"],
+            **_subscriber_stats(back),
+            "figures": {"accept_rate": r["accept_rate"], "rss_growth": growth, "disk_growth": disk,
+                        "loss": None if r["partial"] else 100.0 * (want - got) / max(1, want)}}
+
+
+def run(scenario, port, params, cap, broker_pid=None, workdir=None):
     """Run ``scenario`` against the broker on ``port``; return its result dict."""
     prefix = f"b{scenario}-{int(time.time() * 1000) % 100000}"
     loop = Loop(port)
@@ -456,6 +548,8 @@ def run(scenario, port, params, cap, broker_pid=None):
             result = offline_session(loop, params, cap, prefix, broker_pid)
         elif scenario == 7:
             result = wildcard_filters(loop, params, cap, prefix)
+        elif scenario == 8:
+            result = offline_fan_out(loop, params, cap, prefix, broker_pid, workdir)
         else:
             raise ValueError(f"no scenario {scenario}")
     finally:
@@ -509,6 +603,7 @@ def main(argv=None):
     parser.add_argument("--cap", type=float, default=20.0, help="seconds of sending per phase")
     parser.add_argument("--broker-pid", type=int, default=0)
     parser.add_argument("--params", default="{}", help="JSON overrides of the scenario parameters")
+    parser.add_argument("--workdir", default=None, help="the broker's working directory (disk use, scenario 8)")
     args = parser.parse_args(argv)
     if args.jitter:
         print(json.dumps(timer_jitter(min(args.jitter, 10.0))))
@@ -517,7 +612,7 @@ def main(argv=None):
         parser.error("--port and --scenario are required")
     raise_nofile()
     params = params_for(args.scenario, args.scale, json.loads(args.params))
-    result = run(args.scenario, args.port, params, args.cap, args.broker_pid)
+    result = run(args.scenario, args.port, params, args.cap, args.broker_pid, args.workdir)
     print(json.dumps(result))
     return 0
 

@@ -390,8 +390,8 @@ class Loop:
             self.ready_count += 1
 
 
-def pre_encode(topic, publisher, count, qos, first_packet_id=1):
-    """Encode ``count`` PUBLISHes from ``publisher`` (16-byte payload: publisher, seq, 0).
+def pre_encode(topic, publisher, count, qos, first_packet_id=1, payload=16):
+    """Encode ``count`` PUBLISHes from ``publisher`` (payload: publisher, seq, 0, then zeros to ``payload`` bytes).
 
     The fixed header and topic come from the project's ``encode_publish``; only
     the packet id and payload change from one packet to the next, so they are
@@ -399,13 +399,15 @@ def pre_encode(topic, publisher, count, qos, first_packet_id=1):
     Returns ``(stream, packet_length)``; every packet has the same length, so
     packet ``i`` is ``stream[i * packet_length:(i + 1) * packet_length]``.
     """
-    sample = encode_publish(topic, bytes(16), qos, packet_id=1 if qos else None)
-    head = sample[:len(sample) - 16 - (2 if qos else 0)]
+    payload = max(16, payload)
+    sample = encode_publish(topic, bytes(payload), qos, packet_id=1 if qos else None)
+    head = sample[:len(sample) - payload - (2 if qos else 0)]
+    pad = bytes(payload - 16)
     pack = struct.Struct(">HIIq" if qos else ">IIq").pack
     if qos:
-        body = [head + pack((first_packet_id + i - 1) % 65535 + 1, publisher, i, 0) for i in range(count)]
+        body = [head + pack((first_packet_id + i - 1) % 65535 + 1, publisher, i, 0) + pad for i in range(count)]
     else:
-        body = [head + pack(publisher, i, 0) for i in range(count)]
+        body = [head + pack(publisher, i, 0) + pad for i in range(count)]
     return memoryview(b"".join(body)), len(sample)
 
 

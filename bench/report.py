@@ -21,7 +21,7 @@ HIGHER, LOWER = "higher", "lower"
 
 def _rows(scale):
     """(scenario, figure key, label, unit, better) for every table row."""
-    p = {n: params_for(n, scale) for n in range(1, 8)}
+    p = {n: params_for(n, scale) for n in range(1, 9)}
     return [
         (1, "rate", f"1 fan-in QoS 0, 4 pub -> 1 sub, {p[1]['messages']:,} msgs", "msg/s", HIGHER),
         (1, "loss", "1 fan-in QoS 0: loss", "%", LOWER),
@@ -46,6 +46,11 @@ def _rows(scale):
         (7, "rate", f"7 fan-in QoS 0 with {p[7]['filters']:,} other filters, "
                     f"{p[7]['messages']:,} msgs: routed", "msg/s", HIGHER),
         (7, "loss", "7 wildcard fan-in: loss", "%", LOWER),
+        (8, "accept_rate", f"8 offline fan-out: {p[8]['sessions']:,} offline persistent sessions x "
+                           f"{p[8]['messages']:,} QoS 1 msgs of {p[8]['payload']} B: accepted", "msg/s", HIGHER),
+        (8, "rss_growth", "8 offline fan-out: broker RSS growth", "MB", LOWER),
+        (8, "disk_growth", "8 offline fan-out: bytes written to disk", "MB", LOWER),
+        (8, "loss", f"8 offline fan-out: loss ({p[8]['sample']} sessions reconnect)", "%", LOWER),
     ]
 
 

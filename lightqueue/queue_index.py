@@ -17,6 +17,13 @@ queue state whose meta lags or leads its entries is checked against the last
 entry on disk on first touch during replay, so a replayed record is indexed
 exactly once, at the queue offset it had. (A data directory from before the
 entries checkpoint existed replays from the meta checkpoint.)
+
+Reads at the end of a queue (a live subscriber) are served from memory: a queue
+that has been read keeps its newest entries (its tail, bounded per queue and in
+the number of queues) as they are dispatched, so the subscriber's reads of
+what just arrived cost no RocksDB lookup. RocksDB stays the truth; the tail is
+a copy of its newest keys, dropped whenever the index changes other than by
+appending (replay, retention, garbage collection, reset).
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ _U64 = struct.Struct(">Q")
 _CHECKPOINT = b"checkpoint"
 _ENTRIES_CHECKPOINT = b"\xff" * 17  # longer than any entry key: sorts after all of them, no queue range holds it
 RESOLVE_CACHE_SIZE = 65536
+TAIL_ENTRIES = 1024  # newest entries kept in memory per queue that is read (half go when it is full)
+TAIL_QUEUES = 128    # queues with a tail at most (the oldest goes first): at worst ~22 MB of entries (~170 B each)
 ENTRIES_WRITE_BUFFER = 4 << 20  # bytes of light-queue entries held in memory before a flush
 
 
@@ -64,6 +73,7 @@ class LightQueueIndex(DispatcherBase):
         self._replay_bound = 0  # records below this offset may already be indexed (see module doc)
         self._verified: set[int] = set()
         self._replay_last_cl: dict[int, int] = {}
+        self._tails: dict[int, _Tail] = {}  # qid -> the newest entries of a queue that readers read
         self._load()
 
     def _open_db(self) -> None:
@@ -157,11 +167,87 @@ class LightQueueIndex(DispatcherBase):
         """Append one entry per (record, queue) in a single WriteBatch; return the queues touched."""
         wb = WriteBatch(raw_mode=True)
         wb.set_default_column_family(self._entries_cf)
+        end = self.dispatched_offset
+        if requests:
+            last = requests[-1]
+            end = last.offset + last.size
+            if requests[0].offset < self._replay_bound:
+                touched = self._index_replayed(requests, wb)
+            else:
+                touched = self._index_appended(requests, wb)
+        else:
+            touched = {}
+        mx, last_ts, tails = self._max, self._last_ts, self._tails
+        for qid in touched:
+            tail = tails.get(qid)
+            if tail is not None and len(tail.entries) > TAIL_ENTRIES:
+                tail.trim()
+        for qid in touched:
+            wb.put(b"q" + _U64.pack(qid),
+                   _META.pack(self._min[qid], mx[qid], last_ts[qid]) + self._names[qid].encode("utf-8"),
+                   self._meta_cf)
+        checkpoint = _U64.pack(end)
+        wb.put(_CHECKPOINT, checkpoint, self._meta_cf)
+        wb.put(_ENTRIES_CHECKPOINT, checkpoint, self._entries_cf)
+        self._db.write(wb, self._wo)
+        self.dispatched_offset = end
+        return set(touched.values())
+
+    def _index_appended(self, requests: Sequence[DispatchRequest], wb: WriteBatch) -> dict[int, str]:
+        """Index new appends: none can be indexed already, and records of one topic share their queues.
+
+        So the queue ids, next offsets and tails are looked up once per distinct ``queues``
+        tuple (the resolver hands out one tuple per topic), not once per entry.
+        """
+        mx, last_ts = self._max, self._last_ts
+        put, pack_key, pack_value = wb.put, _KEY.pack, _VALUE.pack
+        new = tuple.__new__
+        plans: dict[tuple[str, ...], list] = {}  # queues -> [(qid, tail entries or None)]
+        next_off: dict[int, int] = {}  # qid -> queue offset of its next entry, written back at the end
+        newest: dict[tuple[str, ...], int] = {}  # queues -> store_ts of the newest record sent to them
+        for req in requests:
+            queues = req.queues
+            plan = plans.get(queues)
+            if plan is None:
+                plan = plans[queues] = self._plan(queues, next_off)
+            newest[queues] = req.store_ts
+            value = pack_value(req.offset, req.size, req.store_ts)
+            for qid, tail in plan:
+                off = next_off[qid]
+                put(pack_key(qid, off), value)
+                next_off[qid] = off + 1
+                if tail is not None:
+                    tail.append(new(QueueEntry, (off, req.offset, req.size, req.store_ts)))
+        for qid, off in next_off.items():
+            mx[qid] = off
+        for queues, ts in newest.items():
+            for qid, _tail in plans[queues]:
+                if ts > last_ts[qid]:
+                    last_ts[qid] = ts
+        names = self._names
+        return {qid: names[qid] for qid in next_off}
+
+    def _plan(self, queues: tuple[str, ...], next_off: dict[int, int]) -> list:
+        ids, tails = self._ids, self._tails
+        plan = []
+        for name in queues:
+            qid = ids.get(name)
+            if qid is None:
+                qid = self._create(name)
+            if qid not in next_off:
+                next_off[qid] = self._max[qid]
+            tail = tails.get(qid)
+            plan.append((qid, None if tail is None else tail.entries))
+        return plan
+
+    def _index_replayed(self, requests: Sequence[DispatchRequest], wb: WriteBatch) -> dict[int, str]:
+        """Index records replayed after a restart, skipping those a queue already holds."""
         touched: dict[int, str] = {}
         ids, mx, last_ts = self._ids, self._max, self._last_ts
         pack_key, pack_value = _KEY.pack, _VALUE.pack
         bound = self._replay_bound
-        end = self.dispatched_offset
+        tails = self._tails
+        new = tuple.__new__
         for req in requests:
             value = pack_value(req.offset, req.size, req.store_ts)
             for name in req.queues:
@@ -175,17 +261,10 @@ class LightQueueIndex(DispatcherBase):
                 mx[qid] = off + 1
                 last_ts[qid] = req.store_ts
                 touched[qid] = name
-            end = req.offset + req.size
-        for qid in touched:
-            wb.put(b"q" + _U64.pack(qid),
-                   _META.pack(self._min[qid], mx[qid], last_ts[qid]) + self._names[qid].encode("utf-8"),
-                   self._meta_cf)
-        checkpoint = _U64.pack(end)
-        wb.put(_CHECKPOINT, checkpoint, self._meta_cf)
-        wb.put(_ENTRIES_CHECKPOINT, checkpoint, self._entries_cf)
-        self._db.write(wb, self._wo)
-        self.dispatched_offset = end
-        return set(touched.values())
+                tail = tails.get(qid)
+                if tail is not None:
+                    tail.entries.append(new(QueueEntry, (off, req.offset, req.size, req.store_ts)))
+        return touched
 
     def _already_indexed(self, qid: int, cl_offset: int) -> bool:
         """During replay: is the record at ``cl_offset`` already in this queue?"""
@@ -222,6 +301,7 @@ class LightQueueIndex(DispatcherBase):
     def begin_replay(self, log_end: int) -> None:
         """Records below ``log_end`` may already be indexed: check before appending."""
         self._replay_bound = log_end
+        self._tails.clear()  # replay may move a queue's end back to what is on disk
 
     def reset(self) -> None:
         """Drop the whole index (the log no longer holds what it points to)."""
@@ -235,6 +315,7 @@ class LightQueueIndex(DispatcherBase):
         self._verified.clear()
         self._replay_last_cl.clear()
         self._resolved.clear()
+        self._tails.clear()
         self.dispatched_offset = 0
         for f in list(self.trie):
             self._create(lmq_name(f))
@@ -248,9 +329,27 @@ class LightQueueIndex(DispatcherBase):
             return []
         lo, hi = self._min[qid], self._max[qid]
         start = max(offset, lo)
+        tail = self._tails.get(qid)
+        if tail is None and hi - start <= max_count:  # a reader at the end: it will want what comes next
+            self._start_tail(qid, hi)
         if start >= hi:
             return []
         stop = min(hi, start + max_count)
+        if tail is not None and stop > tail.base:
+            if start >= tail.base:
+                return tail.entries[start - tail.base:stop - tail.base]
+            # The part below the tail from RocksDB, the rest from memory.
+            return self._read_entries(qid, start, tail.base) + tail.entries[:stop - tail.base]
+        return self._read_entries(qid, start, stop)
+
+    def _start_tail(self, qid: int, hi: int) -> None:
+        """Keep ``qid``'s entries from ``hi`` on in memory as they are dispatched."""
+        tails = self._tails
+        if len(tails) >= TAIL_QUEUES:
+            del tails[next(iter(tails))]
+        tails[qid] = _Tail(hi)
+
+    def _read_entries(self, qid: int, start: int, stop: int) -> list[QueueEntry]:
         keys = [_KEY.pack(qid, o) for o in range(start, stop)]
         values = self._entries.get(keys)
         out = []
@@ -286,6 +385,7 @@ class LightQueueIndex(DispatcherBase):
             lo, hi = self._min[qid], self._max[qid]
             new_lo = self._first_at_or_after(qid, lo, hi, min_cl_offset)
             if new_lo != lo:
+                self._tails.pop(qid, None)
                 wb.delete_range(_KEY.pack(qid, lo), _KEY.pack(qid, new_lo), self._entries_cf)
                 self._min[qid] = new_lo
                 wb.put(b"q" + _U64.pack(qid), _META.pack(new_lo, hi, self._last_ts[qid]) + name.encode("utf-8"),
@@ -325,6 +425,7 @@ class LightQueueIndex(DispatcherBase):
             wb.delete(b"q" + _U64.pack(qid), self._meta_cf)
             del self._ids[name]
             self._names[qid] = None
+            self._tails.pop(qid, None)
         if dead:
             self._db.write(wb, self._wo)
             log.info("lightqueue_gc removed=%d", len(dead))
@@ -362,6 +463,22 @@ class LightQueueIndex(DispatcherBase):
             del self._meta, self._entries, self._meta_cf, self._entries_cf
             self._db.close()
             del self._db
+
+
+class _Tail:
+    """The newest entries of one queue: ``entries[i]`` is the entry at queue offset ``base + i``."""
+
+    __slots__ = ("base", "entries")
+
+    def __init__(self, base: int) -> None:
+        self.base = base
+        self.entries: list[QueueEntry] = []
+
+    def trim(self) -> None:
+        """Drop the older half (amortised: one slice per TAIL_ENTRIES / 2 appends)."""
+        drop = len(self.entries) - TAIL_ENTRIES // 2
+        del self.entries[:drop]
+        self.base += drop
 
 
 def attach(store: MessageStore, data_dir: str | None = None) -> LightQueueIndex:

@@ -360,8 +360,9 @@ class MessageStore:
             for _, d, _q in accepted:
                 _resolve(d, PutResult(PutStatus.OS_ERROR, reason=str(exc)))
             return
+        new = tuple.__new__  # DispatchRequest's own __new__ is a Python-level call per record
         requests = [
-            DispatchRequest(off, len(data), now, m.kind, m.topic, queues, m.properties, m.retain, len(m.body))
+            new(DispatchRequest, (off, len(data), now, m.kind, m.topic, queues, m.properties, m.retain, len(m.body)))
             for off, data, (m, _d, queues) in zip(offsets, encoded, accepted)
         ]
         touched: set[str] = set()
@@ -371,10 +372,17 @@ class MessageStore:
                 touched.update(gained)
         recent = self._recent
         wanted = self.read_soon
+        keep: dict[tuple[str, ...], bool] = {}  # asked once per distinct queue set in the tick
+        kept_bytes = 0
         for r, (m, _d, queues) in zip(requests, accepted):
-            if r.size <= RECENT_MAX_RECORD and (wanted is None or wanted(queues)):
-                recent[r.offset] = (r, m)  # made into a Record only if someone reads it
-                self._recent_bytes += r.size + RECENT_ENTRY_COST
+            if r.size <= RECENT_MAX_RECORD:
+                k = keep.get(queues)
+                if k is None:
+                    k = keep[queues] = wanted is None or wanted(queues)
+                if k:
+                    recent[r.offset] = (r, m)  # made into a Record only if someone reads it
+                    kept_bytes += r.size + RECENT_ENTRY_COST
+        self._recent_bytes += kept_bytes
         if len(recent) > RECENT_RECORDS or self._recent_bytes > RECENT_BYTES:
             self._trim_recent()
         self.puts += len(requests)
@@ -459,13 +467,16 @@ class MessageStore:
         budget = MAX_GET_BYTES
         log_min = self.commit_log.min_offset
         todo: list = []  # entries whose records are not in memory: read in contiguous runs
+        new = tuple.__new__
         for e in entries:
             if e.cl_offset < log_min:
                 continue
             record = self._recent_record(e.cl_offset)
-            out.append(QueueMessage(e.queue_offset, record))
             if record is None:
-                todo.append((len(out) - 1, e))
+                todo.append((len(out), e))
+                out.append(None)  # filled by _read_runs
+            else:
+                out.append(new(QueueMessage, (e.queue_offset, record)))
             budget -= e.size
             if budget <= 0:
                 break

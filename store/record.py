@@ -194,33 +194,50 @@ def _cached_utf8(text: str, what: str) -> bytes:
     return data
 
 
+# The bytes between the fixed fields and the body (topic, client id, property block) for messages
+# without properties of their own: a device publishes to the same topic, with the same client id, to
+# the same queues, over and over, so the hot path packs them once.
+_MIDDLES: dict[tuple, bytes] = {}
+_MIDDLES_MAX = 65536
+_BODY_HEAD = struct.Struct(">BBQQ")  # the fixed fields, packed straight before the cached middle
+
+
+def _middle(topic: str, client_id: str, props_bytes: bytes) -> bytes:
+    """topic_len | topic | client_id_len | client_id | props_len | props, checked."""
+    t = _ENCODED.get(topic)
+    if t is None:
+        t = _cached_utf8(topic, "topic")
+    c = _ENCODED.get(client_id)
+    if c is None:
+        c = _cached_utf8(client_id, "client_id")
+    if len(t) > 0xFFFF or len(c) > 0xFFFF:
+        raise RecordError("topic or client_id longer than 65535 bytes")
+    return b"".join((_U16.pack(len(t)), t, _U16.pack(len(c)), c, _U32.pack(len(props_bytes)), props_bytes))
+
+
 def encode(message: Message, store_ts: int, queues: tuple[str, ...] = ()) -> bytes:
     """Encode ``message`` as a complete record stamped with ``store_ts``."""
-    if not 0 <= message.qos <= 2:
-        raise RecordError(f"qos must be 0, 1 or 2, not {message.qos}")
-    topic = _ENCODED.get(message.topic)
-    if topic is None:
-        topic = _cached_utf8(message.topic, "topic")
-    client_id = _ENCODED.get(message.client_id)
-    if client_id is None:
-        client_id = _cached_utf8(message.client_id, "client_id")
-    if len(topic) > 0xFFFF or len(client_id) > 0xFFFF:
-        raise RecordError("topic or client_id longer than 65535 bytes")
+    qos = message.qos
+    if not 0 <= qos <= 2:
+        raise RecordError(f"qos must be 0, 1 or 2, not {qos}")
     props = message.properties
     if not props:
-        props_bytes = _queues_only_block(queues) if queues else b"\x00\x00"
+        key = (message.topic, message.client_id, queues)
+        middle = _MIDDLES.get(key)
+        if middle is None:
+            if len(_MIDDLES) >= _MIDDLES_MAX:
+                _MIDDLES.clear()
+            middle = _MIDDLES[key] = _middle(
+                message.topic, message.client_id, _queues_only_block(queues) if queues else b"\x00\x00")
     else:
         if queues:
             props = dict(props)
             props[QUEUES_PROPERTY] = QUEUE_SEPARATOR.join(queues)
-        props_bytes = encode_properties(props)
-    flags = message.qos | (4 if message.retain else 0)
+        middle = _middle(message.topic, message.client_id, encode_properties(props))
+    body = message.body
     payload = b"".join((
-        _FIXED.pack(int(message.kind), flags, store_ts, message.born_ts or store_ts),
-        _U16.pack(len(topic)), topic,
-        _U16.pack(len(client_id)), client_id,
-        _U32.pack(len(props_bytes)), props_bytes,
-        _U32.pack(len(message.body)), message.body,
+        _BODY_HEAD.pack(message.kind, qos | 4 if message.retain else qos, store_ts, message.born_ts or store_ts),
+        middle, _U32.pack(len(body)), body,
     ))
     total = HEADER_SIZE + len(payload)
     if total > MAX_RECORD_SIZE:
@@ -258,6 +275,23 @@ def _cached_decode(raw: bytes) -> str:
     return text
 
 
+_FIXED_TOPIC_LEN = struct.Struct(">BBQQH")  # the fixed fields and topic_len, read in one call
+_PROPERTY_BLOCKS: dict[bytes, dict[str, str]] = {}  # records of one topic repeat their QUEUES block
+
+
+def _decoded_properties(block: bytes) -> dict[str, str]:
+    """``decode_properties(block)``, cached; each caller gets its own dict."""
+    props = _PROPERTY_BLOCKS.get(block)
+    if props is None:
+        props = decode_properties(block)
+        if len(block) > 512:  # rare and big: not worth the memory
+            return props
+        if len(_PROPERTY_BLOCKS) >= 16384:
+            _PROPERTY_BLOCKS.clear()
+        _PROPERTY_BLOCKS[block] = props
+    return props.copy()
+
+
 def decode(buf, pos: int = 0, offset: int | None = None) -> Record:
     """Decode the record starting at ``buf[pos]``.
 
@@ -269,30 +303,32 @@ def decode(buf, pos: int = 0, offset: int | None = None) -> Record:
     if len(buf) - pos < total:
         raise TruncatedRecord(f"record of {total} bytes, only {len(buf) - pos} present")
     (crc,) = _U32.unpack_from(buf, pos + 9)
-    view = memoryview(buf)[pos + HEADER_SIZE:pos + total]
-    if crc32c(view) != crc:
+    # One copy of the CRC-covered bytes (records are small), then plain bytes slices of it.
+    data = buf[pos + HEADER_SIZE:pos + total]
+    if type(data) is not bytes:
+        data = bytes(data)
+    if crc32c(data) != crc:
         raise CorruptRecord("CRC32C mismatch")
     try:
-        kind, flags, store_ts, born_ts = _FIXED.unpack_from(view, 0)
-        p = _FIXED.size
-        (tlen,) = _U16.unpack_from(view, p)
-        raw = bytes(view[p + 2:p + 2 + tlen])
+        kind, flags, store_ts, born_ts, tlen = _FIXED_TOPIC_LEN.unpack_from(data, 0)
+        p = _FIXED_TOPIC_LEN.size
+        raw = data[p:p + tlen]
         topic = _DECODED.get(raw)
         if topic is None:
             topic = _cached_decode(raw)
-        p += 2 + tlen
-        (clen,) = _U16.unpack_from(view, p)
-        raw = bytes(view[p + 2:p + 2 + clen])
+        p += tlen
+        (clen,) = _U16.unpack_from(data, p)
+        raw = data[p + 2:p + 2 + clen]
         client_id = _DECODED.get(raw)
         if client_id is None:
             client_id = _cached_decode(raw)
         p += 2 + clen
-        (plen,) = _U32.unpack_from(view, p)
-        block = bytes(view[p + 4:p + 4 + plen])
-        properties = {} if block == b"\x00\x00" else decode_properties(block)
+        (plen,) = _U32.unpack_from(data, p)
+        block = data[p + 4:p + 4 + plen]
+        properties = {} if block == b"\x00\x00" else _decoded_properties(block)
         p += 4 + plen
-        (blen,) = _U32.unpack_from(view, p)
-        body = bytes(view[p + 4:p + 4 + blen])
+        (blen,) = _U32.unpack_from(data, p)
+        body = data[p + 4:p + 4 + blen]
         p += 4 + blen
         record_kind = _KINDS[kind]
     except KeyError:
@@ -301,10 +337,9 @@ def decode(buf, pos: int = 0, offset: int | None = None) -> Record:
         if isinstance(exc, CorruptRecord):
             raise
         raise CorruptRecord(f"bad record fields: {exc}") from None
-    if p != len(view):
+    if p != len(data):
         raise CorruptRecord("record fields do not fill total_size")
     return Record(
-        offset=pos if offset is None else offset, size=total, kind=record_kind,
-        qos=flags & 3, retain=bool(flags & 4), store_ts=store_ts, born_ts=born_ts,
-        topic=topic, client_id=client_id, properties=properties, body=body,
+        pos if offset is None else offset, total, record_kind, flags & 3, bool(flags & 4), store_ts, born_ts,
+        topic, client_id, properties, body,
     )

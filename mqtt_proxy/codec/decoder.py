@@ -39,6 +39,9 @@ for _f in range(16):
         _PUBLISH_FLAGS[_f] = (_q, bool(_f & 1), bool(_f & 8))
 
 
+_PUBACKS: list = [None] * 65536  # packet id -> PubAck(packet_id), filled as ids are seen (immutable values)
+
+
 def _protocol_error(message: str) -> ProtocolError:
     return ProtocolError(ReasonCode.PROTOCOL_ERROR, message)
 
@@ -187,6 +190,14 @@ class MQTTParser:
                 if "\x00" in topic or "+" in topic or "#" in topic or not topic:
                     _check_topic_name(topic, props)
                 append(Publish(topic, buf[p:end], qos, fl[1], fl[2], packet_id, props))
+            elif b0 == 0x40 and end - start == 2 and level is not None and (buf[start] or buf[start + 1]):
+                # PUBACK with just a packet id (3.1.1, and v5's short SUCCESS form, section 3.4.2.1): one
+                # per QoS 1 delivery. A frozen dataclass is costly to build, so each id's is built once.
+                packet_id = (buf[start] << 8) | buf[start + 1]
+                ack = _PUBACKS[packet_id]
+                if ack is None:
+                    ack = _PUBACKS[packet_id] = PubAck(packet_id)
+                append(ack)
             else:
                 append(self._decode_other(b0, buf[start:end]))
                 level = self.protocol_level

@@ -76,6 +76,14 @@ def patch_publish(data: bytes, packet_id: int | None = None, dup: bool | None = 
 
     Lets a broker encode a message once and stamp each subscriber's packet id.
     """
+    if dup is None and retain is None and packet_id is not None and data[0] >> 4 == T.PUBLISH and data[0] & 6 \
+            and 0 < packet_id <= 0xFFFF:
+        # The delivery path: only a new packet id on a QoS 1/2 PUBLISH, spliced in without a bytearray.
+        i = 1
+        while data[i] & 0x80:
+            i += 1
+        at = i + 3 + ((data[i + 1] << 8) | data[i + 2])
+        return b"".join((data[:at], _U16(packet_id), data[at + 2:]))
     out = bytearray(data)
     b0 = out[0]
     if b0 >> 4 != T.PUBLISH:

@@ -31,6 +31,7 @@ SMOKE_PARAMS = {
     5: {"connections": 20},
     6: {"messages": 400},
     7: {"messages": 400, "filters": 200},
+    8: {"sessions": 30, "messages": 200, "sample": 5},
 }
 
 
@@ -46,7 +47,7 @@ def _broker(name):
 
 @pytest.mark.slow
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("scenario", [1, 2, 3, 4, 6, 7])
+@pytest.mark.parametrize("scenario", [1, 2, 3, 4, 6, 7, 8])
 @pytest.mark.parametrize("broker_name", SMOKE_BROKERS)
 def test_every_message_is_delivered(broker_name, scenario):
     """A tiny run of a message scenario delivers every message sent, exactly counted at the subscribers."""

@@ -273,3 +273,42 @@ def test_index_flush_runs_on_the_executor_and_close_waits_for_it(tmp_path):
     assert closed == [None]
     store, index, clock = _store(tmp_path)
     assert [m.record.body for m in _got(store, "%LMQ%s/#")] == [b"a", b"b"]
+
+
+def _entries_from_rocksdb(index, queue, offset, n):
+    """What RocksDB alone holds for ``queue`` (the in-memory tail bypassed)."""
+    qid = index._ids[queue]
+    return index._read_entries(qid, offset, min(index.max_offset(queue), offset + n))
+
+
+def test_a_read_queue_tail_is_served_from_memory_and_equals_rocksdb(tmp_path, monkeypatch):
+    """Entries of a queue being read come from its in-memory tail, identical to RocksDB's, across trims."""
+    monkeypatch.setattr(lightqueue.queue_index, "TAIL_ENTRIES", 8)
+    store, index, clock = _store(tmp_path)
+    queue = store.queue_index.add_filter("t/+")
+    _put_all(store, clock, [Message(topic="t/1", body=b"%d" % i) for i in range(5)])
+    assert [e.queue_offset for e in index.entries(queue, 0, 100)] == list(range(5))  # starts the tail at 5
+    reads = []
+    for tick in range(6):
+        _put_all(store, clock, [Message(topic="t/1", body=b"%d" % i) for i in range(3)])
+        reads.append(index.entries(queue, 0, 100))  # spans RocksDB and the tail once the tail was trimmed
+    assert index._tails[index._ids[queue]].base > 5, "the tail was trimmed"
+    assert reads[-1] == _entries_from_rocksdb(index, queue, 0, 100)
+    assert [e.queue_offset for e in reads[-1]] == list(range(23))
+    tail_only = index.entries(queue, 20, 100)
+    assert tail_only == _entries_from_rocksdb(index, queue, 20, 100)
+    assert [m.record.body for m in _got(store, queue, 21)] == [b"1", b"2"]
+
+
+def test_retention_and_collection_drop_a_queue_tail(tmp_path):
+    """Retention and idle-queue collection forget a queue's tail, so reads never return deleted entries."""
+    store, index, clock = _store(tmp_path, disk_quota_mb=0)
+    queue = store.queue_index.add_filter("r/#")
+    index.entries(queue, 0, 1)
+    _put_all(store, clock, [Message(topic="r/1", body=bytes(2000)) for _ in range(100)])
+    assert index._ids[queue] in index._tails
+    store.commit_log.delete_oldest(2, "test")
+    store.log_truncated()
+    assert index._ids[queue] not in index._tails
+    lo = index.min_offset(queue)
+    assert lo > 0 and index.entries(queue, 0, 1)[0].queue_offset == lo

@@ -154,3 +154,40 @@ def test_packet_exactly_at_the_size_limit_is_accepted():
     """A packet of exactly max_packet_size bytes is not too large."""
     data = encode(Publish("t", b"x" * 10), 4)
     assert MQTTParser(max_packet_size=len(data), protocol_level=4).feed(data) == [Publish("t", b"x" * 10)]
+
+
+@pytest.mark.parametrize("side", [True, False])
+@pytest.mark.parametrize("level", [4, 5])
+def test_short_puback_fast_path_equals_the_general_decoder(side, level):
+    """A 2-byte PUBACK decodes to PubAck(id) on both sides and levels; id 0 is still a protocol error (MQTT-2.2.1-3)."""
+    from mqtt_proxy.codec import ProtocolError, PubAck
+
+    def parser():
+        return MQTTParser(server_side=side, protocol_level=level)
+
+    stream = b"".join(encode(PubAck(i), level) for i in (1, 2, 0xFFFF, 1))
+    assert parser().feed(stream) == [PubAck(1), PubAck(2), PubAck(0xFFFF), PubAck(1)]
+    one_by_one = parser()
+    assert [p for b in stream for p in one_by_one.feed(bytes([b]))] == [PubAck(1), PubAck(2), PubAck(0xFFFF),
+                                                                          PubAck(1)]
+    with pytest.raises(ProtocolError, match="MQTT-2.2.1-3"):
+        parser().feed(b"\x40\x02\x00\x00")
+    with pytest.raises(ProtocolError, match="CONNECT"):
+        MQTTParser(server_side=True).feed(b"\x40\x02\x00\x01")  # before CONNECT: not the fast path's to accept
+
+
+@settings(max_examples=100, deadline=None)
+@given(topic=st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00+#"), min_size=1),
+       payload=st.binary(max_size=400), packet_id=st.integers(1, 0xFFFF), qos=st.sampled_from([1, 2]),
+       level=st.sampled_from([4, 5]))
+def test_patch_publish_packet_id_only_equals_a_fresh_encode(topic, payload, packet_id, qos, level):
+    """Re-stamping only the packet id (the delivery path) gives the bytes of a fresh encode with that id."""
+    template = encode_publish(topic, payload, qos, packet_id=1, protocol_level=level)
+    assert patch_publish(template, packet_id) == encode_publish(topic, payload, qos, packet_id=packet_id,
+                                                                protocol_level=level)
+
+
+def test_patch_publish_refuses_a_packet_id_on_qos_0():
+    """A QoS 0 PUBLISH has no packet id to re-stamp: the caller's mistake is a ValueError."""
+    with pytest.raises(ValueError):
+        patch_publish(encode_publish("t", b"x"), 5)

@@ -71,3 +71,17 @@ def test_round_trip_property(topic, body, props):
         return  # e.g. lone surrogates cannot be UTF-8
     r = rec.decode(data)
     assert (r.topic, r.body, dict(r.properties)) == (topic, body, props)
+
+
+def test_cached_middle_is_keyed_by_topic_client_and_queues(monkeypatch):
+    """Records of messages without properties equal a fresh encode whatever was encoded before them."""
+    cases = [("a/1", "c1", ("q1",)), ("a/1", "c2", ("q1",)), ("a/1", "c1", ("q1", "q2")), ("a/2", "c1", ()),
+             ("a/1", "c1", ("q1",))]
+    warm = [rec.encode(_message(topic=t, client_id=c, properties={}), store_ts=9, queues=q) for t, c, q in cases]
+    monkeypatch.setattr(rec, "_MIDDLES", {})
+    monkeypatch.setattr(rec, "_ENCODED", {})
+    cold = [rec.encode(_message(topic=t, client_id=c, properties={}), store_ts=9, queues=q) for t, c, q in cases]
+    assert warm == cold
+    for data, (t, c, q) in zip(warm, cases):
+        r = rec.decode(data)
+        assert (r.topic, r.client_id, r.queues, r.body) == (t, c, q, b"21.5")
