@@ -113,17 +113,39 @@ def drive(port: int, concurrency: int, pairs: int) -> dict:
     return result
 
 
-def bench_queue(concurrency: int, pairs: int) -> dict:
+def _pinned(cpu: int | None) -> list[str]:
+    """``taskset -c CPU`` when there are two CPUs and taskset exists (the server on one core, the client on the other)."""
+    if cpu is None or (os.cpu_count() or 1) < 2 or shutil.which("taskset") is None:
+        return []
+    return ["taskset", "-c", str(cpu)]
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a running process (Linux /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+def bench_queue(concurrency: int, pairs: int, cpus: tuple[int | None, int | None] = (0, 1)) -> dict:
     data_dir = tempfile.mkdtemp(prefix="native-bench-")
     port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "bench.native_bench", "--serve", data_dir, str(port)],
-                              stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen([*_pinned(cpus[0]), sys.executable, "-m", "bench.native_bench", "--serve", data_dir,
+                               str(port)], stdout=subprocess.PIPE, text=True)
     try:
         if server.stdout.readline().strip() != "ready":
             raise RuntimeError("server did not start")
-        client = subprocess.run([sys.executable, "-m", "bench.native_bench", "--drive", str(port),
+        cpu0 = _cpu_seconds(server.pid)
+        client = subprocess.run([*_pinned(cpus[1]), sys.executable, "-m", "bench.native_bench", "--drive", str(port),
                                  str(concurrency), str(pairs)], capture_output=True, text=True, check=True)
-        return json.loads(client.stdout.strip().splitlines()[-1])
+        out = json.loads(client.stdout.strip().splitlines()[-1])
+        out["server_cpu_us_per_request"] = 1e6 * (_cpu_seconds(server.pid) - cpu0) / out["requests"]
+        out["server_cpu_share"] = (_cpu_seconds(server.pid) - cpu0) / out["seconds"]
+        out["pinned"] = bool(_pinned(cpus[0]))
+        return out
     finally:
         server.kill()
         server.wait()

@@ -71,13 +71,13 @@ class NativeTCPProtocol(protocol.Protocol):
                 slot[0] = codec.encode_reply(codec.error_reply(exc.reason, exc.echo))
                 self.service.counters["errors"] += 1
                 continue
-            self._order.run(req, functools.partial(self.engine.handle, req)).addCallback(self._answered, slot)
+            self._order.run(req, functools.partial(self.engine.serve, req), functools.partial(self._answered, slot))
         self._flush()
         if len(self._slots) > self.config.max_pipeline and not self._paused and self._open:
             self._paused = True
             self.transport.pauseProducing()
 
-    def _answered(self, reply: dict, slot: list) -> None:
+    def _answered(self, slot: list, reply: dict) -> None:
         slot[0] = codec.encode_reply(reply)
         if self._slots and self._slots[0] is slot:
             self._flush()
