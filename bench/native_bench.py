@@ -17,13 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+
+from bench import timer_bench
 
 QUEUE_SERVER_TPS = 14_000
 QUEUE_SERVER_AVG_MS = 0.6
@@ -73,7 +74,12 @@ def _free_port() -> int:
 # -- client ------------------------------------------------------------------------------------------
 
 def drive(port: int, concurrency: int, pairs: int) -> dict:
-    """Run the load from this process; returns TPS and latency figures."""
+    """Run the load from this process; returns TPS and latency figures.
+
+    Each connection is a small state machine on plain callbacks (no
+    inlineCallbacks generator per request): the client's own cost per request
+    is part of every latency measured, so it is kept small.
+    """
     from twisted.internet import defer, reactor
 
     from mqtt_proxy.native.client import connect
@@ -81,32 +87,49 @@ def drive(port: int, concurrency: int, pairs: int) -> dict:
     latencies: list[float] = []
     errors = [0]
     result: dict = {}
+    perf = time.perf_counter
+    data = "x" * 64
 
-    @defer.inlineCallbacks
-    def worker(i: int):
-        c = yield connect(reactor, "127.0.0.1", port)
-        queue = f"bench{i}"
-        for n in range(pairs):
-            t0 = time.perf_counter()
-            r = yield c.request({"action": 1, "queue": queue, "data": "x" * 64, "seq": n})
-            t1 = time.perf_counter()
-            r2 = yield c.request({"action": 2, "queue": queue, "seq": n})
-            t2 = time.perf_counter()
-            latencies.append(t1 - t0)
-            latencies.append(t2 - t1)
-            if r["code"] != 0 or r2.get("code") != 0 or "data" not in r2:
+    class Worker:
+        def __init__(self, client, queue: str, finished: defer.Deferred) -> None:
+            self.client, self.queue, self.finished = client, queue, finished
+            self.n = 0
+            self.t0 = 0.0
+
+        def send(self) -> None:
+            n = self.n
+            if n >= 2 * pairs:
+                self.client.transport.loseConnection()
+                self.finished.callback(None)
+                return
+            req = {"action": 1, "queue": self.queue, "data": data, "seq": n >> 1} if n % 2 == 0 else \
+                {"action": 2, "queue": self.queue, "seq": n >> 1}
+            self.t0 = perf()
+            self.client.request(req).addCallback(self.answered)
+
+        def answered(self, reply: dict) -> None:
+            latencies.append(perf() - self.t0)
+            if reply.get("code") != 0 or (self.n % 2 == 1 and "data" not in reply):
                 errors[0] += 1
-        c.transport.loseConnection()
+            self.n += 1
+            self.send()
 
-    @defer.inlineCallbacks
+    def start(i: int) -> defer.Deferred:
+        finished: defer.Deferred = defer.Deferred()
+        connect(reactor, "127.0.0.1", port).addCallback(lambda c: Worker(c, f"bench{i}", finished).send())
+        return finished
+
     def main():
-        t0 = time.perf_counter()
-        yield defer.gatherResults([worker(i) for i in range(concurrency)])
-        elapsed = time.perf_counter() - t0
-        result.update(requests=len(latencies), seconds=elapsed, tps=len(latencies) / elapsed,
-                      avg_ms=1000 * sum(latencies) / len(latencies), p99_ms=1000 * _percentile(latencies, 0.99),
-                      max_ms=1000 * max(latencies), errors=errors[0])
-        reactor.stop()
+        t0 = perf()
+
+        def done(_):
+            elapsed = perf() - t0
+            result.update(requests=len(latencies), seconds=elapsed, tps=len(latencies) / elapsed,
+                          avg_ms=1000 * sum(latencies) / len(latencies), p99_ms=1000 * _percentile(latencies, 0.99),
+                          max_ms=1000 * max(latencies), errors=errors[0])
+            reactor.stop()
+
+        defer.gatherResults([start(i) for i in range(concurrency)]).addCallback(done)
 
     reactor.callWhenRunning(main)
     reactor.run()
@@ -152,71 +175,6 @@ def bench_queue(concurrency: int, pairs: int, cpus: tuple[int | None, int | None
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
-# -- timer lateness ------------------------------------------------------------------------------------
-
-def bench_timer(count: int, window_s: float) -> dict:
-    """Schedule ``count`` messages due over ``window_s`` (starting after the scheduling); measure lateness."""
-    from twisted.internet import defer, reactor, task
-
-    import lightqueue
-    from store.config import StoreConfig
-    from store.executor import ThreadPoolExecutor
-    from store.message_store import MessageStore
-    from store.record import Message
-    from store.timer_service import TimerService
-
-    data_dir = tempfile.mkdtemp(prefix="timer-bench-")
-    executor = ThreadPoolExecutor(reactor)
-    executor.start()
-    store = MessageStore(data_dir, StoreConfig(), reactor, executor)
-    lightqueue.attach(store)
-    timers = TimerService(store, os.path.join(data_dir, "timer"), reactor)
-    store.open()
-    timers.start()
-    lateness: list[int] = []
-    timers.on_deliver = lambda at, now: lateness.append(now - at)
-    out: dict = {}
-    rng = random.Random(7)
-
-    @defer.inlineCallbacks
-    def main():
-        lead_ms = max(5000, count // 12)  # due times start after scheduling (~12,000/s or better) is done
-        out["lead_s"] = lead_ms / 1000
-        base = int(reactor.seconds() * 1000) + lead_ms
-        t0 = time.perf_counter()
-        chunk = 5000
-        for start in range(0, count, chunk):
-            ds = [timers.schedule(Message(f"timer/{i % 100}", b"t" * 32, qos=1),
-                                  base + rng.randrange(int(window_s * 1000)))
-                  for i in range(start, min(count, start + chunk))]
-            yield defer.gatherResults(ds)
-        out["schedule_s"] = time.perf_counter() - t0
-        out["schedule_rate"] = count / out["schedule_s"]
-        out["overlapped"] = out["schedule_s"] > out["lead_s"]
-        # Wait until the last due time (base + window) plus slack, not a fixed time after scheduling.
-        deadline = t0 + lead_ms / 1000 + window_s + 60
-        while len(lateness) < count and time.perf_counter() < deadline:
-            yield task.deferLater(reactor, 0.5, lambda: None)
-        out.update(count=count, delivered=len(lateness), p50_ms=_percentile(lateness, 0.5),
-                   p99_ms=_percentile(lateness, 0.99), max_ms=max(lateness) if lateness else float("nan"),
-                   stats=timers.stats())
-        yield timers.stop()
-        yield store.close()
-        executor.stop()
-        reactor.stop()
-
-    reactor.callWhenRunning(main)
-    reactor.run()
-    shutil.rmtree(data_dir, ignore_errors=True)
-    return out
-
-
-def _timer_child(count: int, window_s: float) -> dict:
-    child = subprocess.run([sys.executable, "-m", "bench.native_bench", "--timer-child", str(count), str(window_s)],
-                           capture_output=True, text=True, check=True)
-    return json.loads(child.stdout.strip().splitlines()[-1])
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--full", action="store_true", help="8 x 10,000 pairs and 1,000,000 timer messages")
@@ -226,21 +184,17 @@ def main(argv=None) -> None:
     ap.add_argument("--timer-window", type=float, help="seconds over which they are due")
     ap.add_argument("--serve", nargs=2, metavar=("DIR", "PORT"), help=argparse.SUPPRESS)
     ap.add_argument("--drive", nargs=3, metavar=("PORT", "CONC", "PAIRS"), help=argparse.SUPPRESS)
-    ap.add_argument("--timer-child", nargs=2, metavar=("COUNT", "WINDOW"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.serve:
         return serve(args.serve[0], int(args.serve[1]))
     if args.drive:
         print(json.dumps(drive(int(args.drive[0]), int(args.drive[1]), int(args.drive[2]))))
         return None
-    if args.timer_child:
-        print(json.dumps(bench_timer(int(args.timer_child[0]), float(args.timer_child[1]))))
-        return None
     pairs = args.pairs or (10_000 if args.full else 3_000)
     count = args.timer_count or (1_000_000 if args.full else 100_000)
     window = args.timer_window or (120.0 if args.full else 20.0)
     q = bench_queue(8, pairs)
-    t = _timer_child(count, window)
+    t = timer_bench.run_child(count, window)
     print()
     print("| metric | twistmq | queue_server |")
     print("| --- | --- | --- |")
