@@ -4,12 +4,15 @@
     .venv/bin/python -m bench.native_bench --full     # 8 x 10,000 request pairs, 1,000,000 timer messages
 
 Part 1 starts a server process (store + light queues + timer + native service on
-the real reactor, like a node) and drives it from a client process with 8
-connections, each sending produce then consume, one request at a time (the
-queue_server test: 8 PHP clients x 10,000 requests, ~14,000 TPS at 0.6 ms).
-TPS counts requests (a produce and a consume are two). Part 2 schedules N timer
-messages over a window in-process and reports how late each one was put back
-into the store (lateness = put acknowledged - due time).
+the real reactor, like a node) pinned to CPU 0 and drives it from a client
+process pinned to CPU 1 (taskset, when there are two CPUs) with 8 connections,
+each sending produce then consume, one request at a time (the queue_server
+test: 8 PHP clients x 10,000 requests, ~14,000 TPS at 0.6 ms). TPS counts
+requests (a produce and a consume are two); it also reports the server's and
+the client's CPU time per request (from /proc and getrusage), figures that
+other load on the machine disturbs less than TPS. Part 2 is
+``bench.timer_bench``: N timer messages over a window, how late each one was
+put back into the store (lateness = put acknowledged - due time).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import socket
 import subprocess
@@ -162,11 +166,15 @@ def bench_queue(concurrency: int, pairs: int, cpus: tuple[int | None, int | None
         if server.stdout.readline().strip() != "ready":
             raise RuntimeError("server did not start")
         cpu0 = _cpu_seconds(server.pid)
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         client = subprocess.run([*_pinned(cpus[1]), sys.executable, "-m", "bench.native_bench", "--drive", str(port),
                                  str(concurrency), str(pairs)], capture_output=True, text=True, check=True)
         out = json.loads(client.stdout.strip().splitlines()[-1])
         out["server_cpu_us_per_request"] = 1e6 * (_cpu_seconds(server.pid) - cpu0) / out["requests"]
         out["server_cpu_share"] = (_cpu_seconds(server.pid) - cpu0) / out["seconds"]
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the client only: the server is not reaped yet
+        client_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        out["client_cpu_us_per_request"] = 1e6 * client_cpu / out["requests"]
         out["pinned"] = bool(_pinned(cpus[0]))
         return out
     finally:
