@@ -13,7 +13,9 @@ Options: ``--scenarios 1,2,...`` (default all of 1-8), ``--brokers`` (default
 length; for quick runs), ``--cap S`` (seconds of sending per phase, default
 20), ``--profile`` (record twistmq with py-spy during every run into
 ``bench/out/``; ``--profile-brokers`` and ``--profile-format`` adjust it),
-``--no-write`` (print only, leave ``docs/benchmarks.md`` alone).
+``--no-write`` (print only, leave ``docs/benchmarks.md`` alone), ``--no-engine-rows``
+(skip the native protocol, timer and Spark rows that follow the comparison:
+``bench/engine_rows.py``; ``--scenarios none`` runs those rows alone).
 
 For each scenario and repetition every broker runs in turn (the order rotates
 per repetition), each in a fresh process on a fresh port on 127.0.0.1, pinned
@@ -38,7 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import report
+from bench import engine_rows, report
 from bench.brokers import BROKERS, REPO, BrokerStartError
 from bench.loadgen import params_for
 
@@ -324,7 +326,12 @@ def parse_args(argv):
                         help="minutes for the whole comparison: later repetitions of runs that hit the cap "
                              "get a shorter cap (not below %g s) to stay within it" % MIN_CAP)
     parser.add_argument("--no-write", action="store_true", help="do not write docs/benchmarks.md")
+    parser.add_argument("--no-engine-rows", action="store_true",
+                        help="skip the native protocol, timer and Spark rows (bench/engine_rows.py, ~6 min; "
+                             "smaller counts when --scale < 1)")
     args = parser.parse_args(argv)
+    if args.scenarios.strip().lower() == "none":
+        args.scenarios = ""
     args.scenarios = [int(s) for s in args.scenarios.split(",") if s.strip()]
     args.brokers = [b.strip() for b in args.brokers.split(",") if b.strip()]
     args.profile_brokers = [b.strip() for b in args.profile_brokers.split(",")]
@@ -334,8 +341,28 @@ def parse_args(argv):
     return args
 
 
+def engine_section(args) -> str | None:
+    """Run the native, timer and Spark rows (unless skipped); their markdown section."""
+    if args.no_engine_rows:
+        return None
+    load = f"{loadavg():.2f}"
+    table, raw = engine_rows.run_all(quick=args.scale < 1)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    (OUT / f"engine-rows-{stamp}.json").write_text(json.dumps(raw, indent=1, default=str))
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return engine_rows.render(table, date, load)
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if not args.scenarios:  # the engine rows alone
+        OUT.mkdir(parents=True, exist_ok=True)
+        section = engine_section(args)
+        if section is not None:
+            if not args.no_write:
+                engine_rows.write_section(DOC, section)
+            print(section)
+        return 0
     started = time.monotonic()
     OUT.mkdir(parents=True, exist_ok=True)
     nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
@@ -416,10 +443,15 @@ def main(argv=None):
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     (OUT / f"results-{stamp}.json").write_text(json.dumps(
         {"meta": meta, "states": states, "results": results, "settings": settings}, indent=1, default=str))
+    section = engine_section(args)
     if not args.no_write:
         DOC.parent.mkdir(parents=True, exist_ok=True)
         DOC.write_text(doc)
+        if section is not None:
+            engine_rows.write_section(DOC, section)
     print(doc)
+    if section is not None:
+        print(section)
     return 0
 
 

@@ -4,12 +4,15 @@
     .venv/bin/python -m bench.native_bench --full     # 8 x 10,000 request pairs, 1,000,000 timer messages
 
 Part 1 starts a server process (store + light queues + timer + native service on
-the real reactor, like a node) and drives it from a client process with 8
-connections, each sending produce then consume, one request at a time (the
-queue_server test: 8 PHP clients x 10,000 requests, ~14,000 TPS at 0.6 ms).
-TPS counts requests (a produce and a consume are two). Part 2 schedules N timer
-messages over a window in-process and reports how late each one was put back
-into the store (lateness = put acknowledged - due time).
+the real reactor, like a node) pinned to CPU 0 and drives it from a client
+process pinned to CPU 1 (taskset, when there are two CPUs) with 8 connections,
+each sending produce then consume, one request at a time (the queue_server
+test: 8 PHP clients x 10,000 requests, ~14,000 TPS at 0.6 ms). TPS counts
+requests (a produce and a consume are two); it also reports the server's and
+the client's CPU time per request (from /proc and getrusage), figures that
+other load on the machine disturbs less than TPS. Part 2 is
+``bench.timer_bench``: N timer messages over a window, how late each one was
+put back into the store (lateness = put acknowledged - due time).
 """
 
 from __future__ import annotations
@@ -17,13 +20,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
+import resource
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+
+from bench import timer_bench
 
 QUEUE_SERVER_TPS = 14_000
 QUEUE_SERVER_AVG_MS = 0.6
@@ -73,7 +78,12 @@ def _free_port() -> int:
 # -- client ------------------------------------------------------------------------------------------
 
 def drive(port: int, concurrency: int, pairs: int) -> dict:
-    """Run the load from this process; returns TPS and latency figures."""
+    """Run the load from this process; returns TPS and latency figures.
+
+    Each connection is a small state machine on plain callbacks (no
+    inlineCallbacks generator per request): the client's own cost per request
+    is part of every latency measured, so it is kept small.
+    """
     from twisted.internet import defer, reactor
 
     from mqtt_proxy.native.client import connect
@@ -81,118 +91,96 @@ def drive(port: int, concurrency: int, pairs: int) -> dict:
     latencies: list[float] = []
     errors = [0]
     result: dict = {}
+    perf = time.perf_counter
+    data = "x" * 64
 
-    @defer.inlineCallbacks
-    def worker(i: int):
-        c = yield connect(reactor, "127.0.0.1", port)
-        queue = f"bench{i}"
-        for n in range(pairs):
-            t0 = time.perf_counter()
-            r = yield c.request({"action": 1, "queue": queue, "data": "x" * 64, "seq": n})
-            t1 = time.perf_counter()
-            r2 = yield c.request({"action": 2, "queue": queue, "seq": n})
-            t2 = time.perf_counter()
-            latencies.append(t1 - t0)
-            latencies.append(t2 - t1)
-            if r["code"] != 0 or r2.get("code") != 0 or "data" not in r2:
+    class Worker:
+        def __init__(self, client, queue: str, finished: defer.Deferred) -> None:
+            self.client, self.queue, self.finished = client, queue, finished
+            self.n = 0
+            self.t0 = 0.0
+
+        def send(self) -> None:
+            n = self.n
+            if n >= 2 * pairs:
+                self.client.transport.loseConnection()
+                self.finished.callback(None)
+                return
+            req = {"action": 1, "queue": self.queue, "data": data, "seq": n >> 1} if n % 2 == 0 else \
+                {"action": 2, "queue": self.queue, "seq": n >> 1}
+            self.t0 = perf()
+            self.client.request(req).addCallback(self.answered)
+
+        def answered(self, reply: dict) -> None:
+            latencies.append(perf() - self.t0)
+            if reply.get("code") != 0 or (self.n % 2 == 1 and "data" not in reply):
                 errors[0] += 1
-        c.transport.loseConnection()
+            self.n += 1
+            self.send()
 
-    @defer.inlineCallbacks
+    def start(i: int) -> defer.Deferred:
+        finished: defer.Deferred = defer.Deferred()
+        connect(reactor, "127.0.0.1", port).addCallback(lambda c: Worker(c, f"bench{i}", finished).send())
+        return finished
+
     def main():
-        t0 = time.perf_counter()
-        yield defer.gatherResults([worker(i) for i in range(concurrency)])
-        elapsed = time.perf_counter() - t0
-        result.update(requests=len(latencies), seconds=elapsed, tps=len(latencies) / elapsed,
-                      avg_ms=1000 * sum(latencies) / len(latencies), p99_ms=1000 * _percentile(latencies, 0.99),
-                      max_ms=1000 * max(latencies), errors=errors[0])
-        reactor.stop()
+        t0 = perf()
+
+        def done(_):
+            elapsed = perf() - t0
+            result.update(requests=len(latencies), seconds=elapsed, tps=len(latencies) / elapsed,
+                          avg_ms=1000 * sum(latencies) / len(latencies), p99_ms=1000 * _percentile(latencies, 0.99),
+                          max_ms=1000 * max(latencies), errors=errors[0])
+            reactor.stop()
+
+        defer.gatherResults([start(i) for i in range(concurrency)]).addCallback(done)
 
     reactor.callWhenRunning(main)
     reactor.run()
     return result
 
 
-def bench_queue(concurrency: int, pairs: int) -> dict:
+def _pinned(cpu: int | None) -> list[str]:
+    """``taskset -c CPU`` when there are two CPUs and taskset exists (the server on one core, the client on the other)."""
+    if cpu is None or (os.cpu_count() or 1) < 2 or shutil.which("taskset") is None:
+        return []
+    return ["taskset", "-c", str(cpu)]
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a running process (Linux /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+def bench_queue(concurrency: int, pairs: int, cpus: tuple[int | None, int | None] = (0, 1)) -> dict:
     data_dir = tempfile.mkdtemp(prefix="native-bench-")
     port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "bench.native_bench", "--serve", data_dir, str(port)],
-                              stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen([*_pinned(cpus[0]), sys.executable, "-m", "bench.native_bench", "--serve", data_dir,
+                               str(port)], stdout=subprocess.PIPE, text=True)
     try:
         if server.stdout.readline().strip() != "ready":
             raise RuntimeError("server did not start")
-        client = subprocess.run([sys.executable, "-m", "bench.native_bench", "--drive", str(port),
+        cpu0 = _cpu_seconds(server.pid)
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        client = subprocess.run([*_pinned(cpus[1]), sys.executable, "-m", "bench.native_bench", "--drive", str(port),
                                  str(concurrency), str(pairs)], capture_output=True, text=True, check=True)
-        return json.loads(client.stdout.strip().splitlines()[-1])
+        out = json.loads(client.stdout.strip().splitlines()[-1])
+        out["server_cpu_us_per_request"] = 1e6 * (_cpu_seconds(server.pid) - cpu0) / out["requests"]
+        out["server_cpu_share"] = (_cpu_seconds(server.pid) - cpu0) / out["seconds"]
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the client only: the server is not reaped yet
+        client_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        out["client_cpu_us_per_request"] = 1e6 * client_cpu / out["requests"]
+        out["pinned"] = bool(_pinned(cpus[0]))
+        return out
     finally:
         server.kill()
         server.wait()
         shutil.rmtree(data_dir, ignore_errors=True)
-
-
-# -- timer lateness ------------------------------------------------------------------------------------
-
-def bench_timer(count: int, window_s: float) -> dict:
-    """Schedule ``count`` messages due over ``window_s`` (starting after the scheduling); measure lateness."""
-    from twisted.internet import defer, reactor, task
-
-    import lightqueue
-    from store.config import StoreConfig
-    from store.executor import ThreadPoolExecutor
-    from store.message_store import MessageStore
-    from store.record import Message
-    from store.timer_service import TimerService
-
-    data_dir = tempfile.mkdtemp(prefix="timer-bench-")
-    executor = ThreadPoolExecutor(reactor)
-    executor.start()
-    store = MessageStore(data_dir, StoreConfig(), reactor, executor)
-    lightqueue.attach(store)
-    timers = TimerService(store, os.path.join(data_dir, "timer"), reactor)
-    store.open()
-    timers.start()
-    lateness: list[int] = []
-    timers.on_deliver = lambda at, now: lateness.append(now - at)
-    out: dict = {}
-    rng = random.Random(7)
-
-    @defer.inlineCallbacks
-    def main():
-        lead_ms = max(5000, count // 12)  # due times start after scheduling (~12,000/s or better) is done
-        out["lead_s"] = lead_ms / 1000
-        base = int(reactor.seconds() * 1000) + lead_ms
-        t0 = time.perf_counter()
-        chunk = 5000
-        for start in range(0, count, chunk):
-            ds = [timers.schedule(Message(f"timer/{i % 100}", b"t" * 32, qos=1),
-                                  base + rng.randrange(int(window_s * 1000)))
-                  for i in range(start, min(count, start + chunk))]
-            yield defer.gatherResults(ds)
-        out["schedule_s"] = time.perf_counter() - t0
-        out["schedule_rate"] = count / out["schedule_s"]
-        out["overlapped"] = out["schedule_s"] > out["lead_s"]
-        # Wait until the last due time (base + window) plus slack, not a fixed time after scheduling.
-        deadline = t0 + lead_ms / 1000 + window_s + 60
-        while len(lateness) < count and time.perf_counter() < deadline:
-            yield task.deferLater(reactor, 0.5, lambda: None)
-        out.update(count=count, delivered=len(lateness), p50_ms=_percentile(lateness, 0.5),
-                   p99_ms=_percentile(lateness, 0.99), max_ms=max(lateness) if lateness else float("nan"),
-                   stats=timers.stats())
-        yield timers.stop()
-        yield store.close()
-        executor.stop()
-        reactor.stop()
-
-    reactor.callWhenRunning(main)
-    reactor.run()
-    shutil.rmtree(data_dir, ignore_errors=True)
-    return out
-
-
-def _timer_child(count: int, window_s: float) -> dict:
-    child = subprocess.run([sys.executable, "-m", "bench.native_bench", "--timer-child", str(count), str(window_s)],
-                           capture_output=True, text=True, check=True)
-    return json.loads(child.stdout.strip().splitlines()[-1])
 
 
 def main(argv=None) -> None:
@@ -204,21 +192,17 @@ def main(argv=None) -> None:
     ap.add_argument("--timer-window", type=float, help="seconds over which they are due")
     ap.add_argument("--serve", nargs=2, metavar=("DIR", "PORT"), help=argparse.SUPPRESS)
     ap.add_argument("--drive", nargs=3, metavar=("PORT", "CONC", "PAIRS"), help=argparse.SUPPRESS)
-    ap.add_argument("--timer-child", nargs=2, metavar=("COUNT", "WINDOW"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.serve:
         return serve(args.serve[0], int(args.serve[1]))
     if args.drive:
         print(json.dumps(drive(int(args.drive[0]), int(args.drive[1]), int(args.drive[2]))))
         return None
-    if args.timer_child:
-        print(json.dumps(bench_timer(int(args.timer_child[0]), float(args.timer_child[1]))))
-        return None
     pairs = args.pairs or (10_000 if args.full else 3_000)
     count = args.timer_count or (1_000_000 if args.full else 100_000)
     window = args.timer_window or (120.0 if args.full else 20.0)
     q = bench_queue(8, pairs)
-    t = _timer_child(count, window)
+    t = timer_bench.run_child(count, window)
     print()
     print("| metric | twistmq | queue_server |")
     print("| --- | --- | --- |")

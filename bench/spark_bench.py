@@ -79,6 +79,8 @@ def main(argv=None) -> dict:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--master", default="local[2]")
     p.add_argument("--keep", action="store_true", help="keep the temporary store and Parquet copy")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a data source option (e.g. batchRows=65536); may be repeated")
     args = p.parse_args(argv)
 
     from pyspark.sql import SparkSession
@@ -100,6 +102,8 @@ def main(argv=None) -> dict:
         spark.dataSource.register(TwistmqDataSource)
 
         source = spark.read.format("twistmq").option("path", data_dir)
+        for key, value in (kv.split("=", 1) for kv in args.option):
+            source = source.option(key, value)
         partitions = source.load().rdd.getNumPartitions()
         rows = source.load().count()
         assert rows == args.messages, (rows, args.messages)

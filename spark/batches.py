@@ -16,6 +16,7 @@ import pyarrow as pa
 from store import reader
 from store import record as rec
 
+from spark.columns import read_range_bulk
 from spark.options import KIND_NAMES as OPTION_KINDS
 from spark.options import ScanOptions
 from spark.segments import ScanRange
@@ -122,7 +123,12 @@ def scan(part: ScanRange, opts: ScanOptions, stats: reader.ScanStats) -> Iterato
 
 
 def read_range(part: ScanRange, opts: ScanOptions) -> Iterator[pa.RecordBatch]:
-    """Arrow batches of the selected records of one scan range."""
+    """Arrow batches of the selected records of one scan range (in bulk when the range is clean)."""
+    bulk = read_range_bulk(part, opts, ARROW_SCHEMA_WITH_KIND if opts.with_kind_column else ARROW_SCHEMA,
+                           KIND_NAMES)
+    if bulk is not None:
+        yield from bulk
+        return
     stats = reader.ScanStats()
     cols = _Columns(opts.with_kind_column)
     size = opts.batch_rows

@@ -16,7 +16,7 @@ option                   meaning
 ``output``               ``records`` (default) or ``stats``: one row per partition with
                          records read, rows kept, corrupt records skipped
 ``maxPartitionBytes``    split segments larger than this into several partitions (64 MiB)
-``batchRows``            rows per Arrow batch (8192)
+``batchRows``            rows per Arrow batch (65536: fewer, larger batches through Spark's Arrow stream)
 ``startingOffsets``      streaming only: ``earliest`` (default), ``latest`` or a commit-log offset
 ``maxRecordsPerTrigger`` streaming only: at most this many commit-log records per micro-batch
 ``broker``               ``HOST:PORT`` of a node's native listener: read through the broker
@@ -82,7 +82,7 @@ class ScanOptions:
     """``records`` or ``stats``."""
     max_partition_bytes: int = 64 * 1024 * 1024
     """Segments larger than this are split into several partitions."""
-    batch_rows: int = 8192
+    batch_rows: int = 65536
     """Rows per Arrow record batch."""
     starting_offsets: str = "earliest"
     """Streaming: ``earliest``, ``latest`` or a decimal commit-log offset."""

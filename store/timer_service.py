@@ -6,7 +6,11 @@ properties) plus two properties: ``TIMER_KIND`` (the real record kind) and
 ``TIMER_AT`` (the delivery time, ms since the epoch). The service is a store
 dispatcher: every TIMER record dispatched (live or replayed after a crash) is
 enqueued in the ``Timer`` (timer log + wheel). A ``LoopingCall`` on the injected
-clock advances the timer every ``precision_ms``; each due entry is read back from
+clock ticks every ``tick_ms`` (10 ms, finer than a slot): it reads the slot whose
+window holds the current time ahead of the slot's end, keeps its entries (sorted
+by due time) in the backlog, and hands each out on the first tick at or after
+its due time, so lateness is a tick plus the put, not up to a slot plus a tick.
+Each due entry is read back from
 the commit log and its real message is ``put`` into the store, where it is
 indexed and delivered like any other. The real message carries the property
 ``ORIGIN``: the commit-log offset of the first TIMER record written for it, a
@@ -50,6 +54,7 @@ snapshot it finds).
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import logging
 import os
@@ -73,6 +78,7 @@ ORIGIN = "ORIGIN"
 CHECKPOINT_FILE = "checkpoint.json"
 WHEEL_SPAN_MS = 4 * 3600 * 1000  # the wheel covers 4 hours whatever the precision; longer delays roll
 DEFAULT_HOP_MS = 24 * 3600 * 1000
+DEFAULT_TICK_MS = 10
 MAX_CATCH_UP_MS = 600_000  # slots consumed per tick after a long stop (keeps the reactor responsive)
 _INTERNAL = (TIMER_KIND, TIMER_AT, rec.QUEUES_PROPERTY)
 
@@ -87,13 +93,15 @@ class TimerService(DispatcherBase):
     def __init__(self, store: MessageStore, directory: str, clock, precision_ms: int = 100, *,
                  slot_count: int | None = None, checkpoint_interval_s: float = 1.0,
                  wheel_snapshot_s: float = 30.0, hop_ms: int | None = None, max_per_tick: int = 20_000,
-                 executor=None) -> None:
+                 executor=None, tick_ms: int | None = None) -> None:
         if getattr(store, "is_open", False):
             raise RuntimeError("TimerService must be created before store.open() (it replays as a dispatcher)")
         self.store = store
         self.directory = directory
         self._clock = clock
         self.precision_ms = precision_ms
+        # Ticks finer than a slot: an entry goes out within a tick of its time, not up to a slot late.
+        self.tick_ms = tick_ms or max(1, min(precision_ms, DEFAULT_TICK_MS))
         self._slot_count = slot_count or max(2, WHEEL_SPAN_MS // precision_ms)
         self._cp_interval_ms = int(checkpoint_interval_s * 1000)
         self._wheel_interval_ms = int(wheel_snapshot_s * 1000)
@@ -257,6 +265,9 @@ class TimerService(DispatcherBase):
             log.error("timer_cancel_unusable offset=%d properties=%r", r.offset, r.properties)
             return
         read = self.timer.read_time_ms
+        if self._backlog:  # read ahead: the slot of the first entry not handed out yet is still open
+            head = self._backlog[0].deliver_at_ms
+            read = min(read, -(-head // self.precision_ms) * self.precision_ms)
         last_slot = -(-at // self.precision_ms) * self.precision_ms
         if read is not None and last_slot < read:
             return  # its slot was consumed: handed out already
@@ -266,12 +277,12 @@ class TimerService(DispatcherBase):
     # -- the loop -----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Advance the timer every ``precision_ms`` on the injected clock."""
+        """Advance the timer every ``tick_ms`` on the injected clock."""
         if self._loop is not None:
             return
         self._loop = task.LoopingCall(self._tick)
         self._loop.clock = self._clock
-        self._loop.start(self.precision_ms / 1000.0, now=True)
+        self._loop.start(self.tick_ms / 1000.0, now=True)
 
     def _now(self) -> int:
         return int(self._clock.seconds() * 1000)
@@ -284,18 +295,26 @@ class TimerService(DispatcherBase):
 
     def _tick_inner(self) -> None:
         now = self._now()
-        if not self._cp_wanted and now - self._last_cp_ms >= self._cp_interval_ms:
+        # Wanting a checkpoint holds the wheel back until the handed-out entries are stored; while the
+        # last one is still being saved (fsyncs on the executor) it could not be taken anyway, so the
+        # wheel goes on: otherwise every slow fsync would make every entry due meanwhile late.
+        if not self._cp_wanted and self._saving is None and now - self._last_cp_ms >= self._cp_interval_ms:
             self._cp_wanted = True
         # A checkpoint that can be taken now is taken first, so a tick that comes a checkpoint interval
         # or more after the last one (a busy or stalled reactor) still advances the wheel.
         self._maybe_checkpoint()
-        if not self._backlog and not self._cp_wanted:
+        backlog = self._backlog
+        if not backlog and not self._cp_wanted:
+            # Read the slot whose window holds ``now`` ahead of its end: its entries are handed out one
+            # tick after each comes due (ticks run every ``tick_ms``), not when the whole slot is due.
             read = self.timer.read_time_ms
-            target = now if read is None else min(now, read + MAX_CATCH_UP_MS)
-            self._backlog.extend(self.timer.advance(target))
+            ahead = now + self.precision_ms - 1
+            target = ahead if read is None else min(ahead, read + MAX_CATCH_UP_MS)
+            backlog.extend(self.timer.advance(target))
         n = 0
-        while self._backlog and n < self.max_per_tick:
-            self._deliver(self._backlog.popleft(), now)
+        limit = self.max_per_tick
+        while backlog and n < limit and backlog[0].deliver_at_ms <= now:
+            self._deliver(backlog.popleft(), now)
             n += 1
         self._maybe_checkpoint()
 
@@ -330,9 +349,9 @@ class TimerService(DispatcherBase):
             message = rec.Message(record.topic, record.body, kind, record.qos, record.retain, record.client_id,
                                   record.born_ts, props)
         self._outstanding += 1
-        d = self.store.put(message)
-        d.addCallbacks(self._put_done, self._put_failed, callbackArgs=(entry, at, message.kind),
-                       errbackArgs=(entry,))
+        # submit, not put: a tick hands out hundreds of entries and a Deferred each was a fair share of
+        # the tick; they are all appended in the store's next write, one batch for the tick.
+        self.store.submit(message, functools.partial(self._put_done, entry=entry, at=at, kind=message.kind))
 
     def _put_done(self, result: PutResult, entry: TimerEntry, at: int, kind) -> None:
         self._outstanding -= 1
@@ -349,12 +368,6 @@ class TimerService(DispatcherBase):
         else:  # the store could not take it now: retry, and hold checkpoints back until it does
             log.warning("timer_put_retry offset=%d status=%s", entry.cl_offset, result.status.name)
             self._backlog.appendleft(entry)
-        self._after_put()
-
-    def _put_failed(self, failure, entry: TimerEntry) -> None:
-        self._outstanding -= 1
-        log.error("timer_put_failed offset=%d error=%s", entry.cl_offset, failure.getErrorMessage())
-        self._backlog.appendleft(entry)
         self._after_put()
 
     def _after_put(self) -> None:

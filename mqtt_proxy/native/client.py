@@ -110,6 +110,11 @@ class NativeClientProtocol(protocol.Protocol):
         self._waiting: collections.deque[defer.Deferred] = collections.deque()
         self.closed: defer.Deferred = defer.Deferred()
 
+    def connectionMade(self) -> None:
+        set_no_delay = getattr(self.transport, "setTcpNoDelay", None)
+        if set_no_delay is not None:
+            set_no_delay(True)  # pipelined requests go out at once, not behind Nagle's wait for an ACK
+
     def request(self, req: dict) -> defer.Deferred:
         return self.send_raw(json.dumps(req).encode() + b"\n")
 

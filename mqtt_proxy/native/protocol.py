@@ -18,7 +18,7 @@ import collections
 import functools
 import logging
 
-from twisted.internet import protocol
+from twisted.internet import protocol, tcp
 
 from mqtt_proxy.native import codec
 from mqtt_proxy.native.codec import LINE_TOO_LONG, LineBuffer, RequestError
@@ -45,6 +45,9 @@ class NativeTCPProtocol(protocol.Protocol):
 
     def connectionMade(self) -> None:
         self._open = True
+        # Direct sends need a plain TCP transport with Twisted's write buffer (not TLS, not a test double).
+        t = self.transport
+        self._direct = isinstance(t, tcp.Connection) and hasattr(t, "_tempDataLen") and hasattr(t, "socket")
         set_no_delay = getattr(self.transport, "setTcpNoDelay", None)
         if set_no_delay is not None:
             set_no_delay(True)
@@ -71,13 +74,13 @@ class NativeTCPProtocol(protocol.Protocol):
                 slot[0] = codec.encode_reply(codec.error_reply(exc.reason, exc.echo))
                 self.service.counters["errors"] += 1
                 continue
-            self._order.run(req, functools.partial(self.engine.handle, req)).addCallback(self._answered, slot)
+            self._order.run(req, functools.partial(self.engine.serve, req), functools.partial(self._answered, slot))
         self._flush()
         if len(self._slots) > self.config.max_pipeline and not self._paused and self._open:
             self._paused = True
             self.transport.pauseProducing()
 
-    def _answered(self, reply: dict, slot: list) -> None:
+    def _answered(self, slot: list, reply: dict) -> None:
         slot[0] = codec.encode_reply(reply)
         if self._slots and self._slots[0] is slot:
             self._flush()
@@ -89,10 +92,33 @@ class NativeTCPProtocol(protocol.Protocol):
             out.append(slots.popleft()[0])
             out.append(b"\n")
         if out and self._open:
-            self.transport.writeSequence(out)
+            self._write(b"".join(out))
         if self._paused and len(slots) <= self.config.max_pipeline // 2 and self._open:
             self._paused = False
             self.transport.resumeProducing()
+
+
+    def _write(self, data: bytes) -> None:
+        """Send at once when nothing is queued in the transport, else queue behind what is.
+
+        A reply per request is the common case; through ``transport.write`` each
+        one costs registering the socket for writing, a poll round and
+        unregistering it again (two epoll_ctl calls), a fair share of a request.
+        Twisted's own buffer takes whatever the socket does not.
+        """
+        t = self.transport
+        if self._direct and not t.dataBuffer and not t._tempDataLen and t.connected and not t.disconnecting \
+                and not t.TLS:
+            try:
+                sent = t.socket.send(data)
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                sent = 0  # the transport finds the error itself on its next read or write
+            if sent == len(data):
+                return
+            data = data[sent:]
+        t.write(data)
 
 
 class NativeTCPFactory(protocol.Factory):

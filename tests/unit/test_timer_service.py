@@ -375,3 +375,30 @@ def test_stop_waits_for_the_checkpoint_being_saved_then_saves_the_last(tmp_path)
     assert stopped == [None] and n.timers.checkpoints == 2
     with open(os.path.join(n.path, "timer", CHECKPOINT_FILE)) as f:
         assert json.load(f)["dispatched_offset"] == n.store.commit_log.max_offset
+
+
+def test_entries_come_out_within_a_tick_of_their_time_not_a_slot(tmp_path):
+    """With 10 ms ticks inside 100 ms slots, each entry goes out on the first tick at or after its time."""
+    n = Node(tmp_path)
+    start = n.now_ms()
+    lateness = []
+    n.timers.on_deliver = lambda at, now: lateness.append(now - at)
+    dues = [start + 1000 + d for d in (1, 17, 33, 49, 71, 99, 101, 150)]
+    for i, at in enumerate(dues):
+        n.schedule(Message("x", b"%d" % i), at)
+    n.run_for(1.4, step=0.01)
+    assert len(lateness) == len(dues)
+    assert min(lateness) >= 0 and max(lateness) <= 10  # a tick, not up to a whole slot (100 ms) plus a tick
+
+
+def test_cancel_while_its_slot_is_read_ahead_is_honoured(tmp_path):
+    """A timer whose slot has been read ahead but which is not due yet can still be cancelled."""
+    n = Node(tmp_path)
+    start = n.now_ms()
+    r = n.schedule(Message("x", b"cancelled"), start + 1095)
+    n.schedule(Message("x", b"early"), start + 1005)
+    n.run_for(1.02, step=0.01)  # the slot ending at +1100 is read; "early" is out, "cancelled" waits
+    assert n.bodies("%TOPIC%x") == [b"early"]
+    assert n.cancel(r.offset) is True
+    n.run_for(0.5, step=0.01)
+    assert n.bodies("%TOPIC%x") == [b"early"]
