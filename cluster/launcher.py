@@ -234,7 +234,20 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--config", help="a base TOML config every process reads (without [cluster])")
     p_down = sub.add_parser("down", help="stop every process of DIR/cluster.json")
     p_down.add_argument("dir")
+    p_port = sub.add_parser("port", help="print one port of a member: ./dev cluster port DIR proxy-1 mqtt")
+    p_port.add_argument("dir")
+    p_port.add_argument("member")
+    p_port.add_argument("kind", help="mqtt, native, http or rpc")
     args = parser.parse_args(argv)
+    if args.command == "port":
+        try:
+            with open(os.path.join(args.dir, "cluster.json"), encoding="utf-8") as f:
+                procs = {p["id"]: p for p in json.load(f)["processes"]}
+            print(procs[args.member]["ports"][args.kind])
+            return 0
+        except (OSError, KeyError, ValueError) as exc:
+            print(f"twistmq cluster: no {args.kind} port of {args.member} in {args.dir}: {exc}", file=sys.stderr)
+            return 2
     try:
         if args.command == "up":
             doc = up(args.dir, args.groups, args.proxies, args.replicas, args.controllers, args.shared_port,
