@@ -90,14 +90,7 @@ def figure(result: dict, scenario: int):
     return figures.get("rate")
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=1)
-    parser.add_argument("--scale", type=float, default=0.5, help="multiplies message counts (loadgen --scale)")
-    parser.add_argument("--cap", type=float, default=15.0, help="seconds of sending per phase")
-    parser.add_argument("--setups", default="mosquitto,node,1,2")
-    args = parser.parse_args(argv)
-    wanted = args.setups.split(",")
+def build_setups(wanted) -> list:
     setups = []
     if "mosquitto" in wanted:
         ok, reason = BROKERS["mosquitto"].available()
@@ -108,20 +101,64 @@ def main(argv=None) -> int:
     if "node" in wanted:
         setups.append(SingleSetup("twistmq", "node"))
     setups += [ClusterSetup(int(n)) for n in ("1", "2") if n in wanted]
+    return setups
+
+
+def run_all(setups, reps: int = 1, scale: float = 0.5, cap: float = 15.0) -> dict:
+    """Every scenario on every setup, setups rotating per repetition; {(scenario, setup name): [result]}."""
     results: dict = {}
-    for rep in range(args.reps):
+    for rep in range(reps):
         for scenario in SCENARIOS:
             for setup in setups[rep % len(setups):] + setups[:rep % len(setups)]:
                 with tempfile.TemporaryDirectory(prefix="cluster-bench-") as tmp:
                     port = setup.start(Path(tmp))
                     try:
-                        result = run_scenario(scenario, port, args.scale, args.cap)
+                        result = run_scenario(scenario, port, scale, cap)
                     finally:
                         setup.stop()
                 results.setdefault((scenario, setup.name), []).append(result)
-                print(f"rep {rep + 1} {SCENARIOS[scenario]:34} {setup.name:10} {figure(result, scenario)!s}",
-                      file=sys.stderr, flush=True)
-    print_table(setups, results)
+                print(f"cluster rows: rep {rep + 1} {SCENARIOS[scenario]:34} {setup.name:10} "
+                      f"{figure(result, scenario)!s}", file=sys.stderr, flush=True)
+    return results
+
+
+SECTION_START, SECTION_END = "<!-- cluster-rows:start -->", "<!-- cluster-rows:end -->"
+
+
+def render(setups, results, date: str, scale: float) -> str:
+    """The markdown section for docs/benchmarks.md."""
+    lines = [SECTION_START, "## Proxies and brokers as processes", "",
+             f"Run {date} by `bench/cluster_bench.py` (`./dev bench`; `--no-cluster-rows` skips it), loadgen scale "
+             f"{scale:g}, every setup fresh per scenario, nothing pinned: the processes and the generator share the "
+             "2 cores. `1 proxy` and `2 proxies` are one broker plus proxies (`./dev cluster up --groups 1`, the "
+             "two proxies on one port with SO_REUSEPORT).", ""]
+    lines += table_lines(setups, results)
+    lines += ["", SECTION_END, ""]
+    return "\n".join(lines)
+
+
+def write_section(doc: Path, section: str) -> None:
+    """Put ``section`` into ``doc``, replacing an earlier one."""
+    text = doc.read_text() if doc.exists() else "# twistmq benchmarks\n"
+    if SECTION_START in text and SECTION_END in text:
+        head, rest = text.split(SECTION_START, 1)
+        tail = rest.split(SECTION_END, 1)[1].lstrip("\n")
+        text = head + section + ("\n" + tail if tail else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    doc.write_text(text)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--scale", type=float, default=0.5, help="multiplies message counts (loadgen --scale)")
+    parser.add_argument("--cap", type=float, default=15.0, help="seconds of sending per phase")
+    parser.add_argument("--setups", default="mosquitto,node,1,2")
+    args = parser.parse_args(argv)
+    setups = build_setups(args.setups.split(","))
+    results = run_all(setups, args.reps, args.scale, args.cap)
+    print("\n".join(table_lines(setups, results)))
     return 0
 
 
@@ -130,10 +167,9 @@ def _median(values):
     return statistics.median(values) if values else None
 
 
-def print_table(setups, results) -> None:
+def table_lines(setups, results) -> list[str]:
     names = [s.name for s in setups]
-    print("| scenario | " + " | ".join(names) + " |")
-    print("| --- |" + " --- |" * len(names))
+    out = ["| scenario | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
     for scenario, title in SCENARIOS.items():
         cells = []
         for name in names:
@@ -145,14 +181,15 @@ def print_table(setups, results) -> None:
             else:
                 rate = _median([figure(r, scenario) for r in runs if "error" not in r])
                 cells.append("-" if rate is None else f"{rate:,.0f}")
-        print(f"| {title} | " + " | ".join(cells) + " |")
+        out.append(f"| {title} | " + " | ".join(cells) + " |")
     if "node" in names and "1 proxy" in names:
         node = results.get((4, "node"), [])
         hop = results.get((4, "1 proxy"), [])
         if node and hop:
             p50 = _median([figure(r, 4)[0] for r in hop]) - _median([figure(r, 4)[0] for r in node])
             p99 = _median([figure(r, 4)[1] for r in hop]) - _median([figure(r, 4)[1] for r in node])
-            print(f"\nproxy hop (1 proxy minus node, QoS 1 at 1k msg/s): p50 {p50:+.2f} ms, p99 {p99:+.2f} ms")
+            out += ["", f"Proxy hop (1 proxy minus node, QoS 1 at 1k msg/s): p50 {p50:+.2f} ms, p99 {p99:+.2f} ms."]
+    return out
 
 
 if __name__ == "__main__":

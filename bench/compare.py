@@ -40,7 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import engine_rows, report
+from bench import cluster_bench, engine_rows, report
 from bench.brokers import BROKERS, REPO, BrokerStartError
 from bench.loadgen import params_for
 
@@ -329,6 +329,9 @@ def parse_args(argv):
     parser.add_argument("--no-engine-rows", action="store_true",
                         help="skip the native protocol, timer and Spark rows (bench/engine_rows.py, ~6 min; "
                              "smaller counts when --scale < 1)")
+    parser.add_argument("--no-cluster-rows", action="store_true",
+                        help="skip fan-in, fan-out and latency through 1 and 2 proxy processes (bench/cluster_bench.py, "
+                             "~4 min)")
     args = parser.parse_args(argv)
     if args.scenarios.strip().lower() == "none":
         args.scenarios = ""
@@ -353,6 +356,16 @@ def engine_section(args) -> str | None:
     return engine_rows.render(table, date, load)
 
 
+def cluster_section(args) -> str | None:
+    """Run the proxy/broker rows (unless skipped); their markdown section."""
+    if args.no_cluster_rows:
+        return None
+    setups = cluster_bench.build_setups(["mosquitto", "node", "1", "2"])
+    results = cluster_bench.run_all(setups, 1, 0.5 * args.scale, 15.0)
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return cluster_bench.render(setups, results, date, 0.5 * args.scale)
+
+
 def main(argv=None):
     args = parse_args(argv)
     if not args.scenarios:  # the engine rows alone
@@ -362,6 +375,11 @@ def main(argv=None):
             if not args.no_write:
                 engine_rows.write_section(DOC, section)
             print(section)
+        clusters = cluster_section(args)
+        if clusters is not None:
+            if not args.no_write:
+                cluster_bench.write_section(DOC, clusters)
+            print(clusters)
         return 0
     started = time.monotonic()
     OUT.mkdir(parents=True, exist_ok=True)
@@ -444,14 +462,18 @@ def main(argv=None):
     (OUT / f"results-{stamp}.json").write_text(json.dumps(
         {"meta": meta, "states": states, "results": results, "settings": settings}, indent=1, default=str))
     section = engine_section(args)
+    clusters = cluster_section(args)
     if not args.no_write:
         DOC.parent.mkdir(parents=True, exist_ok=True)
         DOC.write_text(doc)
         if section is not None:
             engine_rows.write_section(DOC, section)
+        if clusters is not None:
+            cluster_bench.write_section(DOC, clusters)
     print(doc)
-    if section is not None:
-        print(section)
+    for extra in (section, clusters):
+        if extra is not None:
+            print(extra)
     return 0
 
 
