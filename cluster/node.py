@@ -157,7 +157,8 @@ class NodeParts:
         self.store.retention.add_holder(self.mqtt.owed)
         self.lag = ReactorLagProbe(reactor)  # twistmq_reactor_lag_seconds: nothing may hold the reactor
         # The admin API, its figures (latency histograms fed by the store and the delivery pump) and history.
-        self.view = NodeView(self.mqtt, self.store, cfg.admin.member_id or f"node@{socket.gethostname()}")
+        self.view = NodeView(self.mqtt, self.store, cfg.admin.member_id or f"node@{socket.gethostname()}",
+                             retained=self.retained)
         self.figures = NodeFigures(reactor, self.lag, listeners=lambda: self.streams,
                                    connections=lambda: chain(self.mqtt.connections, self.native.connections),
                                    queue_lag=self.view.lag_total)

@@ -18,7 +18,7 @@ def overview(front, store, view, figures, history, version: str) -> dict:
         "sessions": len(front.sessions),
         "subscriptions": sum(len(session.subs) for session in list(front.sessions.values())),
         "store_bytes": int(store.size_bytes()),
-        "retained": int(front.retained.count),
+        "retained": view.retained_count(),
         "lag": {"total": total, "max": worst},
         "rate": {"in": series["in"][-1] if series["in"] else 0.0,
                  "out": series["out"][-1] if series["out"] else 0.0},

@@ -2,10 +2,10 @@
 
 The MQTT front end is being reshaped, so this module touches only its most
 stable surface: ``front.sessions`` (client id -> Session), ``front.connections``,
-``front.stats``, ``front.retained``, ``front.server_disconnect`` (a kick) and
+``front.stats``, ``front.server_disconnect`` (a kick) and
 ``front.registry.end_session``; of a Session: ``client_id``, ``conn``, ``level``,
 ``expiry``, ``subs`` (key -> Subscription: ``topic_filter``, ``queue``, ``qos``,
-``share``, ``next_offset``, ``inflight``) and ``outbound``; of the store its
+``share``, ``positions``) and ``outbound``; the retained index; of the store its
 ``queue_index`` (``queue_names``, ``min_offset``, ``max_offset``) and ``put``.
 Everything here is synchronous and reads the reactor thread's state.
 """
@@ -25,9 +25,10 @@ class NodeView:
     """Seconds a computed lag total is reused: it walks every subscription, and /metrics, $SYS and each open
     dashboard ask for it."""
 
-    def __init__(self, front, store, member_id: str) -> None:
+    def __init__(self, front, store, member_id: str, retained=None) -> None:
         self.front = front
         self.store = store
+        self.retained_index = retained  # the node's RetainedIndex (the front end reaches it only through the store)
         self.member_id = member_id
         self._lag: tuple[float, tuple[int, int]] | None = None  # (computed at, (sum, max))
 
@@ -52,7 +53,7 @@ class NodeView:
         out: dict[str, list[tuple[str, int]]] = {}
         for cid, session in list(self.front.sessions.items()):
             for sub in list(session.subs.values()):
-                out.setdefault(sub.queue, []).append((cid, sub.next_offset))
+                out.setdefault(sub.queue, []).append((cid, next_offset(sub)))
         return out
 
     def light_queues(self) -> list[dict]:
@@ -135,10 +136,12 @@ class NodeView:
         subs, queued = [], 0
         for key, sub in sorted(session.subs.items()):
             lo, hi = self.queue_span(sub.queue)
-            waiting = max(0, hi - max(sub.next_offset, lo))
+            offset = next_offset(sub)
+            waiting = max(0, hi - max(offset, lo))
             queued += waiting
-            subs.append({"topic_filter": key, "qos": sub.qos, "queue": sub.queue, "next_offset": sub.next_offset,
-                         "queued": waiting, "inflight": len(sub.inflight),
+            inflight = sum(1 for o in list(session.outbound.values()) if getattr(o, "sub_key", None) == key)
+            subs.append({"topic_filter": key, "qos": sub.qos, "queue": sub.queue, "next_offset": offset,
+                         "queued": waiting, "inflight": inflight,
                          "share": getattr(sub.share, "group", None)})
         out.update(expiry=session.expiry, persistent=bool(session.persistent), queued=queued,
                    subscriptions=subs)
@@ -165,16 +168,30 @@ class NodeView:
         self.kick(session)
         return self.front.registry.end_session(session)
 
+    def retained_count(self) -> int:
+        return int(self.retained_index.count) if self.retained_index is not None else 0
+
     def connected(self) -> int:
         return sum(1 for s in list(self.front.sessions.values()) if s.conn is not None)
 
     # -- retained and publish --------------------------------------------------------------------
 
     def retained(self) -> list[dict]:
-        index = self.front.retained
+        index = self.retained_index
+        if index is None:
+            return []
         found = index.lookup("#") + index.lookup("$SYS/#")
         return [{"topic": t, "offset": off, "size": size} for t, off, size in found]
 
     def publish(self, topic: str, payload: bytes, qos: int, retain: bool, now_ms: int):
         """Store a message as if an MQTT client published it; fires with the store's PutResult."""
         return self.store.put(rec.Message(topic, payload, rec.RecordKind.MQTT_PUBLISH, qos, retain, "", now_ms))
+
+
+def next_offset(sub) -> int:
+    """Where a subscription reads next in this node's copy of its light queue (the lowest of its positions;
+    a shared subscription's is its share group's)."""
+    positions = list(sub.positions.values())
+    if not positions and sub.share is not None:
+        positions = [c.next for c in getattr(sub.share, "cursors", {}).values()]
+    return min((p.offset for p in positions), default=0)
