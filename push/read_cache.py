@@ -39,8 +39,12 @@ class ReadCache:
         self.hits = 0
         self.misses = 0
 
-    def read(self, position: QueuePosition, max_count: int) -> defer.Deferred[ReadResult]:
-        """Up to ``max_count`` messages from ``position`` on (as ``Queues.read_queue``), from cache when possible."""
+    def read(self, position: QueuePosition, max_count: int, enough: int | None = None) -> defer.Deferred[ReadResult]:
+        """Up to ``max_count`` messages from ``position`` on (as ``Queues.read_queue``), from cache when possible.
+
+        ``enough``: as many cached messages as that are answer enough, without a
+        store read for the rest (a reader whose window takes only a few).
+        """
         key = (position.queue, position.group)
         cached = self._queues.get(key)
         if cached is not None:
@@ -61,11 +65,15 @@ class ReadCache:
                 p = entry[1]
                 self.hits += len(out)
                 self._queues.move_to_end(key)
-                if len(out) == max_count:
+                if len(out) == max_count or (enough is not None and len(out) >= enough):
                     return defer.succeed(ReadResult(tuple(out), p))
                 # partly cached: read the rest from the store
                 return self._store.read_queue(p, max_count - len(out)).addCallback(self._joined, key, tuple(out))
         return self._store.read_queue(position, max_count).addCallback(self._fill, key)
+
+    def read_through(self, position: QueuePosition, max_count: int) -> defer.Deferred[ReadResult]:
+        """A read straight from the store, not cached: a queue with one reader here gains nothing from it."""
+        return self._store.read_queue(position, max_count)
 
     def _joined(self, result: ReadResult, key, head: tuple) -> ReadResult:
         self._fill(result, key)

@@ -47,6 +47,11 @@ class QueueWatches:
             del self._held[queue]
             self._store.unwatch_queue(held).addErrback(self._unwatch_failed, queue)
 
+    def watchers(self, queue: str) -> int:
+        """How many local watchers ``queue`` has (its readers here)."""
+        watchers = self._watchers.get(queue)
+        return 0 if watchers is None else len(watchers)
+
     def watched(self) -> int:
         """How many queues are watched (metrics, tests)."""
         return len(self._watchers)
