@@ -34,6 +34,9 @@ class ReadCache:
         self._max_bytes = max_bytes
         # (queue, group) -> position -> [message, position of the next message, the next entry or None]
         self._queues: OrderedDict[tuple[str, str], dict[QueuePosition, list]] = OrderedDict()
+        # queue -> group -> the position a store read last found to be the end, until news of the queue
+        self._ends: dict[str, dict[str, QueuePosition]] = {}
+        self._news: dict[str, int] = {}  # queue -> news heard: a read answered after news found no end
         self._entries = 0
         self._bytes = 0  # record bytes held: large payloads must not multiply memory
         self.hits = 0
@@ -65,23 +68,39 @@ class ReadCache:
                 p = entry[1]
                 self.hits += len(out)
                 self._queues.move_to_end(key)
-                if len(out) == max_count or (enough is not None and len(out) >= enough):
+                if (len(out) == max_count or (enough is not None and len(out) >= enough)
+                        or self._ends.get(position.queue, {}).get(position.group) == p):
                     return defer.succeed(ReadResult(tuple(out), p))
                 # partly cached: read the rest from the store
-                return self._store.read_queue(p, max_count - len(out)).addCallback(self._joined, key, tuple(out))
-        return self._store.read_queue(position, max_count).addCallback(self._fill, key)
+                rest = max_count - len(out)
+                return self._store.read_queue(p, rest).addCallback(
+                    self._joined, key, tuple(out), rest, self._news.get(position.queue, 0))
+        return self._store.read_queue(position, max_count).addCallback(
+            self._fill, key, max_count, self._news.get(position.queue, 0))
+
+    def news(self, queue: str) -> None:
+        """``queue`` has news: the ends found so far are ends no more (``QueueWatches`` calls this first)."""
+        self._news[queue] = self._news.get(queue, 0) + 1
+        self._ends.pop(queue, None)
 
     def read_through(self, position: QueuePosition, max_count: int) -> defer.Deferred[ReadResult]:
         """A read straight from the store, not cached: a queue with one reader here gains nothing from it."""
         return self._store.read_queue(position, max_count)
 
-    def _joined(self, result: ReadResult, key, head: tuple) -> ReadResult:
-        self._fill(result, key)
+    def _joined(self, result: ReadResult, key, head: tuple, asked: int, news: int) -> ReadResult:
+        self._fill(result, key, asked, news)
         return ReadResult(head + result.messages, result.next, result.lost)
 
-    def _fill(self, result: ReadResult, key) -> ReadResult:
+    def _fill(self, result: ReadResult, key, asked: int, news: int = -1) -> ReadResult:
         messages = result.messages
         self.misses += len(messages)
+        queue, group = key
+        if len(messages) < asked and not result.lost and self._news.get(queue, 0) == news:
+            # Short of what was asked: the end, as of now. Until news comes, a cached run that stops
+            # there is the whole answer (every reader of a fan-out would otherwise ask the store again).
+            self._ends.setdefault(queue, {})[group] = result.next
+        else:
+            self._ends.get(queue, {}).pop(group, None)
         if not messages:
             return result
         cached = self._queues.get(key)

@@ -159,11 +159,14 @@ def test_read_cache_joins_cached_head_and_stored_tail(tmp_path):
         for i in range(3, 7):
             h.wait(loop.append(Message("j/1", b"%d" % i, RecordKind.MQTT_PUBLISH, 0)))
         calls = loop.calls
+        again = h.wait(cache.read(start, 10))  # no news yet: the end the first read found still stands
+        assert again.messages == head.messages and loop.calls == calls
+        cache.news(queue)  # (QueueWatches tells the cache first)
         whole = h.wait(cache.read(start, 10))
         assert [m.record.body for m in whole.messages] == [b"%d" % i for i in range(7)]
         assert whole.messages[:3] == head.messages and loop.calls == calls + 1  # one store read, for the tail
         assert h.wait(cache.read(whole.next, 10)).messages == ()
-        assert cache.hits == 3
+        assert cache.hits == 6
     finally:
         next(gen, None)
 
