@@ -291,7 +291,8 @@ class Session:
     def _deliver_batch(self, result: ReadResult, sub: Subscription, start: QueuePosition, news: int) -> None:
         group = start.group
         sub.reading.discard(group)
-        if self.conn is None or self.subs.get(sub.key) is not sub or sub.positions.get(group) != start:
+        current = sub.positions.get(group)
+        if self.conn is None or self.subs.get(sub.key) is not sub or (current is not start and current != start):
             return
         if result.lost:
             sub.dropped += result.lost
@@ -326,7 +327,7 @@ class Session:
                 sub.drained.add(group)
             else:
                 more = True  # news came while reading: read again
-        if position != start:
+        if position is not start and position != start:
             sub.positions[group] = position
             self._dirty_subs.add(sub.key)
         if more:
