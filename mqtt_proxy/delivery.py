@@ -39,9 +39,16 @@ class DeliveryPump:
     def now_ms(self) -> int:
         return int(self.clock.seconds() * 1000)
 
-    def read(self, position: QueuePosition, count: int):
-        """A Deferred ``ReadResult`` of up to ``count`` messages from ``position``."""
-        return self.read_cache.read(position, count)
+    def read(self, position: QueuePosition, count: int, enough: int | None = None):
+        """A Deferred ``ReadResult`` of up to ``count`` messages from ``position`` (see ``ReadCache.read``).
+
+        Only queues with several readers here go through the read cache: for a
+        single reader (a fan-in subscriber) filling and evicting it is pure cost,
+        and it reads no more than ``enough`` (what its window takes) instead.
+        """
+        if self.watches.watchers(position.queue) > 1:
+            return self.read_cache.read(position, count, enough)
+        return self.read_cache.read_through(position, count if enough is None else enough)
 
     def watch(self, queue: str, key, callback) -> None:
         self.watches.watch(queue, key, callback)

@@ -120,7 +120,8 @@ def build_front_end(store: Store, clock, config: MQTTConfig, limits: LimitsConfi
     """Delivery pump, router, registry, publisher and front end over ``store``; ``holder`` claims sessions."""
     acl = acl or ACL.allow_all()
     stats = BrokerStats()
-    pump = DeliveryPump(read_cache or ReadCache(store), QueueWatches(store), clock, stats)
+    read_cache = read_cache or ReadCache(store)
+    pump = DeliveryPump(read_cache, QueueWatches(store, before_news=read_cache.news), clock, stats)
     ctx = SessionContext(pump, store, config.max_inflight)
     inbound = InboundBatcher(store, clock)
     router = SubscriptionRouter(store, ctx, acl, limits)

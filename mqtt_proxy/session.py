@@ -49,6 +49,8 @@ class Subscription:
     share: object | None = None  # the SharedGroup for $share subscriptions
     positions: dict[str, QueuePosition] = field(default_factory=dict)  # broker group -> next position to send
     reading: set[str] = field(default_factory=set)  # broker groups with a read under way
+    drained: set[str] = field(default_factory=set)  # groups found empty at their position, no news since
+    news: int = 0  # queue news heard so far: a read that saw none meanwhile may mark its group drained
     dropped: int = 0  # owed messages lost to a disk limit (retention) while this session was subscribed
 
     def state(self) -> SubscriptionState:
@@ -175,6 +177,8 @@ class Session:
         if self.expiry_call is not None and self.expiry_call.active():
             self.expiry_call.cancel()
         self.expiry_call = None
+        for sub in self.subs.values():
+            sub.drained.clear()  # news went unheard while no connection watched
         # What was in flight goes out again first (MQTT-4.4.0-1): a watch may pump new messages at once.
         self.resend_inflight()
         for sub in self.subs.values():
@@ -204,7 +208,11 @@ class Session:
         if sub.share is None:
             self.delivery.unwatch(sub.queue, id(self))
 
-    def _on_news(self, _queue: str) -> None:
+    def _on_news(self, queue: str) -> None:
+        for sub in self.subs.values():
+            if sub.queue == queue:
+                sub.news += 1
+                sub.drained.clear()
         self.pump()
 
     # -- sending ------------------------------------------------------------------------------
@@ -252,7 +260,9 @@ class Session:
                 for sub in list(self.subs.values()):
                     if sub.share is None:
                         for group in list(sub.positions):
-                            if group not in sub.reading:
+                            # A drained group has nothing to read until news comes: acknowledgements
+                            # pump often, and an empty read is a store round trip for nothing.
+                            if group not in sub.reading and group not in sub.drained:
                                 self._pump_sub(sub, group)
                 if not self._pump_again or self.conn is None:
                     break
@@ -267,18 +277,22 @@ class Session:
             return
         sub.reading.add(group)
         start = sub.positions[group]
-        d = self.delivery.read(start, PUMP_BATCH)
-        d.addCallback(self._deliver_batch, sub, start)
+        # What the window can take is enough from the read cache; a store read still fetches a whole
+        # batch, so the acknowledgements to come find the next messages cached.
+        enough = PUMP_BATCH if sub.qos == 0 else min(PUMP_BATCH, self.window)
+        d = self.delivery.read(start, PUMP_BATCH, enough)
+        d.addCallback(self._deliver_batch, sub, start, sub.news)
         d.addErrback(self._read_failed, sub, group)
 
     def _read_failed(self, failure, sub: Subscription, group: str) -> None:
         sub.reading.discard(group)
         log.error("read_failed client=%s queue=%s error=%s", self.client_id, sub.queue, failure.getErrorMessage())
 
-    def _deliver_batch(self, result: ReadResult, sub: Subscription, start: QueuePosition) -> None:
+    def _deliver_batch(self, result: ReadResult, sub: Subscription, start: QueuePosition, news: int) -> None:
         group = start.group
         sub.reading.discard(group)
-        if self.conn is None or self.subs.get(sub.key) is not sub or sub.positions.get(group) != start:
+        current = sub.positions.get(group)
+        if self.conn is None or self.subs.get(sub.key) is not sub or (current is not start and current != start):
             return
         if result.lost:
             sub.dropped += result.lost
@@ -310,7 +324,12 @@ class Session:
             self._send(record, qos, pid, sub)
             sent = record
         position = result.next if stopped_at is None else stopped_at
-        if position != start:
+        if not messages and not result.lost:  # at the end (a short read may be short of bytes only)
+            if sub.news == news:
+                sub.drained.add(group)
+            else:
+                more = True  # news came while reading: read again
+        if position is not start and position != start:
             sub.positions[group] = position
             self._dirty_subs.add(sub.key)
             if sent is not None and self.delivery.deliver_latency is not None:  # one sample per batch

@@ -186,7 +186,10 @@ class SessionRegistry:
             # Scans of a RocksDB range full of tombstones get slow: only delete what was written.
             session.stored = False
             yield session.write("delete_session")
-        if not conn.connected or session.fenced:
+        if session.fenced:  # claimed elsewhere while we were connecting: the other connection has it
+            conn.refuse(ReasonCode.SERVER_UNAVAILABLE)
+            return
+        if not conn.connected:
             self._schedule_expiry(session, self.now_ms())
             return
 

@@ -22,6 +22,19 @@ from store.api import QueuePosition, QueuedMessage, Queues, ReadResult
 
 MAX_CACHED_RECORD = 8192
 
+# Every cache hit answers with a ReadResult; a frozen dataclass's __init__ sets each field through
+# object.__setattr__, so the slots are filled directly (the same object, in about half the time).
+_new = object.__new__
+_rr_messages, _rr_next, _rr_lost = (ReadResult.__dict__[f].__set__ for f in ("messages", "next", "lost"))
+
+
+def _read_result(messages: tuple, next_position: QueuePosition, lost: int) -> ReadResult:
+    r = _new(ReadResult)
+    _rr_messages(r, messages)
+    _rr_next(r, next_position)
+    _rr_lost(r, lost)
+    return r
+
 
 class ReadCache:
     """Per-queue windows of recent messages, bounded in entries and bytes."""
@@ -34,13 +47,20 @@ class ReadCache:
         self._max_bytes = max_bytes
         # (queue, group) -> position -> [message, position of the next message, the next entry or None]
         self._queues: OrderedDict[tuple[str, str], dict[QueuePosition, list]] = OrderedDict()
+        # queue -> group -> the position a store read last found to be the end, until news of the queue
+        self._ends: dict[str, dict[str, QueuePosition]] = {}
+        self._news: dict[str, int] = {}  # queue -> news heard: a read answered after news found no end
         self._entries = 0
         self._bytes = 0  # record bytes held: large payloads must not multiply memory
         self.hits = 0
         self.misses = 0
 
-    def read(self, position: QueuePosition, max_count: int) -> defer.Deferred[ReadResult]:
-        """Up to ``max_count`` messages from ``position`` on (as ``Queues.read_queue``), from cache when possible."""
+    def read(self, position: QueuePosition, max_count: int, enough: int | None = None) -> defer.Deferred[ReadResult]:
+        """Up to ``max_count`` messages from ``position`` on (as ``Queues.read_queue``), from cache when possible.
+
+        ``enough``: as many cached messages as that are answer enough, without a
+        store read for the rest (a reader whose window takes only a few).
+        """
         key = (position.queue, position.group)
         cached = self._queues.get(key)
         if cached is not None:
@@ -61,19 +81,42 @@ class ReadCache:
                 p = entry[1]
                 self.hits += len(out)
                 self._queues.move_to_end(key)
-                if len(out) == max_count:
-                    return defer.succeed(ReadResult(tuple(out), p))
+                if len(out) == max_count or (enough is not None and len(out) >= enough):
+                    return defer.succeed(_read_result(tuple(out), p, 0))
+                ends = self._ends.get(position.queue)
+                end = ends.get(position.group) if ends is not None else None
+                if end is p or (end is not None and end == p):  # usually the very object the fill stored
+                    return defer.succeed(_read_result(tuple(out), p, 0))
                 # partly cached: read the rest from the store
-                return self._store.read_queue(p, max_count - len(out)).addCallback(self._joined, key, tuple(out))
-        return self._store.read_queue(position, max_count).addCallback(self._fill, key)
+                rest = max_count - len(out)
+                return self._store.read_queue(p, rest).addCallback(
+                    self._joined, key, tuple(out), rest, self._news.get(position.queue, 0))
+        return self._store.read_queue(position, max_count).addCallback(
+            self._fill, key, max_count, self._news.get(position.queue, 0))
 
-    def _joined(self, result: ReadResult, key, head: tuple) -> ReadResult:
-        self._fill(result, key)
+    def news(self, queue: str) -> None:
+        """``queue`` has news: the ends found so far are ends no more (``QueueWatches`` calls this first)."""
+        self._news[queue] = self._news.get(queue, 0) + 1
+        self._ends.pop(queue, None)
+
+    def read_through(self, position: QueuePosition, max_count: int) -> defer.Deferred[ReadResult]:
+        """A read straight from the store, not cached: a queue with one reader here gains nothing from it."""
+        return self._store.read_queue(position, max_count)
+
+    def _joined(self, result: ReadResult, key, head: tuple, asked: int, news: int) -> ReadResult:
+        self._fill(result, key, asked, news)
         return ReadResult(head + result.messages, result.next, result.lost)
 
-    def _fill(self, result: ReadResult, key) -> ReadResult:
+    def _fill(self, result: ReadResult, key, asked: int, news: int = -1) -> ReadResult:
         messages = result.messages
         self.misses += len(messages)
+        queue, group = key
+        if len(messages) < asked and not result.lost and self._news.get(queue, 0) == news:
+            # Short of what was asked: the end, as of now. Until news comes, a cached run that stops
+            # there is the whole answer (every reader of a fan-out would otherwise ask the store again).
+            self._ends.setdefault(queue, {})[group] = result.next
+        else:
+            self._ends.get(queue, {}).pop(group, None)
         if not messages:
             return result
         cached = self._queues.get(key)

@@ -20,8 +20,9 @@ log = logging.getLogger("twistmq.push.watches")
 class QueueWatches:
     """Queue name -> local watchers, over one store watch per queue."""
 
-    def __init__(self, store: Queues) -> None:
+    def __init__(self, store: Queues, before_news: Callable[[str], None] | None = None) -> None:
         self._store = store
+        self._before_news = before_news  # told first of each queue's news (the read cache forgets its end)
         self._watchers: dict[str, dict[Hashable, Callable[[str], None]]] = {}
         self._held: dict[str, Watch | None] = {}  # queue -> the store's watch (None while it registers)
 
@@ -47,6 +48,11 @@ class QueueWatches:
             del self._held[queue]
             self._store.unwatch_queue(held).addErrback(self._unwatch_failed, queue)
 
+    def watchers(self, queue: str) -> int:
+        """How many local watchers ``queue`` has (its readers here)."""
+        watchers = self._watchers.get(queue)
+        return 0 if watchers is None else len(watchers)
+
     def watched(self) -> int:
         """How many queues are watched (metrics, tests)."""
         return len(self._watchers)
@@ -68,6 +74,8 @@ class QueueWatches:
         log.warning("unwatch_failed queue=%s error=%s", queue, failure.getErrorMessage())
 
     def _news(self, queue: str) -> None:
+        if self._before_news is not None:
+            self._before_news(queue)
         for callback in list(self._watchers.get(queue, {}).values()):
             try:
                 callback(queue)

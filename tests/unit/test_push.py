@@ -159,10 +159,61 @@ def test_read_cache_joins_cached_head_and_stored_tail(tmp_path):
         for i in range(3, 7):
             h.wait(loop.append(Message("j/1", b"%d" % i, RecordKind.MQTT_PUBLISH, 0)))
         calls = loop.calls
+        again = h.wait(cache.read(start, 10))  # no news yet: the end the first read found still stands
+        assert again.messages == head.messages and loop.calls == calls
+        cache.news(queue)  # (QueueWatches tells the cache first)
         whole = h.wait(cache.read(start, 10))
         assert [m.record.body for m in whole.messages] == [b"%d" % i for i in range(7)]
         assert whole.messages[:3] == head.messages and loop.calls == calls + 1  # one store read, for the tail
         assert h.wait(cache.read(whole.next, 10)).messages == ()
-        assert cache.hits == 3
+        assert cache.hits == 6
     finally:
         next(gen, None)
+
+
+def test_a_drained_subscription_reads_again_only_after_news(tmp_path):
+    """Acknowledgements of a subscriber at the end of its queue cause no store reads; the next message does."""
+    from mqtt_proxy.codec import PubAck, SubscriptionOptions
+    h = Harness(tmp_path)
+    try:
+        sub = h.connect("drained", level=4)
+        sub.send(Subscribe(1, (Subscription("dr/#", SubscriptionOptions(qos=1)),)))
+        sub.received()
+        pub = h.connect("dr-pub", level=4)
+        reads = []
+        real_read = h.local.read_queue
+        h.local.read_queue = lambda *a: reads.append(a) or real_read(*a)
+        for i in range(3):
+            pub.send(Publish("dr/t", b"%d" % i, qos=1, packet_id=i + 1))
+        got = published(sub)
+        assert [p.payload for p in got] == [b"0", b"1", b"2"]
+        sub.send(PubAck(got[0].packet_id))  # an acknowledgement pumps: one read finds the queue drained
+        settled = len(reads)
+        for p in got[1:]:
+            sub.send(PubAck(p.packet_id))  # more pumps, a tick apart: nothing new, so no read
+        h.tick()
+        assert len(reads) == settled
+        pub.send(Publish("dr/t", b"3", qos=1, packet_id=9))
+        assert [p.payload for p in published(sub)] == [b"3"] and len(reads) > settled
+    finally:
+        h.close()
+
+
+def test_a_queue_with_one_reader_bypasses_the_read_cache(tmp_path):
+    """A single subscriber's reads go straight to the store; a second subscriber of the filter brings the cache in."""
+    h = Harness(tmp_path)
+    try:
+        one = h.connect("solo", level=4)
+        one.send(Subscribe(1, (Subscription("solo/#"),)))
+        pub = h.connect("solo-pub", level=4)
+        pub.send(Publish("solo/t", b"a"))
+        assert [p.payload for p in published(one)] == [b"a"]
+        cache = h.broker.registry.ctx.delivery.read_cache
+        assert (cache.hits, cache.misses) == (0, 0)
+        two = h.connect("duo", level=4)
+        two.send(Subscribe(1, (Subscription("solo/#"),)))
+        pub.send(Publish("solo/t", b"b"))
+        assert [p.payload for p in published(one)] == [b"b"] and [p.payload for p in published(two)] == [b"b"]
+        assert cache.misses == 1 and cache.hits == 1  # one store read served both
+    finally:
+        h.close()
