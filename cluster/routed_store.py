@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 from typing import Callable
 
 from twisted.internet import defer
@@ -26,6 +27,8 @@ from cluster.local_sessions import filter_of
 from cluster.routing import SlotTable
 from store import api
 from store.record import Message
+
+log = logging.getLogger("twistmq.cluster.routed_store")
 
 
 def _concat(results) -> tuple:
@@ -168,7 +171,7 @@ class RoutedStore:
         """The epoch to write ``group`` with, for a writer holding home epoch ``epoch``."""
         claims = self._claims.get(client_id)
         if claims is not None and claims[0] == epoch:
-            return claims[1].get(group, epoch)
+            return claims[1].get(group, 0)  # 0: the group could not be reached when the session was claimed
         # Not this proxy's last claim: the home group judges it; elsewhere it must not pass a newer claim.
         return epoch if group == self._home(client_id) else 0
 
@@ -185,17 +188,35 @@ class RoutedStore:
         return self.table.groups_of_filter(topic_filter)
 
     def claim_session(self, client_id: str, holder: str) -> defer.Deferred:
+        """Claim in the home group (it must answer) and in every other group that can be reached now.
+
+        A group that cannot be reached does not keep the client out: its writes there carry epoch 0 until
+        the next claim, so they pass only if nobody ever claimed the session there, and are fenced (the
+        client is disconnected, reconnects and claims again) if another holder did.
+        """
         try:
             home = self._home(client_id)
         except api.StoreError as exc:
             return defer.fail(exc)
 
+        def one(group: str) -> defer.Deferred:
+            d = defer.maybeDeferred(self.groups[group].claim_session, client_id, holder)
+            if group != home:
+                d.addErrback(self._claim_missed, group, client_id)
+            return d
+
         def claimed(results):
-            epochs = {g: e for g, (_, e) in zip(self.table.groups, results)}
+            epochs = {g: e for g, (_, e) in zip(self.table.groups, results) if e is not None}
             self._claims[client_id] = (epochs[home], epochs)
             return epochs[home]
 
-        return self._each(self.table.groups, lambda s: s.claim_session(client_id, holder)).addCallback(claimed)
+        return _gathered([one(g) for g in self.table.groups]).addCallback(claimed)
+
+    @staticmethod
+    def _claim_missed(failure, group: str, client_id: str):
+        failure.trap(api.Unavailable)
+        log.warning("session_claim_skipped group=%s client=%s reason=%s", group, client_id, failure.getErrorMessage())
+        return None
 
     def _merge(self, client_id: str, states) -> api.SessionState | None:
         """One session from each group's part of it (None unless the home group has it)."""
