@@ -32,6 +32,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench import engine_rows
 from bench.brokers import BROKERS
 from cluster import launcher
 
@@ -139,14 +140,7 @@ def render(setups, results, date: str, scale: float) -> str:
 
 def write_section(doc: Path, section: str) -> None:
     """Put ``section`` into ``doc``, replacing an earlier one."""
-    text = doc.read_text() if doc.exists() else "# twistmq benchmarks\n"
-    if SECTION_START in text and SECTION_END in text:
-        head, rest = text.split(SECTION_START, 1)
-        tail = rest.split(SECTION_END, 1)[1].lstrip("\n")
-        text = head + section + ("\n" + tail if tail else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    doc.write_text(text)
+    engine_rows.write_section(doc, section, SECTION_START, SECTION_END)
 
 
 def main(argv=None) -> int:

@@ -102,12 +102,12 @@ def render(table: list[tuple[str, ...]], date: str, load: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_section(doc: Path, section: str) -> None:
-    """Put ``section`` into ``doc``, replacing an earlier one."""
+def write_section(doc: Path, section: str, start: str = SECTION_START, end: str = SECTION_END) -> None:
+    """Put ``section`` (which begins with ``start`` and ends with ``end``) into ``doc``, replacing an earlier one."""
     text = doc.read_text() if doc.exists() else "# twistmq benchmarks\n"
-    if SECTION_START in text and SECTION_END in text:
-        head, rest = text.split(SECTION_START, 1)
-        tail = rest.split(SECTION_END, 1)[1].lstrip("\n")
+    if start in text and end in text:
+        head, rest = text.split(start, 1)
+        tail = rest.split(end, 1)[1].lstrip("\n")
         text = head + section + ("\n" + tail if tail else "")
     else:
         text = text.rstrip("\n") + "\n\n" + section

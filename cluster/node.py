@@ -176,36 +176,13 @@ class NodeParts:
 
     def _listeners(self):
         """A ListenerService per stream listener, a DatagramListenerService per UDP one, in flag order."""
-        ca = self.cfg.node.mqtt_tls_ca or None
-        mqtt_factory = MQTTServerFactory(self.mqtt, self.reactor, cert_identity=tls.peer_identity)
-        ws_factory = websocket_factory(mqtt_factory, self.cfg.node.ws_path, self.reactor,
-                                       self.cfg.limits.max_packet_size)
         http = http_site(self.mqtt, self.store, self._extra_stats, self._losses, self.lag, self.figures,
                          self.admin_api, DASHBOARD_DIR if self.cfg.admin.dashboard else None)
-        build = {
-            "mqtt": lambda d: (server_endpoint(self.reactor, _backlog(d)), mqtt_factory),
-            "mqtt_tls": lambda d: (tls.tls_server_endpoint(self.reactor, _backlog(d), ca), mqtt_factory),
-            "mqtt_ws": lambda d: (tls.server_endpoint(self.reactor, d, ca), ws_factory),
-            "http": lambda d: (endpoints.serverFromString(self.reactor, d), http),
-            "native": lambda d: (server_endpoint(self.reactor, d), self.native.tcp_factory()),
-        }
-        streams, datagrams = [], []
-        for listener in self.cfg.listeners:
-            if listener.key == "native_udp":
-                datagrams.append(DatagramListenerService(listener, self.native.udp_protocol(), self.reactor))
-                continue
-            try:
-                endpoint, factory = build[listener.key](listener.description)
-            except tls.TLSConfigError as exc:
-                raise ConfigError(f"{listener.where}: {exc}") from None
-            streams.append(ListenerService(listener, endpoint, factory))
-        return streams, datagrams
+        return client_listeners(self.reactor, self.cfg, self.mqtt, self.native, http)
 
     def reloader(self) -> Reloader:
         """SIGHUP re-reads the password file, the ACL and the TLS certificates (mqtt_proxy/auth/reload.py)."""
-        contexts = [(svc.listener.key.replace("_", "-"), svc.endpoint.context_factory)
-                    for svc in self.streams if isinstance(svc.endpoint, tls.TLSServerEndpoint)]
-        return Reloader(security_targets(self.mqtt.auth.password_file, self.mqtt.acl, contexts))
+        return security_reloader(self.mqtt, self.streams)
 
     def _broker_figures(self) -> dict[str, str]:
         """$SYS figures only the broker side knows (the front end sees the store interface only)."""
@@ -267,6 +244,39 @@ def build_node(options: NodeOptions, reactor) -> RoleService:
     node = node_tree(NodeParts(reactor, cfg))
     node.log_observer = observer
     return node
+
+
+def client_listeners(reactor, cfg, front, native, http):
+    """The listeners of a role that serves clients (``node``, ``proxy``): ``(streams, datagrams)`` in flag
+    order, MQTT (TCP, TLS, WebSocket) on ``front``, native TCP and UDP on ``native``, HTTP on ``http``."""
+    ca = cfg.node.mqtt_tls_ca or None
+    mqtt_factory = MQTTServerFactory(front, reactor, cert_identity=tls.peer_identity)
+    ws_factory = websocket_factory(mqtt_factory, cfg.node.ws_path, reactor, cfg.limits.max_packet_size)
+    build = {
+        "mqtt": lambda d: (server_endpoint(reactor, _backlog(d)), mqtt_factory),
+        "mqtt_tls": lambda d: (tls.tls_server_endpoint(reactor, _backlog(d), ca), mqtt_factory),
+        "mqtt_ws": lambda d: (tls.server_endpoint(reactor, d, ca), ws_factory),
+        "http": lambda d: (endpoints.serverFromString(reactor, d), http),
+        "native": lambda d: (server_endpoint(reactor, d), native.tcp_factory()),
+    }
+    streams, datagrams = [], []
+    for listener in cfg.listeners:
+        if listener.key == "native_udp":
+            datagrams.append(DatagramListenerService(listener, native.udp_protocol(), reactor))
+            continue
+        try:
+            endpoint, factory = build[listener.key](listener.description)
+        except tls.TLSConfigError as exc:
+            raise ConfigError(f"{listener.where}: {exc}") from None
+        streams.append(ListenerService(listener, endpoint, factory))
+    return streams, datagrams
+
+
+def security_reloader(front, streams) -> Reloader:
+    """SIGHUP's work: re-read the password file, the ACL and the TLS listeners' certificates."""
+    contexts = [(svc.listener.key.replace("_", "-"), svc.endpoint.context_factory)
+                for svc in streams if isinstance(svc.endpoint, tls.TLSServerEndpoint)]
+    return Reloader(security_targets(front.auth.password_file, front.acl, contexts))
 
 
 def _backlog(description: str) -> str:

@@ -28,34 +28,30 @@ import signal
 
 import msgpack
 from twisted.internet import defer, endpoints
-from twisted.python import usage
 
 from cluster import node_log
 from cluster.broker import RPC_VERSION, default_node_id
 from cluster.config import load_config, settle, with_flags
 from cluster.http import proxy_site
-from cluster.node import LISTENER_FLAGS, NodeOptions, _backlog
+from cluster.node import LISTENER_FLAGS, NodeOptions, client_listeners, security_reloader
 from cluster.proxy_native import ForwardingEngine, ProxyNativeService
 from cluster.remote_store import RemoteStore
-from cluster.reuseport import server_endpoint
 from cluster.routed_store import RoutedStore
 from cluster.routing import RoutingError, SlotTable
 from cluster.rpc.frames import Hello
 from cluster.rpc.health import HealthProbe
 from cluster.rpc.peer import PeerClient
 from cluster.rpc.protocol import RpcSettings
-from cluster.services import DatagramListenerService, ListenerService, Part, ReadyLine, RoleService, SignalService
+from cluster.services import Part, ReadyLine, RoleService, SignalService
 from cluster.store_server import SESSION_EVENT
 from cluster.version import twistmq_version
 from mqtt_proxy import tls
 from mqtt_proxy.auth.acl import ACLError, load_acl
 from mqtt_proxy.auth.authenticator import Authenticator
 from mqtt_proxy.auth.passwords import PasswordFile, PasswordFileError
-from mqtt_proxy.auth.reload import Reloader, security_targets
+from mqtt_proxy.auth.reload import Reloader
 from mqtt_proxy.front_end import build_front_end
-from mqtt_proxy.protocol import MQTTServerFactory
 from mqtt_proxy.reactor_lag import ReactorLagProbe
-from mqtt_proxy.websocket import websocket_factory
 from store.config import ConfigError, NativeConfig, from_mapping
 from store.executor import ThreadPoolExecutor
 
@@ -168,34 +164,12 @@ class ProxyParts:
         return defer.DeferredList([peer.stopService() for peer in self.peers])
 
     def _listeners(self):
-        ca = self.cfg.node.mqtt_tls_ca or None
-        mqtt_factory = MQTTServerFactory(self.mqtt, self.reactor, cert_identity=tls.peer_identity)
-        ws_factory = websocket_factory(mqtt_factory, self.cfg.node.ws_path, self.reactor,
-                                       self.cfg.limits.max_packet_size)
-        http = proxy_site(self.mqtt, [(r.peer, r) for r in self.remotes.values()], lambda: [("native", self.native.stats())], self.lag)
-        build = {
-            "mqtt": lambda d: (server_endpoint(self.reactor, _backlog(d)), mqtt_factory),
-            "mqtt_tls": lambda d: (tls.tls_server_endpoint(self.reactor, _backlog(d), ca), mqtt_factory),
-            "mqtt_ws": lambda d: (tls.server_endpoint(self.reactor, d, ca), ws_factory),
-            "http": lambda d: (endpoints.serverFromString(self.reactor, d), http),
-            "native": lambda d: (server_endpoint(self.reactor, d), self.native.tcp_factory()),
-        }
-        streams, datagrams = [], []
-        for listener in self.cfg.listeners:
-            if listener.key == "native_udp":
-                datagrams.append(DatagramListenerService(listener, self.native.udp_protocol(), self.reactor))
-                continue
-            try:
-                endpoint, factory = build[listener.key](listener.description)
-            except tls.TLSConfigError as exc:
-                raise ConfigError(f"{listener.where}: {exc}") from None
-            streams.append(ListenerService(listener, endpoint, factory))
-        return streams, datagrams
+        http = proxy_site(self.mqtt, [(r.peer, r) for r in self.remotes.values()],
+                          lambda: [("native", self.native.stats())], self.lag)
+        return client_listeners(self.reactor, self.cfg, self.mqtt, self.native, http)
 
     def reloader(self) -> Reloader:
-        contexts = [(svc.listener.key.replace("_", "-"), svc.endpoint.context_factory)
-                    for svc in self.streams if isinstance(svc.endpoint, tls.TLSServerEndpoint)]
-        return Reloader(security_targets(self.mqtt.auth.password_file, self.mqtt.acl, contexts))
+        return security_reloader(self.mqtt, self.streams)
 
 
 def proxy_tree(parts: ProxyParts) -> RoleService:
