@@ -183,10 +183,7 @@ def up(root: str, groups: int = 1, proxies: int = 2, replicas: int = 1, controll
         raise
     doc = {"cluster_id": cluster_id, "processes": [
         {k: p[k] for k in ("role", "id", "pid", "group", "ports", "data_dir", "argv") if k in p} for p in procs]}
-    tmp = os.path.join(root, "cluster.json.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=2)
-    os.replace(tmp, os.path.join(root, "cluster.json"))
+    _write_doc(root, doc)
     return doc
 
 
@@ -207,6 +204,29 @@ def stop(procs: list[dict], grace: float = STOP_GRACE_S) -> list[str]:
             os.kill(p["pid"], signal.SIGKILL)
             killed.append(p["id"])
     return killed
+
+
+def _write_doc(root: str, doc: dict) -> None:
+    tmp = os.path.join(root, "cluster.json.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=2)
+    os.replace(tmp, os.path.join(root, "cluster.json"))
+
+
+def relaunch(root: str, member: str) -> dict:
+    """Start ``member`` again from its argv (same id, same ports) and record its new pid in cluster.json."""
+    root = os.path.abspath(root)
+    with open(os.path.join(root, "cluster.json"), encoding="utf-8") as f:
+        doc = json.load(f)
+    procs = {p["id"]: p for p in doc["processes"]}
+    if member not in procs:
+        raise LaunchError(f"no member {member!r} in {root}/cluster.json")
+    proc = procs[member]
+    if alive(proc["pid"]):
+        raise LaunchError(f"{member} is still running (pid {proc['pid']})")
+    start(proc)
+    _write_doc(root, doc)
+    return proc
 
 
 def down(root: str) -> list[str]:
@@ -234,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--config", help="a base TOML config every process reads (without [cluster])")
     p_down = sub.add_parser("down", help="stop every process of DIR/cluster.json")
     p_down.add_argument("dir")
+    p_re = sub.add_parser("relaunch", help="start a stopped member again from its argv (same id and ports)")
+    p_re.add_argument("dir")
+    p_re.add_argument("member")
     p_port = sub.add_parser("port", help="print one port of a member: ./dev cluster port DIR proxy-1 mqtt")
     p_port.add_argument("dir")
     p_port.add_argument("member")
@@ -256,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
                 ports = " ".join(f"{k}={v}" for k, v in p["ports"].items())
                 print(f"{p['role']:7} {p['id']:12} pid={p['pid']} {ports}")
             print(f"cluster up: {os.path.join(os.path.abspath(args.dir), 'cluster.json')}")
+        elif args.command == "relaunch":
+            proc = relaunch(args.dir, args.member)
+            print(f"{proc['role']:7} {proc['id']:12} pid={proc['pid']}")
         else:
             killed = down(args.dir)
             print("cluster down" + (f" (SIGKILL: {', '.join(killed)})" if killed else ""))

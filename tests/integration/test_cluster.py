@@ -72,7 +72,7 @@ class Cluster:
             os.waitpid(proc["pid"], 0)
         except ChildProcessError:
             pass
-        launcher.start(proc)
+        proc["pid"] = launcher.relaunch(self.root, proc["id"])["pid"]
 
     def metric(self, proc: dict, name: str, label: str | None = None) -> float:
         url = f"http://127.0.0.1:{proc['ports']['http']}/metrics"
