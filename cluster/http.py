@@ -58,19 +58,28 @@ class _BrokerCollector:
             g.add_metric([], value)
             yield g
         if self.lag is not None:
-            doc = (f"how late a timer asking to run every {self.lag.interval * 1000:g} ms ran, since start "
-                   "(quantile 1 is the maximum)")
-            g = GaugeMetricFamily("twistmq_reactor_lag_seconds", doc, labels=["quantile"])
-            for quantile, value in self.lag.stats().items():
-                g.add_metric([quantile], value)
-            yield g
+            yield _lag_gauge(self.lag)
         if self.figures is not None:
             yield from _figures(self.figures)
-        for prefix, stats in self.extra():
-            for key, value in stats.items():
-                g = GaugeMetricFamily(f"twistmq_{prefix}_{key}", f"{prefix} {key}")
-                g.add_metric([], float(value))
-                yield g
+        yield from _extra_gauges(self.extra)
+
+
+def _extra_gauges(extra):
+    """``extra()`` yields (prefix, {name: value}) of other services: one gauge each."""
+    for prefix, stats in extra():
+        for key, value in stats.items():
+            g = GaugeMetricFamily(f"twistmq_{prefix}_{key}", f"{prefix} {key}")
+            g.add_metric([], float(value))
+            yield g
+
+
+def _lag_gauge(lag) -> GaugeMetricFamily:
+    doc = (f"how late a timer asking to run every {lag.interval * 1000:g} ms ran, since start "
+           "(quantile 1 is the maximum)")
+    g = GaugeMetricFamily("twistmq_reactor_lag_seconds", doc, labels=["quantile"])
+    for quantile, value in lag.stats().items():
+        g.add_metric([quantile], value)
+    return g
 
 
 def _figures(figures):
@@ -165,11 +174,7 @@ class _StoreCollector:
         g = GaugeMetricFamily("twistmq_store_bytes", "bytes of commit log on disk")
         g.add_metric([], self.store.size_bytes())
         yield g
-        for prefix, stats in self.extra():
-            for key, value in stats.items():
-                g = GaugeMetricFamily(f"twistmq_{prefix}_{key}", f"{prefix} {key}")
-                g.add_metric([], float(value))
-                yield g
+        yield from _extra_gauges(self.extra)
 
 
 def store_site(store, collectors=(), extra=lambda: ()) -> server.Site:
@@ -219,16 +224,8 @@ class _ProxyCollector:
             c.add_metric([peer.peer_id], remote.events_received)
         yield c
         if self.lag is not None:
-            g = GaugeMetricFamily("twistmq_reactor_lag_seconds", "reactor lateness (quantile 1 is the maximum)",
-                                  labels=["quantile"])
-            for quantile, value in self.lag.stats().items():
-                g.add_metric([quantile], value)
-            yield g
-        for prefix, stats in self.extra():
-            for key, value in stats.items():
-                g = GaugeMetricFamily(f"twistmq_{prefix}_{key}", f"{prefix} {key}")
-                g.add_metric([], float(value))
-                yield g
+            yield _lag_gauge(self.lag)
+        yield from _extra_gauges(self.extra)
 
 
 class _PeersHealth(resource.Resource):

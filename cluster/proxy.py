@@ -31,9 +31,8 @@ from twisted.internet import defer, endpoints
 
 from cluster import node_log
 from cluster.broker import RPC_VERSION, default_node_id
-from cluster.config import load_config, settle, with_flags
 from cluster.http import proxy_site
-from cluster.node import LISTENER_FLAGS, NodeOptions, client_listeners, security_reloader
+from cluster.node import NodeOptions, client_listeners, node_config, security_reloader
 from cluster.proxy_native import ForwardingEngine, ProxyNativeService
 from cluster.remote_store import RemoteStore
 from cluster.routed_store import RoutedStore
@@ -70,19 +69,7 @@ class ProxyOptions(NodeOptions):
 
 def proxy_config(options: ProxyOptions):
     """The node's config handling, then the proxy's identity and the broker groups it needs."""
-    cfg = load_config(options["config"])
-    changes = {}
-    if options.listeners:
-        for kind in LISTENER_FLAGS:
-            changes[kind.replace("-", "_")] = tuple(options.listeners.get(kind.replace("-", "_"), ()))
-    if options["data-dir"]:
-        changes["data_dir"] = options["data-dir"]
-    for flag, key in (("mqtt-tls-ca", "mqtt_tls_ca"), ("ws-path", "ws_path")):
-        if options[flag]:
-            changes[key] = options[flag]
-    if options["use-identity-as-username"]:
-        changes["use_identity_as_username"] = True
-    cfg = settle(with_flags(cfg, changes), set(changes))
+    cfg = node_config(options)
     cluster = cfg.cluster
     if options["node-id"]:
         cluster = dataclasses.replace(cluster, node_id=options["node-id"])
