@@ -1,4 +1,4 @@
-"""The client x feature interoperability table, generated from tests/integration/test_interop.py results.
+"""The client x feature interoperability table, generated from tests/integration/test_interop_*.py results.
 
 Each interop test carries ``@pytest.mark.interop(client=..., feature=...)``; the
 hook in ``tests/integration/conftest.py`` records every such test's outcome and,
@@ -13,6 +13,7 @@ them.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -21,7 +22,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs", "interop.md")
 README = os.path.join(ROOT, "README.md")
-TEST_MODULE = os.path.join(ROOT, "tests", "integration", "test_interop.py")
+TEST_DIR = os.path.join(ROOT, "tests", "integration")
+TEST_GLOB = "test_interop_*.py"
 START, END = "<!-- interop:start -->", "<!-- interop:end -->"
 RESULTS_TAG = "interop-results"
 
@@ -92,7 +94,7 @@ def render(results: dict) -> str:
             lines.append(f"| {feature} | " + " | ".join(row) + " |")
     lines.append("")
     lines.append(f"{PASS} passes, {FAIL} fails, {NONE} not applicable to that client (or not run). "
-                 "Generated from `tests/integration/test_interop.py` by its pytest hook "
+                 "Generated from `tests/integration/test_interop_*.py` by its pytest hook "
                  "(`python -m tests.interop_table` prints it again).")
     failing = sorted((nodeid, e) for nodeid, e in results.items() if e["outcome"] == "fail")
     if failing:
@@ -119,21 +121,23 @@ def load(path: str = DOC) -> tuple[dict, dict]:
     return data.get("results", {}), data.get("meta", {})
 
 
-def _existing_tests() -> set[str] | None:
-    try:
-        with open(TEST_MODULE, encoding="utf-8") as f:
-            return set(re.findall(r"^def (test_\w+)\(", f.read(), re.M))
-    except FileNotFoundError:
-        return None
+def _existing_tests() -> set[tuple[str, str]] | None:
+    """(module file name, test function) of every interop test there is now; None if there are none."""
+    found = set()
+    for path in glob.glob(os.path.join(TEST_DIR, TEST_GLOB)):
+        with open(path, encoding="utf-8") as f:
+            found.update((os.path.basename(path), name) for name in re.findall(r"^def (test_\w+)\(", f.read(), re.M))
+    return found or None
 
 
 def merge(previous: dict, current: dict) -> dict:
-    """This run's results over the previous ones; drop previous entries whose test function is gone."""
+    """This run's results over the previous ones; drop previous entries whose test (module and function) is gone."""
     names = _existing_tests()
     merged = {}
     for nodeid, entry in previous.items():
-        name = nodeid.split("::")[-1].split("[")[0]
-        if names is None or name in names:
+        module, _, rest = nodeid.partition("::")
+        name = rest.split("::")[-1].split("[")[0]
+        if names is None or (os.path.basename(module), name) in names:
             merged[nodeid] = entry
     merged.update(current)
     return merged
@@ -156,7 +160,7 @@ def write(results: dict, meta: dict, doc: str = DOC, readme: str = README) -> st
         f.write("# Interoperability\n\n"
                 "Which MQTT clients work with twistmq, feature by feature. This file is written by the\n"
                 "pytest hook in `tests/integration/conftest.py` after a run of\n"
-                "`tests/integration/test_interop.py`; do not edit it by hand.\n\n")
+                "`tests/integration/test_interop_*.py`; do not edit it by hand.\n\n")
         f.write(table)
         f.write(f"\n<!-- {RESULTS_TAG}\n{blob}\n-->\n")
     _update_readme(readme, table)
@@ -183,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     results, meta = load()
     if not results:
         print(f"no interop results in {os.path.relpath(DOC, ROOT)}; run "
-              "`.venv/bin/python -m pytest tests/integration/test_interop.py`", file=sys.stderr)
+              "`.venv/bin/python -m pytest tests/integration/test_interop_*.py`", file=sys.stderr)
         return 1
     if "--write" in argv:
         write(results, meta)

@@ -23,7 +23,7 @@ paho = pytest.importorskip("paho.mqtt.client")
 from paho.mqtt.packettypes import PacketTypes  # noqa: E402
 from paho.mqtt.properties import Properties  # noqa: E402
 
-from tests.integration.test_interop import Paho  # noqa: E402
+from tests.integration.interop_clients import Paho  # noqa: E402
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "loopback_front.py")
 TAKEN_OVER = 0x8E
