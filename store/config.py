@@ -78,7 +78,7 @@ class StoreConfig:
     disk_quota_mb: int = 0
     """Disk limit: delete the oldest segments, owed messages included (counted and logged), while the commit log is larger than this (0: no quota of its own; disk_max_used_ratio still applies)."""
     disk_max_used_ratio: float = 0.75
-    """Disk limit: delete the oldest segments, owed messages included (counted and logged), while the data directory's file system is fuller than this share (RocketMQ's diskMaxUsedSpaceRatio; 1.0 turns it off)."""
+    """Disk limit: delete the oldest segments, owed messages included (counted and logged), while the data directory's file system is fuller than this share, as df's Use% counts it (RocketMQ's diskMaxUsedSpaceRatio; 1.0 turns it off)."""
     retention_check_s: float = 60.0
     """How often retention runs."""
     index_flush_s: float = 10.0

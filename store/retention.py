@@ -178,9 +178,11 @@ class Retention:
             need = sum(s.size for s in segments) - cfg.disk_quota_mb * 1024 * 1024
         if cfg.disk_max_used_ratio < 1.0:
             st = self.statvfs(self._store.data_dir)
-            total = st.f_blocks * st.f_frsize
-            used = total - st.f_bavail * st.f_frsize
-            need = max(need, int(used - cfg.disk_max_used_ratio * total))
+            # The share df shows as Use%: used over what is usable (blocks reserved for root count as
+            # neither), so the limit means what an operator reads off df, on any reserve size.
+            used = (st.f_blocks - st.f_bfree) * st.f_frsize
+            usable = used + st.f_bavail * st.f_frsize
+            need = max(need, int(used - cfg.disk_max_used_ratio * usable))
         return max(0, need)
 
     # -- running ------------------------------------------------------------------------------

@@ -292,12 +292,27 @@ def test_disk_used_ratio_forces_deletion(node):
     """A file system fuller than disk_max_used_ratio makes retention delete owed segments too."""
     _subscribe(node, "lag", "r/#")
     _publish(node, "r/1", _msgs(0, 200))
-    full = namedtuple("statvfs", "f_blocks f_frsize f_bavail")(1000, 4096, 10)  # 99 % used
+    full = namedtuple("statvfs", "f_blocks f_frsize f_bfree f_bavail")(1000, 4096, 10, 10)  # 99 % used
     node.store.config = StoreConfig(**{**node.store.config.__dict__, "disk_max_used_ratio": 0.5})
     node.store.retention.statvfs = lambda _path: full
     report = node.retention()
     assert report.reason == "disk_limit" and report.dropped["%LMQ%r/#"] > 0
     assert node.segments() == 1
+
+
+def test_disk_used_ratio_is_df_use_percent(node):
+    """The ratio is df's Use% (used over used + available): blocks reserved for root do not count as used."""
+    _subscribe(node, "lag", "r/#")
+    _publish(node, "r/1", _msgs(0, 200))
+    # 1,000 blocks, 700 free of which 600 are reserved for root: df says 300 / (300 + 100) = 75 % used.
+    reserved = namedtuple("statvfs", "f_blocks f_frsize f_bfree f_bavail")(1000, 4096, 700, 100)
+    node.store.config = StoreConfig(**{**node.store.config.__dict__, "disk_max_used_ratio": 0.8})
+    node.store.retention.statvfs = lambda _path: reserved
+    report = node.retention()
+    assert report.reason != "disk_limit" and not report.dropped
+    node.store.config = StoreConfig(**{**node.store.config.__dict__, "disk_max_used_ratio": 0.7})
+    report = node.retention()
+    assert report.reason == "disk_limit" and report.dropped["%LMQ%r/#"] > 0
 
 
 def test_native_queue_unread_and_pop_invisible_messages_are_owed(node):
