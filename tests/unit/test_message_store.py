@@ -312,3 +312,29 @@ def test_retention_and_collection_drop_a_queue_tail(tmp_path):
     assert index._ids[queue] not in index._tails
     lo = index.min_offset(queue)
     assert lo > 0 and index.entries(queue, 0, 1)[0].queue_offset == lo
+
+
+def test_submit_batch_answers_once_in_order_with_puts_of_the_same_tick(tmp_path):
+    """submit_batch calls back once with a result per message in order, an illegal one failing alone in its slot."""
+    store, index, clock = _store(tmp_path)
+    answers, single = [], []
+    store.put(Message(topic="a", body=b"0")).addCallback(single.append)
+    store.submit_batch([Message(topic="a", body=b"1"), Message(topic="a", body=b"2", qos=7),
+                        Message(topic="a", body=b"3")], answers.append)
+    assert answers == []  # stored with the tick, not before
+    clock.advance(0)
+    (results,) = answers
+    assert [r.status for r in results] == [PutStatus.PUT_OK, PutStatus.MESSAGE_ILLEGAL, PutStatus.PUT_OK]
+    assert single[0].offset < results[0].offset < results[2].offset
+    assert [m.record.body for m in _got(store, "%TOPIC%a")] == [b"0", b"1", b"3"]
+
+
+def test_submit_batch_of_nothing_or_on_a_closed_store_answers_at_once(tmp_path):
+    """An empty batch answers [] and a closed store answers SERVICE_NOT_AVAILABLE per message, both at once."""
+    store, index, clock = _store(tmp_path)
+    answers = []
+    store.submit_batch([], answers.append)
+    store.close()
+    store.submit_batch([Message(topic="a", body=b"1")] * 2, answers.append)
+    assert answers[0] == []
+    assert [r.status for r in answers[1]] == [PutStatus.SERVICE_NOT_AVAILABLE] * 2
