@@ -124,21 +124,10 @@ class LocalStore:
         batch = [_check_message(m) for m in messages]
         if not batch:
             return defer.succeed(())
-        # One Deferred for the batch (the store's submit takes a plain callback): a proxy sends every
-        # PUBLISH of a tick here, and a Deferred per message was a measurable share of that path.
+        # One Deferred and one callback for the batch: a proxy sends every PUBLISH of a tick here,
+        # and a Deferred (or a callback) per message was a measurable share of that path.
         done: defer.Deferred = defer.Deferred()
-        results: list = [None] * len(batch)
-        left = [len(batch)]
-
-        def stored(i: int, result: PutResult) -> None:
-            results[i] = _result(result)
-            left[0] -= 1
-            if not left[0]:
-                done.callback(tuple(results))
-
-        submit = self._store.submit
-        for i, m in enumerate(batch):
-            submit(m, functools.partial(stored, i))
+        self._store.submit_batch(batch, lambda results: done.callback(tuple(map(_result, results))))
         return done
 
     # -- queues --------------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ exit code 2.
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import signal
@@ -24,7 +23,7 @@ from itertools import chain
 from twisted.internet import endpoints
 from twisted.python import usage
 
-from cluster import node_log
+from cluster import heap, node_log
 from cluster.admin.api import AdminAPI
 from cluster.admin.handlers import Handlers
 from cluster.admin.metrics import NodeFigures, RateHistory
@@ -226,10 +225,9 @@ def node_tree(parts: NodeParts) -> RoleService:
         Part("sys", start=parts.sys.start, stop=parts.sys.stop),
         Part("admin-history", start=parts.history.start, stop=parts.history.stop),
         *listeners,
-        # Everything alive now (modules, recovered state) stays alive: out of the collector's full passes,
-        # which stop the reactor for as long as they walk the heap (measured: about half the pause). The lag
-        # probe starts after recovery, which blocks by design.
-        Part("lag-probe", start=lambda: (gc.freeze(), parts.lag.start()), stop=parts.lag.stop),
+        # The collector settles once everything alive now is built (cluster/heap.py). The lag probe starts
+        # after recovery, which blocks by design.
+        Part("lag-probe", start=lambda: (heap.settle(), parts.lag.start()), stop=parts.lag.stop),
         ReadyLine(listeners, announce),
     ]
     for child in children:

@@ -22,14 +22,13 @@ store.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import logging
 import signal
 
 import msgpack
 from twisted.internet import defer, endpoints
 
-from cluster import node_log
+from cluster import heap, node_log
 from cluster.broker import RPC_VERSION, default_node_id
 from cluster.http import proxy_site
 from cluster.node import NodeOptions, client_listeners, node_config, security_reloader
@@ -176,7 +175,7 @@ def proxy_tree(parts: ProxyParts) -> RoleService:
         Part("mqtt-sessions", start=parts.mqtt.restore, stop=parts.mqtt.shutdown),
         Part("native", stop=parts.native.stop),
         *listeners,
-        Part("lag-probe", start=lambda: (gc.freeze(), parts.lag.start()), stop=parts.lag.stop),
+        Part("lag-probe", start=lambda: (heap.settle(), parts.lag.start()), stop=parts.lag.stop),
         ReadyLine(listeners, announce),
     ]
     for child in children:

@@ -51,8 +51,12 @@ _U64 = struct.Struct(">Q")
 _CHECKPOINT = b"checkpoint"
 _ENTRIES_CHECKPOINT = b"\xff" * 17  # longer than any entry key: sorts after all of them, no queue range holds it
 RESOLVE_CACHE_SIZE = 65536
-TAIL_ENTRIES = 1024  # newest entries kept in memory per queue that is read (half go when it is full)
-TAIL_QUEUES = 128    # queues with a tail at most (the oldest goes first): at worst ~22 MB of entries (~170 B each)
+TAIL_ENTRIES = 1024  # newest entries kept in memory per queue that is read, at least (half go when it is full)
+TAIL_QUEUES = 128    # queues with a tail at most (the oldest goes first)
+# Entries kept across all tails (~45 MB at ~170 B each): a queue may keep up to its share of this, so the few
+# queues of a fan-in keep as long a tail as the store's recent appends (a subscriber tens of thousands of
+# messages behind a burst still reads from memory); at worst max(this, TAIL_QUEUES * TAIL_ENTRIES) entries.
+TAIL_BUDGET = 262144
 ENTRIES_WRITE_BUFFER = 4 << 20  # bytes of light-queue entries held in memory before a flush
 
 
@@ -178,10 +182,12 @@ class LightQueueIndex(DispatcherBase):
         else:
             touched = {}
         mx, last_ts, tails = self._max, self._last_ts, self._tails
-        for qid in touched:
-            tail = tails.get(qid)
-            if tail is not None and len(tail.entries) > TAIL_ENTRIES:
-                tail.trim()
+        if tails:
+            cap = max(TAIL_ENTRIES, TAIL_BUDGET // len(tails))
+            for qid in touched:
+                tail = tails.get(qid)
+                if tail is not None and len(tail.entries) > cap:
+                    tail.trim(cap // 2)
         for qid in touched:
             wb.put(b"q" + _U64.pack(qid),
                    _META.pack(self._min[qid], mx[qid], last_ts[qid]) + self._names[qid].encode("utf-8"),
@@ -474,9 +480,9 @@ class _Tail:
         self.base = base
         self.entries: list[QueueEntry] = []
 
-    def trim(self) -> None:
-        """Drop the older half (amortised: one slice per TAIL_ENTRIES / 2 appends)."""
-        drop = len(self.entries) - TAIL_ENTRIES // 2
+    def trim(self, keep: int) -> None:
+        """Keep the newest ``keep`` entries (half the cap: amortised, one slice per ``keep`` appends)."""
+        drop = len(self.entries) - keep
         del self.entries[:drop]
         self.base += drop
 

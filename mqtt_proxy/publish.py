@@ -7,7 +7,9 @@ PUBREC, so a duplicate that arrives after a restart is recognised and not
 stored twice (exactly once). Publishes of one tick reach the store in one
 batch (``inbound.InboundBatcher``); a retained publish with a payload goes
 through ``put_retained`` (its quota may refuse it) and a ``$delayed/`` one
-through ``schedule_timer``, each after the batch taken before it.
+through ``schedule_timer``, each after the batch taken before it. The PUBACKs a
+batch's answer produces go out as one write per connection (a publisher with a
+window of 100 has up to 100 in one batch), in the order of its PUBLISHes.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import logging
 from lightqueue.topic import TopicError, validate_topic_name
 from mqtt_proxy import message_props
 from mqtt_proxy.auth.acl import ACL
-from mqtt_proxy.codec import MQTT_5, NO_PROPERTIES, PubAck, PubComp, PubRec, ReasonCode
+from mqtt_proxy.codec import MQTT_5, NO_PROPERTIES, PubAck, PubComp, PubRec, ReasonCode, encode_pubacks
 from mqtt_proxy.config import LimitsConfig, MQTTConfig
 from mqtt_proxy.inbound import InboundBatcher
 from mqtt_proxy.stats import BrokerStats
@@ -46,6 +48,8 @@ class Publisher:
         self.stats = stats
         self.clock = clock
         self.valid_topics: set[str] = set()  # topic names that passed validation
+        self._acks: dict | None = None  # conn -> packet ids to PUBACK, while a batch's answers run
+        inbound.listener = self
 
     def now_ms(self) -> int:
         return int(self.clock.seconds() * 1000)
@@ -71,9 +75,40 @@ class Publisher:
             else:
                 conn.inbound_inflight += 1
                 session, packet_id = conn.session, packet.packet_id
-                self.inbound.submit(message, lambda result: self._stored(result, conn, session, 1, packet_id))
+                self.inbound.submit(message, lambda result: self._stored_qos1(result, conn, session, packet_id))
             return
         self._checked_publish(conn, packet)
+
+    def batch_answering(self) -> None:
+        """A batch's answers start: collect their PUBACKs per connection."""
+        self._acks = {}
+
+    def batch_answered(self) -> None:
+        """A batch's answers ran: one write of PUBACKs per connection."""
+        acks, self._acks = self._acks, None
+        for conn, packet_ids in acks.items():
+            conn.write(encode_pubacks(packet_ids))
+
+    def _puback(self, conn, packet_id: int) -> None:
+        acks = self._acks
+        if acks is None:  # not inside a batch's answer (a retained or delayed publish)
+            conn.send(PubAck(packet_id))
+            return
+        packet_ids = acks.get(conn)
+        if packet_ids is None:
+            acks[conn] = [packet_id]
+        else:
+            packet_ids.append(packet_id)
+
+    def _stored_qos1(self, result, conn, session, packet_id: int) -> None:
+        """The fast path's answer: a QoS 1 publish was stored."""
+        if result.status is not PUT_OK:
+            self._stored(result, conn, session, 1, packet_id)
+            return
+        conn.put_finished()
+        conn.inbound_inflight -= 1
+        if conn.session is session:
+            self._puback(conn, packet_id)
 
     def _checked_publish(self, conn, packet) -> None:
         session = conn.session
@@ -191,7 +226,7 @@ class Publisher:
         if qos == 1:
             conn.inbound_inflight -= 1
             if conn.session is session:
-                conn.send(PubAck(packet_id))
+                self._puback(conn, packet_id)
         elif qos == 2:
             session.inbound_qos2.add(packet_id)
             d = session.write("put_inbound_qos2", packet_id) if session.persistent else None

@@ -7,7 +7,7 @@ Modules: ``packets`` (the packet values), ``properties`` (v5 properties),
 """
 
 from mqtt_proxy.codec.decoder import MQTTParser
-from mqtt_proxy.codec.encoder import encode, encode_publish, patch_publish
+from mqtt_proxy.codec.encoder import encode, encode_publish, encode_pubacks, patch_publish
 from mqtt_proxy.codec.errors import MalformedPacket, PacketTooLarge, ProtocolError, UnsupportedProtocolVersion
 from mqtt_proxy.codec.packets import (
     MQTT_3_1_1, MQTT_5, Auth, ConnAck, Connect, Disconnect, Packet, PingReq, PingResp, PubAck, PubComp,
@@ -20,7 +20,7 @@ from mqtt_proxy.codec.topic import is_shared_filter, is_valid_topic_filter, is_v
 from mqtt_proxy.codec.wire import MAX_PACKET_SIZE, PacketType
 
 __all__ = [
-    "MQTTParser", "encode", "encode_publish", "patch_publish", "encode_properties",
+    "MQTTParser", "encode", "encode_publish", "encode_pubacks", "patch_publish", "encode_properties",
     "ProtocolError", "MalformedPacket", "PacketTooLarge", "UnsupportedProtocolVersion",
     "Connect", "ConnAck", "Publish", "PubAck", "PubRec", "PubRel", "PubComp", "Subscribe", "SubAck",
     "Unsubscribe", "UnsubAck", "PingReq", "PingResp", "Disconnect", "Auth", "Packet", "Will",

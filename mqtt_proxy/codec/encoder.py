@@ -70,6 +70,17 @@ def encode_publish(topic: str | bytes, payload: bytes, qos: int = 0, retain: boo
     return b"".join((bytes((b0,)), encode_varint(length), _U16(topic_len), topic, pid, props, payload))
 
 
+def encode_pubacks(packet_ids: list[int]) -> bytes:
+    """Successful PUBACKs for ``packet_ids``, in order, as one byte string (3.1.1 and 5.0 alike).
+
+    Each is the shortest form: 0x40, remaining length 2, the packet id (a v5
+    PUBACK may leave out reason code 0 and empty properties, section 3.4.2.1).
+    """
+    if packet_ids and (min(packet_ids) < 1 or max(packet_ids) > 0xFFFF):
+        raise ValueError(f"a packet id of {packet_ids!r} is not 1-65535")
+    return struct.pack(f">{len(packet_ids)}I", *[0x40020000 | pid for pid in packet_ids])
+
+
 def patch_publish(data: bytes, packet_id: int | None = None, dup: bool | None = None,
                   retain: bool | None = None) -> bytes:
     """Copy of an encoded PUBLISH with a new packet id and/or DUP / RETAIN flag.

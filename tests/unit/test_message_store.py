@@ -284,6 +284,7 @@ def _entries_from_rocksdb(index, queue, offset, n):
 def test_a_read_queue_tail_is_served_from_memory_and_equals_rocksdb(tmp_path, monkeypatch):
     """Entries of a queue being read come from its in-memory tail, identical to RocksDB's, across trims."""
     monkeypatch.setattr(lightqueue.queue_index, "TAIL_ENTRIES", 8)
+    monkeypatch.setattr(lightqueue.queue_index, "TAIL_BUDGET", 8)
     store, index, clock = _store(tmp_path)
     queue = store.queue_index.add_filter("t/+")
     _put_all(store, clock, [Message(topic="t/1", body=b"%d" % i) for i in range(5)])
@@ -312,3 +313,48 @@ def test_retention_and_collection_drop_a_queue_tail(tmp_path):
     assert index._ids[queue] not in index._tails
     lo = index.min_offset(queue)
     assert lo > 0 and index.entries(queue, 0, 1)[0].queue_offset == lo
+
+
+def test_submit_batch_answers_once_in_order_with_puts_of_the_same_tick(tmp_path):
+    """submit_batch calls back once with a result per message in order, an illegal one failing alone in its slot."""
+    store, index, clock = _store(tmp_path)
+    answers, single = [], []
+    store.put(Message(topic="a", body=b"0")).addCallback(single.append)
+    store.submit_batch([Message(topic="a", body=b"1"), Message(topic="a", body=b"2", qos=7),
+                        Message(topic="a", body=b"3")], answers.append)
+    assert answers == []  # stored with the tick, not before
+    clock.advance(0)
+    (results,) = answers
+    assert [r.status for r in results] == [PutStatus.PUT_OK, PutStatus.MESSAGE_ILLEGAL, PutStatus.PUT_OK]
+    assert single[0].offset < results[0].offset < results[2].offset
+    assert [m.record.body for m in _got(store, "%TOPIC%a")] == [b"0", b"1", b"3"]
+
+
+def test_submit_batch_of_nothing_or_on_a_closed_store_answers_at_once(tmp_path):
+    """An empty batch answers [] and a closed store answers SERVICE_NOT_AVAILABLE per message, both at once."""
+    store, index, clock = _store(tmp_path)
+    answers = []
+    store.submit_batch([], answers.append)
+    store.close()
+    store.submit_batch([Message(topic="a", body=b"1")] * 2, answers.append)
+    assert answers[0] == []
+    assert [r.status for r in answers[1]] == [PutStatus.SERVICE_NOT_AVAILABLE] * 2
+
+
+def test_tails_share_one_budget_so_a_lone_read_queue_keeps_a_long_tail(tmp_path, monkeypatch):
+    """One read queue keeps up to TAIL_BUDGET entries in memory; with two, each keeps about half."""
+    monkeypatch.setattr(lightqueue.queue_index, "TAIL_ENTRIES", 4)
+    monkeypatch.setattr(lightqueue.queue_index, "TAIL_BUDGET", 40)
+    store, index, clock = _store(tmp_path)
+    a = store.queue_index.add_filter("a/+")
+    index.entries(a, 0, 100)  # a reader at the end: its tail starts
+    for _ in range(5):
+        _put_all(store, clock, [Message(topic="a/1", body=b"x")] * 6)
+    assert len(index._tails[index._ids[a]].entries) == 30, "under the budget nothing is dropped"
+    b = store.queue_index.add_filter("b/+")
+    index.entries(b, 0, 100)
+    for _ in range(2):
+        _put_all(store, clock, [Message(topic="a/1", body=b"x")] * 6 + [Message(topic="b/1", body=b"y")] * 6)
+    tail_a = index._tails[index._ids[a]]
+    assert len(tail_a.entries) <= 20, "two tails: each within half the budget"
+    assert index.entries(a, tail_a.base, 100) == _entries_from_rocksdb(index, a, tail_a.base, 100)

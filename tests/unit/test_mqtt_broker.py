@@ -240,3 +240,23 @@ def test_max_connections_refused_with_quota_exceeded(tmp_path):
         assert isinstance(ok.received()[0], SubAck)
     finally:
         h.close()
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_pubacks_of_one_batch_go_out_in_one_write_per_connection_in_order(h, level):
+    """The PUBACKs of one tick's QoS 1 publishes are one transport write per publisher, in PUBLISH order."""
+    pubs = [h.connect(f"pub{i}", level=level) for i in range(2)]
+    for pub in pubs:
+        pub.received()
+    writes = {}
+    for pub in pubs:
+        real = pub.transport.write
+        writes[pub] = []
+        pub.transport.write = lambda data, real=real, log=writes[pub]: (log.append(data), real(data))
+    ids = [7, 3, 65535, 1, 200]
+    for pub in pubs:  # one read each: every PUBLISH lands in the same batch
+        pub.proto.dataReceived(b"".join(encode(Publish("dev/p/t", b"x", qos=1, packet_id=i), level) for i in ids))
+    h.tick()
+    for pub in pubs:
+        assert len(writes[pub]) == 1
+        assert [(type(p), p.packet_id) for p in pub.received()] == [(PubAck, i) for i in ids]

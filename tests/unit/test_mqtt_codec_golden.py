@@ -5,7 +5,7 @@ import pytest
 from mqtt_proxy.codec import (
     ConnAck, Connect, ConnectReturnCode, Disconnect, MQTTParser, PingReq, PingResp, Properties, PubAck, Publish,
     PubRel, ReasonCode, SubAck, Subscribe, Subscription, SubscriptionOptions, UnsubAck, Unsubscribe, Will,
-    encode, v311_return_code,
+    encode, encode_pubacks, v311_return_code,
 )
 from mqtt_proxy.codec.wire import Reader, encode_varint
 
@@ -103,3 +103,15 @@ def test_reason_code_names_and_values_follow_the_spec():
     assert ReasonCode.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED == 0xA2
     assert ReasonCode.NORMAL_DISCONNECTION is ReasonCode.SUCCESS is ReasonCode.GRANTED_QOS_0
     assert len({int(c) for c in ReasonCode}) == 43
+
+
+def test_encode_pubacks_is_each_short_puback_in_order():
+    """encode_pubacks equals the short PUBACKs one by one at both levels, and refuses an id outside 1-65535."""
+    ids = [1, 0x1234, 65535, 2]
+    assert encode_pubacks(ids) == bytes.fromhex("40 02 00 01 40 02 12 34 40 02 FF FF 40 02 00 02")
+    for level in (4, 5):
+        assert encode_pubacks(ids) == b"".join(encode(PubAck(i), level) for i in ids)
+    assert encode_pubacks([]) == b""
+    for bad in ([0], [1, 65536]):
+        with pytest.raises(ValueError):
+            encode_pubacks(bad)
