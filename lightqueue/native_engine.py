@@ -59,7 +59,17 @@ DLQ_ATTEMPTS = "dlq_attempts"
 MAX_SKIP = 1000  # expired/duplicate entries skipped per request before answering "nothing ready"
 _U64 = struct.Struct(">Q")
 _ANSWERS_ITSELF = object()  # a _dispatch result: the request calls ``done`` itself
+_STAGED = object()  # a write staged in the KV (``_after`` waits for it with the others)
 _COUNTER_NAMES = {code: "requests_" + name for code, name in native_types.ACTIONS.items()}
+
+
+class _AfterKV:
+    """A _dispatch result: ``reply`` once the KV writes staged so far are durable."""
+
+    __slots__ = ("reply",)
+
+    def __init__(self, reply: dict) -> None:
+        self.reply = reply
 
 
 class EngineError(Exception):
@@ -153,14 +163,19 @@ class NativeEngine:
             return index.max_offset(qname)
         return _now_result(self.store.max_offset(qname))
 
-    def _save_offset(self, c: Cursor) -> defer.Deferred:
-        return self.kv.put(self._ckey(b"o|", c.queue, c.group), _U64.pack(c.offset))
+    # The cursor writes are staged in the KV without a Deferred each: ``_after`` asks the KV once
+    # for the whole request (a Deferred and its callbacks per write were a share of a consume's time).
+    def _save_offset(self, c: Cursor) -> object:
+        self.kv.stage(self._ckey(b"o|", c.queue, c.group), _U64.pack(c.offset))
+        return _STAGED
 
-    def _save_inflight(self, c: Cursor, e: InFlight) -> defer.Deferred:
-        return self.kv.put(self._ckey(b"f|", c.queue, c.group) + b"\x00" + _U64.pack(e.msg_id), encode_inflight(e))
+    def _save_inflight(self, c: Cursor, e: InFlight) -> object:
+        self.kv.stage(self._ckey(b"f|", c.queue, c.group) + b"\x00" + _U64.pack(e.msg_id), encode_inflight(e))
+        return _STAGED
 
-    def _drop_inflight(self, c: Cursor, msg_id: int) -> defer.Deferred:
-        return self.kv.delete(self._ckey(b"f|", c.queue, c.group) + b"\x00" + _U64.pack(msg_id))
+    def _drop_inflight(self, c: Cursor, msg_id: int) -> object:
+        self.kv.stage(self._ckey(b"f|", c.queue, c.group) + b"\x00" + _U64.pack(msg_id), None)
+        return _STAGED
 
     def note_queues(self, names: set[str]) -> None:
         """Store listener: remember topic consume queues that gained entries (for the queue lists)."""
@@ -197,6 +212,11 @@ class NativeEngine:
             return
         if type(reply) is dict:
             done(self._finish(reply, req))
+            return
+        if type(reply) is _AfterKV:
+            answer = reply.reply
+            self.kv.on_durable(lambda: done(self._finish(answer, req)),
+                               lambda exc: done(self._failed(failure.Failure(exc), req)))
             return
         reply.addCallbacks(self._finish, self._failed, callbackArgs=(req,), errbackArgs=(req,)).addCallback(done)
 
@@ -368,7 +388,7 @@ class NativeEngine:
         now = self.now_ms()
         pop = req.action == native_types.POP
         pop_ms = req.invisible_time * 1000 if pop else None
-        writes: list[defer.Deferred] = []
+        writes: list = []  # _STAGED KV writes and Deferreds
         expired: list[InFlight] = []
         # 1. a message in flight whose invisible time is over comes back first
         e = c.due(now, expired)
@@ -403,7 +423,7 @@ class NativeEngine:
             while buf and buf[0].queue_offset < c.offset:
                 buf.popleft()
             if not buf:
-                got = _now_result(self.store.get(qname, c.offset, PREFETCH))
+                got = self.store.get_now(qname, c.offset, PREFETCH)
                 if not got:
                     break
                 if got[0].queue_offset > c.offset:
@@ -509,13 +529,16 @@ class NativeEngine:
             reply["client_id"] = record.client_id
         return reply
 
-    @staticmethod
-    def _after(writes: list[defer.Deferred], reply: dict) -> defer.Deferred | dict:
+    def _after(self, writes: list, reply: dict) -> defer.Deferred | dict | _AfterKV:
+        """``reply`` once ``writes`` (staged KV writes and Deferreds) are durable."""
         if not writes:
             return reply
-        if len(writes) == 1:
-            return writes[0].addCallback(lambda _: reply)
-        return defer.gatherResults(writes, consumeErrors=True).addCallback(lambda _: reply)
+        deferreds = [w for w in writes if w is not _STAGED]
+        if not deferreds:
+            return _AfterKV(reply)
+        if len(deferreds) != len(writes):
+            deferreds.append(self.kv.barrier())
+        return defer.gatherResults(deferreds, consumeErrors=True).addCallback(lambda _: reply)
 
     # -- ack / change invisible time -------------------------------------------------------------
 
