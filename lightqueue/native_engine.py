@@ -57,6 +57,7 @@ DLQ_QUEUE = "dlq_queue"  # properties of a dead letter: where it came from
 DLQ_MSG_ID = "dlq_msg_id"
 DLQ_ATTEMPTS = "dlq_attempts"
 MAX_SKIP = 1000  # expired/duplicate entries skipped per request before answering "nothing ready"
+MAX_CACHED_NAMES = 65536
 _U64 = struct.Struct(">Q")
 _ANSWERS_ITSELF = object()  # a _dispatch result: the request calls ``done`` itself
 _STAGED = object()  # a write staged in the KV (``_after`` waits for it with the others)
@@ -124,6 +125,17 @@ class NativeEngine:
         self._virtual = {name: tuple(dict.fromkeys(targets)) for name, targets in config.virtual_queues.items()}
         self._started = time.time()
         self.counters = collections.Counter()
+        self._qnames: dict[str, str] = {}  # native queue -> its store queue, checked once
+
+    def _qname(self, queue: str) -> str:
+        """``native_queue_name(queue)``, built and checked once per queue (a share of a request otherwise)."""
+        name = self._qnames.get(queue)
+        if name is None:
+            name = native_queue_name(queue)
+            if len(self._qnames) >= MAX_CACHED_NAMES:
+                self._qnames.clear()
+            self._qnames[queue] = name
+        return name
 
     # -- durable state ---------------------------------------------------------------------------
 
@@ -261,7 +273,7 @@ class NativeEngine:
 
     def _size(self, queue: str) -> int:
         """Messages in a native queue not yet consumed for good: ready + in flight + being written."""
-        qname = native_queue_name(queue)
+        qname = self._qname(queue)
         c = self._cursors.get((qname, QUEUE_GROUP))
         hi = self._max_offset(qname)
         if c is None:
@@ -334,7 +346,14 @@ class NativeEngine:
                 del self._unindexed[queue]
             else:
                 self._unindexed[queue] = left
-            done(self._finish(self._produced(req, [result]), req))
+            if result.status is PutStatus.PUT_OK:  # the common reply, without _produced's lists
+                reply = dict(req.echo)
+                reply["code"] = 0
+                reply["node_id"] = self.config.node_id
+                reply["msg_id"] = result.offset
+                done(reply)
+            else:
+                done(self._finish(self._produced(req, [result]), req))
 
         self.store.submit(message, stored)
         return _ANSWERS_ITSELF
@@ -379,7 +398,7 @@ class NativeEngine:
                                   f"read its real queues {', '.join(self._virtual[req.queue])}")
             pop_family = (native_types.POP, native_types.ACK, native_types.CHANGE_INVISIBLE_TIME)
             default = TOPIC_GROUP if req.action in pop_family else QUEUE_GROUP
-            return native_queue_name(req.queue), req.group or default
+            return self._qname(req.queue), req.group or default
         return topic_queue_name(first_level(req.topic)), req.group or TOPIC_GROUP
 
     def _consume(self, req: Request, max_data_bytes: int | None) -> defer.Deferred | dict:

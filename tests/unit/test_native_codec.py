@@ -245,3 +245,17 @@ def test_encode_reply_matches_the_stdlib_encoding(reply):
     except UnicodeEncodeError:
         expected = json.dumps(reply, separators=(",", ":")).encode("ascii")
     assert out == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=30).map(lambda b: b.replace(b"\n", b"").replace(b"\r", b"")), max_size=6),
+       st.lists(st.integers(0, 200), max_size=5))
+def test_line_buffer_same_lines_whatever_the_chunks(lines, cuts):
+    """The lines out do not depend on how the stream is cut (whole single lines take a shortcut)."""
+    stream = b"".join(line + b"\n" for line in lines)
+    expected = [line for line in lines if line.strip() and len(line) <= 20]
+    buf, got, start = LineBuffer(20), [], 0
+    for cut in sorted(set(c for c in cuts if c < len(stream))) + [len(stream)]:
+        got.extend(x for x in buf.feed(stream[start:cut]) if x is not LINE_TOO_LONG)
+        start = cut
+    assert got == expected
