@@ -58,6 +58,7 @@ DLQ_MSG_ID = "dlq_msg_id"
 DLQ_ATTEMPTS = "dlq_attempts"
 MAX_SKIP = 1000  # expired/duplicate entries skipped per request before answering "nothing ready"
 MAX_CACHED_NAMES = 65536
+READ_SOON_LAG = 1000  # a cursor this close to its queue's tail reads new appends soon (keep them in memory)
 _U64 = struct.Struct(">Q")
 _ANSWERS_ITSELF = object()  # a _dispatch result: the request calls ``done`` itself
 _STAGED = object()  # a write staged in the KV (``_after`` waits for it with the others)
@@ -126,6 +127,7 @@ class NativeEngine:
         self._started = time.time()
         self.counters = collections.Counter()
         self._qnames: dict[str, str] = {}  # native queue -> its store queue, checked once
+        self._readers: dict[str, list[Cursor]] = {}  # store queue -> the cursors reading it
 
     def _qname(self, queue: str) -> str:
         """``native_queue_name(queue)``, built and checked once per queue (a share of a request otherwise)."""
@@ -167,6 +169,7 @@ class NativeEngine:
             # A new group starts at the oldest message still stored (retention took what came before).
             start = _now_result(self.store.min_offset(queue))
             c = self._cursors[(queue, group)] = Cursor(queue, group, start)
+            self._readers.setdefault(queue, []).append(c)
         return c
 
     def _max_offset(self, qname: str) -> int:
@@ -188,6 +191,23 @@ class NativeEngine:
     def _drop_inflight(self, c: Cursor, msg_id: int) -> object:
         self.kv.stage(self._ckey(b"f|", c.queue, c.group) + b"\x00" + _U64.pack(msg_id), None)
         return _STAGED
+
+    def reads_soon(self, queues) -> bool:
+        """Store ``read_soon`` hook: a consumer close to the tail of one of ``queues`` will read the append.
+
+        The store then keeps the append in memory, so the consume that follows
+        a produce (the common native pattern) reads no disk and decodes nothing;
+        a backlog nobody is close to reading stays on disk.
+        """
+        readers = self._readers
+        for q in queues:
+            cursors = readers.get(q)
+            if cursors:
+                tail = self._max_offset(q)
+                for c in cursors:
+                    if tail - c.offset <= READ_SOON_LAG:
+                        return True
+        return False
 
     def note_queues(self, names: set[str]) -> None:
         """Store listener: remember topic consume queues that gained entries (for the queue lists)."""
