@@ -71,6 +71,9 @@ def rows(native: dict, timer: dict, spark: dict) -> list[tuple[str, str, str, st
                     _met(avg < 0.8) + ("; aim met" if avg < 0.6 else "")))
         out.append(("native: server CPU per request", f"{native['server_cpu_us_per_request']:.0f} µs "
                     f"({native['server_cpu_share']:.0%} of its core)", "", "", "", ""))
+        if "client_cpu_us_per_request" in native:
+            out.append((f"native: client CPU per request ({native.get('client', 'socket')} client)",
+                        f"{native['client_cpu_us_per_request']:.0f} µs", "", "", "", ""))
     if "error" in timer:
         out.append(("timer", timer["error"], "", "", "", "not run"))
     else:

@@ -53,6 +53,9 @@ class StoreParts:
         self.native = NativeService(self.store, data_dir, self.native_config, reactor, self.timers,
                                     executor=self.executor)
         self.store.retention.add_holder(self.native.engine.owed)
+        # Appends stay in memory for MQTT watchers and for native consumers near the tail alike.
+        watched, native_reads = self.notifier.watched, self.native.engine.reads_soon
+        self.store.read_soon = lambda queues: watched(queues) or native_reads(queues)
         self.store.retention.add_carrier(self.retained.records_to_carry)
 
     def hold_stored_sessions(self) -> None:

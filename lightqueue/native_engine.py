@@ -57,9 +57,21 @@ DLQ_QUEUE = "dlq_queue"  # properties of a dead letter: where it came from
 DLQ_MSG_ID = "dlq_msg_id"
 DLQ_ATTEMPTS = "dlq_attempts"
 MAX_SKIP = 1000  # expired/duplicate entries skipped per request before answering "nothing ready"
+MAX_CACHED_NAMES = 65536
+READ_SOON_LAG = 1000  # a cursor this close to its queue's tail reads new appends soon (keep them in memory)
 _U64 = struct.Struct(">Q")
 _ANSWERS_ITSELF = object()  # a _dispatch result: the request calls ``done`` itself
+_STAGED = object()  # a write staged in the KV (``_after`` waits for it with the others)
 _COUNTER_NAMES = {code: "requests_" + name for code, name in native_types.ACTIONS.items()}
+
+
+class _AfterKV:
+    """A _dispatch result: ``reply`` once the KV writes staged so far are durable."""
+
+    __slots__ = ("reply",)
+
+    def __init__(self, reply: dict) -> None:
+        self.reply = reply
 
 
 class EngineError(Exception):
@@ -114,6 +126,18 @@ class NativeEngine:
         self._virtual = {name: tuple(dict.fromkeys(targets)) for name, targets in config.virtual_queues.items()}
         self._started = time.time()
         self.counters = collections.Counter()
+        self._qnames: dict[str, str] = {}  # native queue -> its store queue, checked once
+        self._readers: dict[str, list[Cursor]] = {}  # store queue -> the cursors reading it
+
+    def _qname(self, queue: str) -> str:
+        """``native_queue_name(queue)``, built and checked once per queue (a share of a request otherwise)."""
+        name = self._qnames.get(queue)
+        if name is None:
+            name = native_queue_name(queue)
+            if len(self._qnames) >= MAX_CACHED_NAMES:
+                self._qnames.clear()
+            self._qnames[queue] = name
+        return name
 
     # -- durable state ---------------------------------------------------------------------------
 
@@ -145,6 +169,7 @@ class NativeEngine:
             # A new group starts at the oldest message still stored (retention took what came before).
             start = _now_result(self.store.min_offset(queue))
             c = self._cursors[(queue, group)] = Cursor(queue, group, start)
+            self._readers.setdefault(queue, []).append(c)
         return c
 
     def _max_offset(self, qname: str) -> int:
@@ -153,14 +178,36 @@ class NativeEngine:
             return index.max_offset(qname)
         return _now_result(self.store.max_offset(qname))
 
-    def _save_offset(self, c: Cursor) -> defer.Deferred:
-        return self.kv.put(self._ckey(b"o|", c.queue, c.group), _U64.pack(c.offset))
+    # The cursor writes are staged in the KV without a Deferred each: ``_after`` asks the KV once
+    # for the whole request (a Deferred and its callbacks per write were a share of a consume's time).
+    def _save_offset(self, c: Cursor) -> object:
+        self.kv.stage(self._ckey(b"o|", c.queue, c.group), _U64.pack(c.offset))
+        return _STAGED
 
-    def _save_inflight(self, c: Cursor, e: InFlight) -> defer.Deferred:
-        return self.kv.put(self._ckey(b"f|", c.queue, c.group) + b"\x00" + _U64.pack(e.msg_id), encode_inflight(e))
+    def _save_inflight(self, c: Cursor, e: InFlight) -> object:
+        self.kv.stage(self._ckey(b"f|", c.queue, c.group) + b"\x00" + _U64.pack(e.msg_id), encode_inflight(e))
+        return _STAGED
 
-    def _drop_inflight(self, c: Cursor, msg_id: int) -> defer.Deferred:
-        return self.kv.delete(self._ckey(b"f|", c.queue, c.group) + b"\x00" + _U64.pack(msg_id))
+    def _drop_inflight(self, c: Cursor, msg_id: int) -> object:
+        self.kv.stage(self._ckey(b"f|", c.queue, c.group) + b"\x00" + _U64.pack(msg_id), None)
+        return _STAGED
+
+    def reads_soon(self, queues) -> bool:
+        """Store ``read_soon`` hook: a consumer close to the tail of one of ``queues`` will read the append.
+
+        The store then keeps the append in memory, so the consume that follows
+        a produce (the common native pattern) reads no disk and decodes nothing;
+        a backlog nobody is close to reading stays on disk.
+        """
+        readers = self._readers
+        for q in queues:
+            cursors = readers.get(q)
+            if cursors:
+                tail = self._max_offset(q)
+                for c in cursors:
+                    if tail - c.offset <= READ_SOON_LAG:
+                        return True
+        return False
 
     def note_queues(self, names: set[str]) -> None:
         """Store listener: remember topic consume queues that gained entries (for the queue lists)."""
@@ -197,6 +244,11 @@ class NativeEngine:
             return
         if type(reply) is dict:
             done(self._finish(reply, req))
+            return
+        if type(reply) is _AfterKV:
+            answer = reply.reply
+            self.kv.on_durable(lambda: done(self._finish(answer, req)),
+                               lambda exc: done(self._failed(failure.Failure(exc), req)))
             return
         reply.addCallbacks(self._finish, self._failed, callbackArgs=(req,), errbackArgs=(req,)).addCallback(done)
 
@@ -241,7 +293,7 @@ class NativeEngine:
 
     def _size(self, queue: str) -> int:
         """Messages in a native queue not yet consumed for good: ready + in flight + being written."""
-        qname = native_queue_name(queue)
+        qname = self._qname(queue)
         c = self._cursors.get((qname, QUEUE_GROUP))
         hi = self._max_offset(qname)
         if c is None:
@@ -314,7 +366,14 @@ class NativeEngine:
                 del self._unindexed[queue]
             else:
                 self._unindexed[queue] = left
-            done(self._finish(self._produced(req, [result]), req))
+            if result.status is PutStatus.PUT_OK:  # the common reply, without _produced's lists
+                reply = dict(req.echo)
+                reply["code"] = 0
+                reply["node_id"] = self.config.node_id
+                reply["msg_id"] = result.offset
+                done(reply)
+            else:
+                done(self._finish(self._produced(req, [result]), req))
 
         self.store.submit(message, stored)
         return _ANSWERS_ITSELF
@@ -359,7 +418,7 @@ class NativeEngine:
                                   f"read its real queues {', '.join(self._virtual[req.queue])}")
             pop_family = (native_types.POP, native_types.ACK, native_types.CHANGE_INVISIBLE_TIME)
             default = TOPIC_GROUP if req.action in pop_family else QUEUE_GROUP
-            return native_queue_name(req.queue), req.group or default
+            return self._qname(req.queue), req.group or default
         return topic_queue_name(first_level(req.topic)), req.group or TOPIC_GROUP
 
     def _consume(self, req: Request, max_data_bytes: int | None) -> defer.Deferred | dict:
@@ -368,7 +427,7 @@ class NativeEngine:
         now = self.now_ms()
         pop = req.action == native_types.POP
         pop_ms = req.invisible_time * 1000 if pop else None
-        writes: list[defer.Deferred] = []
+        writes: list = []  # _STAGED KV writes and Deferreds
         expired: list[InFlight] = []
         # 1. a message in flight whose invisible time is over comes back first
         e = c.due(now, expired)
@@ -403,7 +462,7 @@ class NativeEngine:
             while buf and buf[0].queue_offset < c.offset:
                 buf.popleft()
             if not buf:
-                got = _now_result(self.store.get(qname, c.offset, PREFETCH))
+                got = self.store.get_now(qname, c.offset, PREFETCH)
                 if not got:
                     break
                 if got[0].queue_offset > c.offset:
@@ -509,13 +568,16 @@ class NativeEngine:
             reply["client_id"] = record.client_id
         return reply
 
-    @staticmethod
-    def _after(writes: list[defer.Deferred], reply: dict) -> defer.Deferred | dict:
+    def _after(self, writes: list, reply: dict) -> defer.Deferred | dict | _AfterKV:
+        """``reply`` once ``writes`` (staged KV writes and Deferreds) are durable."""
         if not writes:
             return reply
-        if len(writes) == 1:
-            return writes[0].addCallback(lambda _: reply)
-        return defer.gatherResults(writes, consumeErrors=True).addCallback(lambda _: reply)
+        deferreds = [w for w in writes if w is not _STAGED]
+        if not deferreds:
+            return _AfterKV(reply)
+        if len(deferreds) != len(writes):
+            deferreds.append(self.kv.barrier())
+        return defer.gatherResults(deferreds, consumeErrors=True).addCallback(lambda _: reply)
 
     # -- ack / change invisible time -------------------------------------------------------------
 

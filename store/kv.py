@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Iterator
+from typing import Callable, Iterator
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 from twisted.internet import defer
@@ -27,6 +27,22 @@ from twisted.internet import defer
 from store.executor import SynchronousExecutor
 
 log = logging.getLogger("twistmq.store.kv")
+
+
+class _Waiter:
+    """A writer waiting with plain callbacks: fired where the Deferreds are (``callback``/``errback``)."""
+
+    __slots__ = ("_on_done", "_on_error")
+
+    def __init__(self, on_done: Callable[[], None], on_error: Callable[[BaseException], None]) -> None:
+        self._on_done = on_done
+        self._on_error = on_error
+
+    def callback(self, _result) -> None:
+        self._on_done()
+
+    def errback(self, failure) -> None:
+        self._on_error(getattr(failure, "value", failure))
 
 
 class DurableKV:
@@ -60,6 +76,32 @@ class DurableKV:
         """Stage the deletion of ``key``; the Deferred fires once it is durable."""
         self._pending[key] = None
         return self._wait()
+
+    def stage(self, key: bytes, value: bytes | None) -> None:
+        """Stage ``key=value`` (``None``: delete) without a Deferred; ``on_durable`` tells when it is durable.
+
+        For hot paths where a Deferred per write (and its callbacks) is a
+        measurable share of a request: several writes, one notification.
+        """
+        self._pending[key] = value
+        if self._scheduled is None:
+            self._scheduled = self._clock.callLater(0, self.commit)
+
+    def on_durable(self, on_done: Callable[[], None], on_error: Callable[[BaseException], None]) -> None:
+        """``on_done()`` once every write staged so far is durable (``on_error(exc)`` if it cannot be).
+
+        ``barrier`` with plain callbacks: may call ``on_done`` before returning when nothing is pending.
+        """
+        waiter = _Waiter(on_done, on_error)
+        if self._pending:
+            self._waiters.append(waiter)
+            if self._scheduled is None:
+                self._scheduled = self._clock.callLater(0, self.commit)
+        elif self._sync and (self._syncing or self._unsynced):
+            self._unsynced.append(waiter)
+            self._kick_sync()
+        else:
+            on_done()
 
     def get(self, key: bytes) -> bytes | None:
         """The latest value of ``key``, including writes not yet committed."""

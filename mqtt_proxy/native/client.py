@@ -21,10 +21,32 @@ import collections
 import itertools
 import json
 import socket
+from typing import Callable
 
+import orjson
 from twisted.internet import defer, endpoints, protocol
 
 from mqtt_proxy.native.codec import LineBuffer
+from mqtt_proxy.native.send import can_send_directly, send
+
+
+def encode_request(req: dict) -> bytes:
+    """One request line (compact JSON and ``\n``); orjson, or the stdlib for what orjson refuses."""
+    try:
+        return orjson.dumps(req) + b"\n"
+    except TypeError:  # a lone surrogate, an integer past 64 bits: the stdlib writes them (escaped)
+        return json.dumps(req).encode() + b"\n"
+
+
+def decode_reply(line: bytes) -> dict:
+    """One reply line as a dict (orjson, or the stdlib for what orjson reads differently or refuses)."""
+    try:
+        reply = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return json.loads(line)
+    if type(reply) is not dict or any(type(v) is float for v in reply.values()):  # orjson reads integers past 64 bits as floats
+        return json.loads(line)
+    return reply
 
 
 class NativeError(Exception):
@@ -63,11 +85,11 @@ class BlockingClient:
             if not chunk:
                 raise ConnectionError("server closed the connection")
             self._ready.extend(self._lines.feed(chunk))
-        return json.loads(self._ready.popleft())
+        return decode_reply(self._ready.popleft())
 
     def pipeline(self, requests: list[dict]) -> list[dict]:
         """Send every request, then read the replies (in request order)."""
-        self.sock.sendall(b"".join(json.dumps(r).encode() + b"\n" for r in requests))
+        self.sock.sendall(b"".join(encode_request(r) for r in requests))
         return [self.read_reply() for _ in requests]
 
     def request(self, req: dict) -> dict:
@@ -103,37 +125,58 @@ class BlockingClient:
 
 
 class NativeClientProtocol(protocol.Protocol):
-    """Pipelined Twisted client: ``request(obj)`` fires with the reply (replies come in request order)."""
+    """Pipelined Twisted client: ``request(obj)`` fires with the reply (replies come in request order).
+
+    ``call(obj, on_reply)`` is the same without a Deferred, for load generators:
+    ``on_reply(reply)`` runs with the reply, or with ``{"code": -1, "reason":
+    "connection lost"}`` if the connection goes first.
+    """
 
     def __init__(self) -> None:
         self._lines = LineBuffer(64 * 1024 * 1024)
-        self._waiting: collections.deque[defer.Deferred] = collections.deque()
+        self._waiting: collections.deque = collections.deque()  # Deferreds and on_reply callables
+        self._direct = False
         self.closed: defer.Deferred = defer.Deferred()
 
     def connectionMade(self) -> None:
         set_no_delay = getattr(self.transport, "setTcpNoDelay", None)
         if set_no_delay is not None:
             set_no_delay(True)  # pipelined requests go out at once, not behind Nagle's wait for an ACK
+        self._direct = can_send_directly(self.transport)
 
     def request(self, req: dict) -> defer.Deferred:
-        return self.send_raw(json.dumps(req).encode() + b"\n")
+        return self.send_raw(encode_request(req))
+
+    def call(self, req: dict, on_reply: Callable[[dict], None]) -> None:
+        """Send ``req``; ``on_reply(reply)`` runs when its reply comes."""
+        self._waiting.append(on_reply)
+        send(self.transport, encode_request(req), self._direct)
 
     def send_raw(self, data: bytes, replies: int = 1) -> defer.Deferred:
         """Send raw bytes expecting ``replies`` reply lines; fires with the last one."""
         ds = [defer.Deferred() for _ in range(replies)]
         self._waiting.extend(ds)
-        self.transport.write(data)
+        send(self.transport, data, self._direct)
         return ds[-1] if ds else defer.succeed(None)
 
     def dataReceived(self, data: bytes) -> None:
+        waiting = self._waiting
         for line in self._lines.feed(data):
-            if self._waiting:
-                self._waiting.popleft().callback(json.loads(line))
+            if waiting:
+                w = waiting.popleft()
+                reply = decode_reply(line)
+                if type(w) is defer.Deferred:
+                    w.callback(reply)
+                else:
+                    w(reply)
 
     def connectionLost(self, reason=protocol.connectionDone) -> None:
         waiting, self._waiting = self._waiting, collections.deque()
-        for d in waiting:
-            d.errback(ConnectionError("connection lost"))
+        for w in waiting:
+            if type(w) is defer.Deferred:
+                w.errback(ConnectionError("connection lost"))
+            else:
+                w({"code": -1, "reason": "connection lost"})
         self.closed.callback(None)
 
 

@@ -31,6 +31,7 @@ from lightqueue.topic import first_level
 from mqtt_proxy.native.codec import Request
 
 EVERYTHING = None  # the keys of a request that touches every queue
+MAX_CACHED_QUEUES = 1024  # per connection
 Start = Callable[[Callable[[Any], None]], None]  # start(done): serve a request, call done(result) once
 
 
@@ -66,6 +67,7 @@ class RequestOrder:
 
     def __init__(self, virtual_queues: Mapping[str, Iterable[str]] | None = None) -> None:
         self._virtual = virtual_queues or {}
+        self._queue_keys: dict[str, frozenset] = {}  # queue name -> its keys (built once, not per request)
         self._last: dict = {}  # key -> the latest unfinished step touching it
         self._barrier: _Step | None = None  # the latest unfinished step touching everything
         self._runnable: collections.deque[_Step] = collections.deque()
@@ -78,8 +80,16 @@ class RequestOrder:
 
         ``on_result`` gets what ``start`` passed to ``done``. Never calls ``start`` after ``cancel()``.
         """
-        keys = request_keys(req, self._virtual)
+        keys = self._keys(req)
         step = _Step(keys, start, on_result)
+        if not self._last and self._barrier is None:  # nothing unfinished: the one-in-flight case
+            if keys is EVERYTHING:
+                self._barrier = step
+            else:
+                for k in keys:
+                    self._last[k] = step
+            self._ready(step)
+            return
         if keys is EVERYTHING:
             before = set(self._last.values())
             if self._barrier is not None:
@@ -100,6 +110,17 @@ class RequestOrder:
             self.held += 1
         else:
             self._ready(step)
+
+    def _keys(self, req: Request) -> frozenset | None:
+        queue = req.queue
+        if queue is None:
+            return request_keys(req, self._virtual)
+        keys = self._queue_keys.get(queue)
+        if keys is None:
+            if len(self._queue_keys) >= MAX_CACHED_QUEUES:
+                self._queue_keys.clear()
+            keys = self._queue_keys[queue] = request_keys(req, self._virtual)
+        return keys
 
     def cancel(self) -> None:
         """The connection is gone: requests not started yet never start (a consume would lose its message)."""

@@ -18,11 +18,12 @@ import collections
 import functools
 import logging
 
-from twisted.internet import protocol, tcp
+from twisted.internet import protocol
 
 from mqtt_proxy.native import codec
 from mqtt_proxy.native.codec import LINE_TOO_LONG, LineBuffer, RequestError
 from mqtt_proxy.native.ordering import RequestOrder
+from mqtt_proxy.native.send import can_send_directly, send
 
 log = logging.getLogger("twistmq.native.protocol")
 
@@ -45,9 +46,7 @@ class NativeTCPProtocol(protocol.Protocol):
 
     def connectionMade(self) -> None:
         self._open = True
-        # Direct sends need a plain TCP transport with Twisted's write buffer (not TLS, not a test double).
-        t = self.transport
-        self._direct = isinstance(t, tcp.Connection) and hasattr(t, "_tempDataLen") and hasattr(t, "socket")
+        self._direct = can_send_directly(self.transport)
         set_no_delay = getattr(self.transport, "setTcpNoDelay", None)
         if set_no_delay is not None:
             set_no_delay(True)
@@ -97,28 +96,8 @@ class NativeTCPProtocol(protocol.Protocol):
             self._paused = False
             self.transport.resumeProducing()
 
-
     def _write(self, data: bytes) -> None:
-        """Send at once when nothing is queued in the transport, else queue behind what is.
-
-        A reply per request is the common case; through ``transport.write`` each
-        one costs registering the socket for writing, a poll round and
-        unregistering it again (two epoll_ctl calls), a fair share of a request.
-        Twisted's own buffer takes whatever the socket does not.
-        """
-        t = self.transport
-        if self._direct and not t.dataBuffer and not t._tempDataLen and t.connected and not t.disconnecting \
-                and not t.TLS:
-            try:
-                sent = t.socket.send(data)
-            except BlockingIOError:
-                sent = 0
-            except OSError:
-                sent = 0  # the transport finds the error itself on its next read or write
-            if sent == len(data):
-                return
-            data = data[sent:]
-        t.write(data)
+        send(self.transport, data, self._direct)
 
 
 class NativeTCPFactory(protocol.Factory):

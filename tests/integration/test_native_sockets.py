@@ -240,6 +240,31 @@ class NativeSocketsTest(unittest.TestCase):
         self.assertEqual([r.get("data", r) for r in replies[40:]], [str(i) for i in range(40)])
 
     @defer.inlineCallbacks
+    def test_client_call_without_deferreds(self):
+        """The client's call(): replies reach their callbacks in request order; a lost connection answers code -1."""
+        c = yield self.tcp()
+        got = []
+        done = defer.Deferred()
+
+        def on_reply(reply):
+            got.append(reply)
+            if len(got) == 3:
+                done.callback(None)
+
+        c.call({"action": 1, "queue": "calls", "data": "é", "seq": 1}, on_reply)
+        c.call({"action": 2, "queue": "calls", "seq": 2}, on_reply)
+        c.call({"action": 2, "queue": "calls", "seq": 3}, on_reply)
+        yield done
+        self.assertEqual([r["seq"] for r in got], [1, 2, 3])
+        self.assertEqual((got[1]["data"], got[1]["msg_id"]), ("é", got[0]["msg_id"]))
+        self.assertNotIn("data", got[2])
+        lost = []
+        c._waiting.append(lost.append)  # a request whose reply never comes before the connection goes
+        c.transport.loseConnection()
+        yield c.closed
+        self.assertEqual(lost, [{"code": -1, "reason": "connection lost"}])
+
+    @defer.inlineCallbacks
     def test_topic_round_trip(self):
         """produce with topic stores an MQTT publish; consume with topic reads device publishes per group."""
         c = yield self.tcp()

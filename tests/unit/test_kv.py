@@ -134,3 +134,32 @@ def test_without_kv_sync_the_executor_is_not_used(tmp_path):
     kv.put(b"a", b"1").addCallback(fired.append)
     clock.advance(0)
     assert fired == [None] and executor.pending == [] and kv.wal_syncs == 0
+
+
+def test_staged_writes_tell_on_durable_once_committed(tmp_path):
+    """stage() writes join the tick's batch; on_durable runs once that batch is written, not before."""
+    clock = task.Clock()
+    kv = DurableKV(str(tmp_path), clock)
+    told = []
+    kv.stage(b"a", b"1")
+    kv.stage(b"b", None)
+    kv.on_durable(lambda: told.append("done"), told.append)
+    assert told == [] and kv.get(b"a") == b"1"
+    clock.advance(0)
+    assert told == ["done"] and kv.batches == 1
+    kv.on_durable(lambda: told.append("at once"), told.append)
+    assert told == ["done", "at once"], "nothing pending: told on the spot"
+
+
+def test_on_durable_waits_for_the_wal_fsync_when_sync(tmp_path):
+    """With sync=True, on_durable runs only after the WAL fsync that covers the staged write."""
+    clock = task.Clock()
+    executor = DeferredExecutor()
+    kv = DurableKV(str(tmp_path), clock, sync=True, executor=executor)
+    told = []
+    kv.stage(b"a", b"1")
+    kv.on_durable(lambda: told.append("done"), told.append)
+    clock.advance(0)
+    assert told == []
+    executor.run_pending()
+    assert told == ["done"]

@@ -194,3 +194,68 @@ def test_request_object_parses_back_to_the_same_request(obj):
     config = NativeConfig()
     req = codec.parse_request(obj, config)
     assert codec.parse_request(codec.request_object(req), config) == req
+
+
+def _stdlib_outcome(raw):
+    """What the stdlib-only decoder makes of ``raw``: the object, or the RequestError reason."""
+    try:
+        return ("ok", codec._parse_json_stdlib(raw))
+    except RequestError as exc:
+        return ("error", exc.reason)
+
+
+def _outcome(raw):
+    try:
+        return ("ok", codec.parse_json(raw))
+    except RequestError as exc:
+        return ("error", exc.reason)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(_fields.map(lambda o: json.dumps(o, ensure_ascii=False).encode("utf-8", "surrogatepass")),
+                 _fields.map(lambda o: json.dumps(o).encode()), st.binary(max_size=200)))
+def test_fast_decoder_agrees_with_the_stdlib(raw):
+    """orjson's decode gives what the stdlib decoder gives (object or error reason) for any bytes."""
+    assert _outcome(raw) == _stdlib_outcome(raw)
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"action":1,"queue":"q","data":"x","ttl":' + b"9" * 30 + b"}",  # past 64 bits: a float in orjson
+    b'{"action":1,"queue":"q","batch":[{"data":"x","delay":' + b"9" * 25 + b"}]}",
+    b'{"action":1,"queue":"q","data":"\\ud800"}',  # lone surrogate: orjson refuses, the stdlib reads it
+    b'{"action":1,"queue":"q","data":"x","delay":1e400}',
+])
+def test_what_orjson_reads_differently_goes_the_stdlib_way(raw):
+    """Inputs orjson refuses or reads differently decode exactly as the stdlib decodes them."""
+    assert _outcome(raw) == _stdlib_outcome(raw)
+    assert _outcome(raw)[0] == "ok"
+
+
+@pytest.mark.parametrize("reply", [
+    {"code": 0, "msg_id": 7, "data": "hé\u2028\x1f\"\\", "seq": "s"},
+    {"code": 0, "data": "\ud800"},  # lone surrogate: orjson refuses, the ASCII encoder escapes it
+    {"code": 0, "msg_id": 2 ** 70},
+    {"code": -1, "reason": "x", "seq": 1, "queues": [{"queue": "q", "size": 0}]},
+])
+def test_encode_reply_matches_the_stdlib_encoding(reply):
+    """Replies decode to the same object the stdlib would have written, on one line."""
+    out = codec.encode_reply(reply)
+    try:
+        expected = json.dumps(reply, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        expected = json.dumps(reply, separators=(",", ":")).encode("ascii")
+    assert out == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=30).map(lambda b: b.replace(b"\n", b"").replace(b"\r", b"")), max_size=6),
+       st.lists(st.integers(0, 200), max_size=5))
+def test_line_buffer_same_lines_whatever_the_chunks(lines, cuts):
+    """The lines out do not depend on how the stream is cut (whole single lines take a shortcut)."""
+    stream = b"".join(line + b"\n" for line in lines)
+    expected = [line for line in lines if line.strip() and len(line) <= 20]
+    buf, got, start = LineBuffer(20), [], 0
+    for cut in sorted(set(c for c in cuts if c < len(stream))) + [len(stream)]:
+        got.extend(x for x in buf.feed(stream[start:cut]) if x is not LINE_TOO_LONG)
+        start = cut
+    assert got == expected

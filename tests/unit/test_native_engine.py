@@ -301,3 +301,18 @@ def test_stats_are_floats(node):
     stats = node.native.stats()
     assert stats["native_produced_total"] == 1.0
     assert all(isinstance(v, float) for v in stats.values())
+
+
+def test_reads_soon_only_for_queues_with_a_consumer_near_the_tail(node):
+    """The store keeps an append in memory for a native queue whose consumer is caught up, not for a backlog."""
+    from lightqueue.native_engine import READ_SOON_LAG
+
+    engine = node.native.engine
+    assert node.call(action=1, queue="live", data="x")["code"] == 0
+    assert not engine.reads_soon(("%QUEUE%live",)), "nobody reads it yet"
+    assert node.call(action=2, queue="live")["data"] == "x"
+    assert engine.reads_soon(("%QUEUE%live",)) and engine.reads_soon(("%LMQ%a", "%QUEUE%live"))
+    for i in range(READ_SOON_LAG + 1):
+        node.store.put(Message("live", b"y", RecordKind.NATIVE_MESSAGE, 0, False, "", 0, {}))
+    node.clock.advance(0)
+    assert not engine.reads_soon(("%QUEUE%live",)), "a backlog stays on disk"

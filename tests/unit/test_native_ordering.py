@@ -70,3 +70,24 @@ def test_cancel_stops_requests_not_started_yet():
     order.cancel()
     s.answer("a1")
     assert s.started == ["a1"]
+
+
+def test_barrier_started_with_nothing_unfinished_still_holds_later_requests():
+    """A queue list started while nothing else is unfinished still makes every later request wait for it."""
+    order, s = RequestOrder(), Server()
+    order.run(_req(None, native_types.QUEUE_LIST), s.start("list"), s.results.append)
+    order.run(_req("a"), s.start("a"), s.results.append)
+    assert s.started == ["list"]
+    s.answer("list")
+    assert s.started == ["list", "a"]
+
+
+def test_many_queues_on_one_connection_keep_their_order():
+    """Past the per-connection cache of queue keys, requests on each queue still wait for the earlier one."""
+    order, s = RequestOrder(), Server()
+    for i in range(1100):
+        order.run(_req(f"q{i}"), s.start(f"q{i}-1"), s.results.append)
+    order.run(_req("q5"), s.start("q5-2"), s.results.append)
+    assert "q5-2" not in s.started and len(s.started) == 1100
+    s.answer("q5-1")
+    assert s.started[-1] == "q5-2"
