@@ -36,33 +36,39 @@ MAX_BACKLOG = 1000  # packets received between CONNECT and CONNACK
 class MQTTServerProtocol(protocol.Protocol):
     """One client connection."""
 
+    # Slots, not a __dict__: an idle connection is mostly this object, so every field counts (issue 17).
+    # Rarely needed state starts as a shared None and is made when first used.
+    __slots__ = ("front", "clock", "transport", "connected", "factory", "parser", "level", "session", "client_id",
+                 "username", "asked", "acl_username", "peer_host", "paused", "refusal", "connect_seen",
+                 "server_keep_alive", "inbound_aliases", "inbound_inflight", "pending_puts", "deadline_bucket",
+                 "_reading_paused", "_backlog", "_keep_alive", "_last_rx", "_closing")
+
     def __init__(self, front, clock) -> None:
         self.front = front
         self.clock = clock
-        limits = front.limits
-        self.parser = MQTTParser(max_packet_size=limits.max_packet_size)
+        self.transport = None
+        self.connected = 0
+        self.factory = None
+        self.parser = MQTTParser(max_packet_size=front.limits.max_packet_size)
         self.level = 4
         self.session = None
         self.client_id = None
         self.username = None
-        self.asked = (None, None)  # (client id, username) the CONNECT gave, for the connect_refused line
+        self.asked = None  # the CONNECT until it is answered, for the connect_refused line
         self.acl_username = None  # the username only if it was verified (password or certificate)
         self.peer_host = "?"
         self.paused = False  # the transport's write buffer is full
         self.refusal = None
         self.connect_seen = False
         self.server_keep_alive = None
-        self.client_receive_maximum = 65535
-        self.client_max_packet_size = 0
-        self.client_alias_maximum = 0
-        self.inbound_aliases: dict[int, str] = {}
+        self.inbound_aliases: dict[int, str] | None = None  # made by the first topic alias (v5)
         self.inbound_inflight = 0
         self.pending_puts = 0
+        self.deadline_bucket = None  # the DeadlineWheel's, while a deadline is set
         self._reading_paused = False
-        self._backlog: list = []
-        self._keep_alive = 0.0
+        self._backlog: list | None = None  # packets after CONNECT, while it is being answered
+        self._keep_alive = None  # None until CONNACK: the deadline is CONNECT's; then seconds, 0 = none
         self._last_rx = 0.0
-        self._timer = None
         self._closing = False
 
     # -- transport events -----------------------------------------------------------------
@@ -76,12 +82,11 @@ class MQTTServerProtocol(protocol.Protocol):
         if hasattr(self.transport, "bufferSize"):
             self.transport.bufferSize = self.front.limits.max_queued_bytes
         self.transport.registerProducer(self, True)
-        self._timer = self.clock.callLater(CONNECT_TIMEOUT_S, self._connect_timeout)
+        self._last_rx = self.clock.seconds()
+        self.front.deadlines.schedule(self, self._last_rx + CONNECT_TIMEOUT_S)
 
     def connectionLost(self, reason=None) -> None:
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
-        self._timer = None
+        self.front.deadlines.cancel(self)
         self.front.connection_lost(self)
 
     def dataReceived(self, data: bytes) -> None:
@@ -129,6 +134,8 @@ class MQTTServerProtocol(protocol.Protocol):
             if type(packet) is Connect:
                 self.protocol_violation(ReasonCode.PROTOCOL_ERROR, "a second CONNECT (MQTT-3.1.0-2)")
                 return
+            if self._backlog is None:
+                self._backlog = []
             self._backlog.append(packet)  # CONNECT is still being answered
             if len(self._backlog) > MAX_BACKLOG:
                 self._pause_reading()
@@ -169,7 +176,7 @@ class MQTTServerProtocol(protocol.Protocol):
     def _on_connect(self, packet: Connect) -> None:
         self.connect_seen = True
         self.level = packet.protocol_level
-        self.asked = (packet.client_id, packet.username)
+        self.asked = packet
         if self.refusal is not None:
             self.refuse(self.refusal)
             return
@@ -180,20 +187,19 @@ class MQTTServerProtocol(protocol.Protocol):
         max_ka = self.front.config.max_keep_alive
         if max_ka and (keep_alive == 0 or keep_alive > max_ka) and self.level == MQTT_5:
             keep_alive = self.server_keep_alive = max_ka
-        self._keep_alive = keep_alive
         d = self.front.connect(self, packet)
-        d.addCallback(self._connected)
+        d.addCallback(self._connected, keep_alive)
         d.addErrback(self._handler_failed, "connect")
 
-    def _connected(self, _=None) -> None:
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
-        self._timer = None
+    def _connected(self, _, keep_alive: int) -> None:
+        self.front.deadlines.cancel(self)
+        self.asked = None
         if self.session is None or self._closing:
             return
-        if self._keep_alive:
-            self._timer = self.clock.callLater(self._keep_alive * 1.5, self._check_keep_alive)
-        backlog, self._backlog = self._backlog, []
+        self._keep_alive = keep_alive
+        if keep_alive:
+            self.front.deadlines.schedule(self, self._last_rx + keep_alive * 1.5)
+        backlog, self._backlog = self._backlog or (), None
         for packet in backlog:
             if self._closing or self.session is None:
                 break
@@ -201,22 +207,24 @@ class MQTTServerProtocol(protocol.Protocol):
         if self._reading_paused and self.pending_puts <= self.front.limits.max_pending_puts // 2:
             self._resume_reading()
 
-    # -- timers -------------------------------------------------------------------------------
+    # -- deadlines ----------------------------------------------------------------------------
 
-    def _connect_timeout(self) -> None:
-        self._timer = None
-        log.info("connect_timeout peer=%s", self.peer_host)
-        self._abort()
-
-    def _check_keep_alive(self) -> None:
-        self._timer = None
-        idle = self.clock.seconds() - self._last_rx
-        limit = self._keep_alive * 1.5
+    def deadline_due(self, now: float) -> float | None:
+        """The DeadlineWheel's check: close a connection past its deadline, else name the next one."""
+        if self._closing:
+            return None
+        keep_alive = self._keep_alive
+        if keep_alive is None:  # no CONNACK yet
+            log.info("connect_timeout peer=%s", self.peer_host)
+            self._abort()
+            return None
+        idle = now - self._last_rx
+        limit = keep_alive * 1.5
         if idle >= limit:
             log.info("keep_alive_expired client=%s idle=%.1fs", self.client_id, idle)
             self.front.server_disconnect(self, ReasonCode.KEEP_ALIVE_TIMEOUT)
-            return
-        self._timer = self.clock.callLater(limit - idle, self._check_keep_alive)
+            return None
+        return self._last_rx + limit
 
     # -- output -----------------------------------------------------------------------------
 
@@ -232,8 +240,9 @@ class MQTTServerProtocol(protocol.Protocol):
         """Answer CONNECT with a failure CONNACK and close."""
         self.front.stats.connections_refused += 1
         # %r: both come from the client, and quoting keeps a crafted line break out of the log.
-        log.info("connect_refused client=%r user=%r peer=%s reason=0x%02X", *self.asked, self.peer_host,
-                 int(reason))
+        asked = self.asked
+        log.info("connect_refused client=%r user=%r peer=%s reason=0x%02X", asked and asked.client_id,
+                 asked and asked.username, self.peer_host, int(reason))
         self.transport.write(encode(ConnAck(False, reason), self.level))
         self._closing = True
         self.transport.loseConnection()

@@ -135,6 +135,26 @@ def test_traffic_resets_keep_alive(h):
     assert not c.transport.disconnecting
 
 
+def test_keep_alive_zero_never_expires(h):
+    """Keep-alive 0 turns the mechanism off (MQTT-3.1.2-24 applies only to a non-zero value)."""
+    c = h.connect("forever", keep_alive=0)
+    assert isinstance(c.received()[0], ConnAck)
+    h.tick(100_000)
+    assert not c.transport.disconnecting
+
+
+def test_idle_connections_share_one_timer(h):
+    """A thousand connected clients with keep-alives hold one pending call between them, not one each."""
+    before = len(h.clock.getDelayedCalls())
+    conns = [h.connect(f"idle{i}", level=4, keep_alive=60 + i % 7) for i in range(1000)]
+    assert all(isinstance(c.received()[0], ConnAck) for c in conns)
+    assert len(h.clock.getDelayedCalls()) <= before + 1
+    h.tick(60 * 1.5 - 1)
+    assert not any(c.transport.disconnecting for c in conns)
+    h.tick(10)
+    assert all(c.transport.disconnecting for c in conns) and h.broker.sessions == {}
+
+
 def test_takeover_disconnects_old_connection_with_0x8e(h):
     """A second connection with the same client id closes the first with SESSION_TAKEN_OVER."""
     first = h.connect("twin")
