@@ -14,7 +14,7 @@ import logging
 
 from twisted.internet import protocol
 from zope.interface import implementer
-from twisted.internet.interfaces import IPushProducer
+from twisted.internet.interfaces import ILoggingContext, IProtocol, IPushProducer
 
 from mqtt_proxy.codec import (
     MQTT_5, ConnAck, Connect, Disconnect, MQTTParser, PingReq, ProtocolError, PubAck, PubComp, Publish, PubRec,
@@ -32,12 +32,16 @@ CONNECT_TIMEOUT_S = 10.0
 MAX_BACKLOG = 1000  # packets received between CONNECT and CONNACK
 
 
-@implementer(IPushProducer)
-class MQTTServerProtocol(protocol.Protocol):
-    """One client connection."""
+@implementer(IProtocol, ILoggingContext, IPushProducer)
+class MQTTServerProtocol:
+    """One client connection.
 
-    # Slots, not a __dict__: an idle connection is mostly this object, so every field counts (issue 17).
-    # Rarely needed state starts as a shared None and is made when first used.
+    ``IProtocol`` without ``protocol.Protocol`` as base class: its instances
+    carry a ``__dict__``, and an idle connection is mostly this object, so it has
+    slots only (issue 17). Rarely needed state starts as a shared None and is
+    made when first used.
+    """
+
     __slots__ = ("front", "clock", "transport", "connected", "factory", "parser", "level", "session", "client_id",
                  "username", "asked", "acl_username", "peer_host", "paused", "refusal", "connect_seen",
                  "server_keep_alive", "inbound_aliases", "inbound_inflight", "pending_puts", "deadline_bucket",
@@ -72,6 +76,14 @@ class MQTTServerProtocol(protocol.Protocol):
         self._closing = False
 
     # -- transport events -----------------------------------------------------------------
+
+    def makeConnection(self, transport) -> None:
+        self.connected = 1
+        self.transport = transport
+        self.connectionMade()
+
+    def logPrefix(self) -> str:
+        return "MQTTServerProtocol"
 
     def connectionMade(self) -> None:
         peer = self.transport.getPeer()

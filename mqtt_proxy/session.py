@@ -95,7 +95,7 @@ class Session:
         self.stored = False  # something of this session was written to the session store
         self.acl_username = None  # whose ACL rules the will is checked against
         self.expiry_call = None
-        self._dirty_subs: dict[str, None] = {}  # keys of subs whose position moved (a dict: 64 B, a set 216)
+        self._dirty_subs: dict[str, None] | None = None  # keys of subs whose position moved, once any did
         self._pumping = False
         self._pump_again = False
         self._pump_scheduled = False
@@ -336,6 +336,8 @@ class Session:
                 more = True  # news came while reading: read again
         if position is not start and position != start:
             sub.positions[group] = position
+            if self._dirty_subs is None:
+                self._dirty_subs = {}
             self._dirty_subs[sub.key] = None
             if sent is not None and self.delivery.deliver_latency is not None:  # one sample per batch
                 self.delivery.deliver_latency.observe(max(0, now - sent.store_ts) / 1000.0)
@@ -417,7 +419,7 @@ class Session:
     def _persist_positions(self) -> None:
         if not self._dirty_subs:
             return
-        dirty, self._dirty_subs = self._dirty_subs, {}
+        dirty, self._dirty_subs = self._dirty_subs, None
         if not self.persistent:
             return
         for key in dirty:

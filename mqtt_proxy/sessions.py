@@ -11,6 +11,7 @@ delivery through the ``DeliveryPump`` in the sessions' ``SessionContext``.
 from __future__ import annotations
 
 import logging
+import sys
 import uuid
 
 from twisted.internet import defer
@@ -122,8 +123,10 @@ class SessionRegistry:
         if not result.ok:
             conn.refuse(ReasonCode(result.v5_reason_code))
             return
-        conn.username = result.username
-        conn.acl_username = result.acl_username  # an unverified name never gets that user's rules
+        # Interned: many clients share a few user names, and each CONNECT decodes its own copy.
+        conn.username = sys.intern(result.username) if type(result.username) is str else result.username
+        # An unverified name never gets that user's rules.
+        conn.acl_username = conn.username if result.acl_username is not None else None
         if level == MQTT_5:
             expiry = props.session_expiry_interval or 0
             if expiry != NEVER_EXPIRES:
