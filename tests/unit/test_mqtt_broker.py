@@ -43,7 +43,7 @@ class Harness:
         self.kv = DurableKV(str(path / "sessions"), self.clock)
         self.native_kv = DurableKV(str(path / "native"), self.clock)
         self.notifier = Notifier(self.clock)
-        self.store.add_listener(self.notifier.notify)
+        self.store.add_listener(self.notifier.notify_now)  # as cluster/store_parts.py wires it
         self.store.open()
         self.timers.start()
         engine = NativeEngine(self.store, self.native_kv, NativeConfig(), self.clock, self.timers)
