@@ -309,25 +309,29 @@ class Session:
         window = self.window
         conn = self.conn
         stopped_at = None  # the first message not sent (the window or the connection is full)
-        for m in messages:
-            record = m.record
-            qos = min(sub.qos, record.qos)
-            if (qos and window <= 0) or conn.paused:
-                stopped_at = m.position
-                more = False
-                break
-            if sub.no_local and record.client_id == self.client_id:
-                continue
-            if record.properties and message_props.expired(record.properties, now):
-                self.delivery.stats.messages_expired += 1
-                continue
-            pid, actions = self.state.offer(sub, m.position, qos)
-            if actions:
-                self.carry_out(actions)
-            if qos:
-                window -= 1
-            self._send(record, qos, pid, sub)
-            sent = record
+        conn.cork()  # the batch goes to the transport as one write
+        try:
+            for m in messages:
+                record = m.record
+                qos = min(sub.qos, record.qos)
+                if (qos and window <= 0) or conn.paused:
+                    stopped_at = m.position
+                    more = False
+                    break
+                if sub.no_local and record.client_id == self.client_id:
+                    continue
+                if record.properties and message_props.expired(record.properties, now):
+                    self.delivery.stats.messages_expired += 1
+                    continue
+                pid, actions = self.state.offer(sub, m.position, qos)
+                if actions:
+                    self.carry_out(actions)
+                if qos:
+                    window -= 1
+                self._send(record, qos, pid, sub)
+                sent = record
+        finally:
+            conn.uncork()
         position = result.next if stopped_at is None else stopped_at
         if not messages and not result.lost:  # at the end (a short read may be short of bytes only)
             if sub.news == news:
