@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from twisted.internet import protocol
+from twisted.internet import protocol, tcp
 from zope.interface import implementer
 from twisted.internet.interfaces import ILoggingContext, IProtocol, IPushProducer
 
@@ -83,6 +83,10 @@ class MQTTServerProtocol:
     def makeConnection(self, transport) -> None:
         self.connected = 1
         self.transport = transport
+        if isinstance(transport, tcp.Server):
+            # Twisted formats two strings per connection for its own log lines and repr (164 bytes of an
+            # idle connection); ours name the client and peer, so a shared prefix serves Twisted's.
+            transport.logstr = transport.repstr = "MQTTServerProtocol"
         self.connectionMade()
 
     def logPrefix(self) -> str:

@@ -195,7 +195,7 @@ class Publisher:
             if conn.session is session:
                 conn.send(PubAck(packet_id))
         elif qos == 2:
-            session.inbound_qos2[packet_id] = None
+            session.state.hold_inbound_qos2(packet_id)
             d = session.write("put_inbound_qos2", packet_id) if session.persistent else None
 
             def answer(durable=True):
@@ -203,7 +203,7 @@ class Publisher:
                     if durable:
                         conn.send(PubRec(packet_id))
                     else:  # never promise exactly once without the packet id stored
-                        session.inbound_qos2.pop(packet_id, None)
+                        session.state.release_inbound_qos2(packet_id)
                         _refuse_after_store(conn, 2, packet_id)
             if d is None:
                 answer()
@@ -228,7 +228,7 @@ class Publisher:
         if pid not in session.inbound_qos2:
             conn.send(PubComp(pid, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND if conn.level == MQTT_5 else 0))
             return
-        session.inbound_qos2.pop(pid, None)
+        session.state.release_inbound_qos2(pid)
         conn.inbound_inflight = max(0, conn.inbound_inflight - 1)
 
         def answer(_=None):

@@ -14,8 +14,11 @@ Nothing here imports Twisted, the store or push: it runs the same under a test w
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
 
 NEVER_EXPIRES = 0xFFFFFFFF
+NO_PACKET_IDS: Mapping[int, None] = MappingProxyType({})  # shared by every session until it holds one
 MAX_PACKET_ID = 65535
 
 
@@ -133,7 +136,7 @@ class SessionState:
         self.connected = False
         self.subs: dict[str, object] = {}
         self.outbound: dict[int, Outbound] = {}
-        self.inbound_qos2: dict[int, None] = {}  # QoS 2 ids received, not released (a dict: 64 B, a set 216)
+        self.inbound_qos2: Mapping[int, None] = NO_PACKET_IDS  # QoS 2 ids received, not released yet
         self.receive_maximum = 65535  # the client's, v5
         self.max_packet_size = 0  # the client's, 0 = no limit
         self.alias_maximum = 0  # topic aliases the client accepts from us
@@ -304,6 +307,19 @@ class SessionState:
             else:
                 actions.append(Resend(pid, o.sub_key, o.position))
         return actions
+
+    # -- inbound QoS 2 -------------------------------------------------------------------------
+
+    def hold_inbound_qos2(self, packet_id: int) -> None:
+        """A QoS 2 message with ``packet_id`` was stored: a resend of it is acknowledged, not stored again."""
+        if self.inbound_qos2 is NO_PACKET_IDS:
+            self.inbound_qos2 = {}  # made when first needed: most sessions never see QoS 2
+        self.inbound_qos2[packet_id] = None
+
+    def release_inbound_qos2(self, packet_id: int) -> None:
+        """PUBREL (or a failed store) ends ``packet_id``'s exactly-once hold."""
+        if packet_id in self.inbound_qos2:
+            del self.inbound_qos2[packet_id]
 
     # -- topic aliases -------------------------------------------------------------------------
 

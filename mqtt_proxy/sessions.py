@@ -90,7 +90,8 @@ class SessionRegistry:
             session.outbound[o.packet_id] = Outbound(o.subscription_key, o.position, o.qos)
         for pid in state.released:
             session.outbound[pid] = Outbound(None, None, 2, released=True)
-        session.inbound_qos2 = dict.fromkeys(state.inbound_qos2)
+        for pid in state.inbound_qos2:
+            session.state.hold_inbound_qos2(pid)
         session.stored = True
         return session
 
