@@ -1,11 +1,13 @@
 """The Twisted side of an MQTT connection: bytes to the codec, packets to the MQTT front end.
 
-Thin on purpose: it owns the transport, the keep-alive and CONNECT timers and
-the two kinds of back-pressure. Writing: it is registered as the transport's
-producer, so when a client reads slower than we push, the transport pauses us
-and the session stops pulling (a slow consumer costs its offset, nothing
-more). Reading: when too many of this client's publishes wait on the store,
-we stop reading its socket until the store catches up.
+Thin on purpose: it owns the transport, the keep-alive and CONNECT deadlines
+(kept on the front end's one ``DeadlineWheel``, not a timer each) and the two
+kinds of back-pressure. Writing: it is registered as the transport's producer,
+so when a client reads slower than we push, the transport pauses us and the
+session stops pulling (a slow consumer costs its offset, nothing more); a
+delivery batch is corked into one transport write. Reading: when too many of
+this client's publishes wait on the store, we stop reading its socket until the
+store catches up.
 """
 
 from __future__ import annotations
