@@ -155,6 +155,17 @@ def test_idle_connections_share_one_timer(h):
     assert all(c.transport.disconnecting for c in conns) and h.broker.sessions == {}
 
 
+def test_an_idle_connection_holds_no_instance_dicts_or_empty_containers(h):
+    """The per-client objects are slotted and an idle client holds no set, list or dict made just in case."""
+    c = h.connect("lean", level=4, keep_alive=60)
+    assert isinstance(c.received()[0], ConnAck)
+    session = c.proto.session
+    for obj in (c.proto, c.proto.parser, session, session.state):
+        assert not hasattr(obj, "__dict__"), type(obj).__name__
+    assert c.proto.inbound_aliases is None and c.proto._backlog is None and c.proto.asked is None
+    assert session.state.aliases is None and not isinstance(session.state.inbound_qos2, (set, dict))
+
+
 def test_takeover_disconnects_old_connection_with_0x8e(h):
     """A second connection with the same client id closes the first with SESSION_TAKEN_OVER."""
     first = h.connect("twin")
