@@ -17,6 +17,7 @@ from mqtt_proxy.auth.acl import ACL
 from mqtt_proxy.auth.authenticator import AuthResult
 from mqtt_proxy.codec import ReasonCode
 from mqtt_proxy.config import LimitsConfig, MQTTConfig
+from mqtt_proxy.deadlines import DeadlineWheel
 from mqtt_proxy.delivery import DeliveryPump, SessionContext
 from mqtt_proxy.inbound import InboundBatcher
 from mqtt_proxy.publish import Publisher
@@ -49,6 +50,7 @@ class MQTTFrontEnd:
         self.acl = registry.acl
         self.auth = registry.auth
         self.connections: set = set()
+        self.deadlines = DeadlineWheel(self.clock)  # every connection's CONNECT and keep-alive deadline
         self.started_at = self.clock.seconds()
         self._rate: dict[str, tuple[int, int]] = {}  # address -> (second, connections in it)
         self.closing = False

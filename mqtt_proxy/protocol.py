@@ -1,20 +1,22 @@
 """The Twisted side of an MQTT connection: bytes to the codec, packets to the MQTT front end.
 
-Thin on purpose: it owns the transport, the keep-alive and CONNECT timers and
-the two kinds of back-pressure. Writing: it is registered as the transport's
-producer, so when a client reads slower than we push, the transport pauses us
-and the session stops pulling (a slow consumer costs its offset, nothing
-more). Reading: when too many of this client's publishes wait on the store,
-we stop reading its socket until the store catches up.
+Thin on purpose: it owns the transport, the keep-alive and CONNECT deadlines
+(kept on the front end's one ``DeadlineWheel``, not a timer each) and the two
+kinds of back-pressure. Writing: it is registered as the transport's producer,
+so when a client reads slower than we push, the transport pauses us and the
+session stops pulling (a slow consumer costs its offset, nothing more); a
+delivery batch is corked into one transport write. Reading: when too many of
+this client's publishes wait on the store, we stop reading its socket until the
+store catches up.
 """
 
 from __future__ import annotations
 
 import logging
 
-from twisted.internet import protocol
+from twisted.internet import protocol, tcp
 from zope.interface import implementer
-from twisted.internet.interfaces import IPushProducer
+from twisted.internet.interfaces import ILoggingContext, IProtocol, IPushProducer
 
 from mqtt_proxy.codec import (
     MQTT_5, ConnAck, Connect, Disconnect, MQTTParser, PingReq, ProtocolError, PubAck, PubComp, Publish, PubRec,
@@ -29,43 +31,68 @@ from store.api import AppendStatus as PutStatus
 log = logging.getLogger("twistmq.mqtt.protocol")
 
 CONNECT_TIMEOUT_S = 10.0
+CORK_FLUSH_BYTES = 65536  # a corked batch goes to the transport at this size, so back-pressure still applies
 MAX_BACKLOG = 1000  # packets received between CONNECT and CONNACK
 
 
-@implementer(IPushProducer)
-class MQTTServerProtocol(protocol.Protocol):
-    """One client connection."""
+@implementer(IProtocol, ILoggingContext, IPushProducer)
+class MQTTServerProtocol:
+    """One client connection.
+
+    ``IProtocol`` without ``protocol.Protocol`` as base class: its instances
+    carry a ``__dict__``, and an idle connection is mostly this object, so it has
+    slots only (issue 17). Rarely needed state starts as a shared None and is
+    made when first used.
+    """
+
+    __slots__ = ("front", "clock", "transport", "connected", "factory", "parser", "level", "session", "client_id",
+                 "username", "asked", "acl_username", "peer_host", "paused", "refusal", "connect_seen",
+                 "server_keep_alive", "inbound_aliases", "inbound_inflight", "pending_puts", "deadline_bucket",
+                 "_reading_paused", "_backlog", "_keep_alive", "_last_rx", "_closing", "_corked", "_corked_bytes")
 
     def __init__(self, front, clock) -> None:
         self.front = front
         self.clock = clock
-        limits = front.limits
-        self.parser = MQTTParser(max_packet_size=limits.max_packet_size)
+        self.transport = None
+        self.connected = 0
+        self.factory = None
+        self.parser = MQTTParser(max_packet_size=front.limits.max_packet_size)
         self.level = 4
         self.session = None
         self.client_id = None
         self.username = None
-        self.asked = (None, None)  # (client id, username) the CONNECT gave, for the connect_refused line
+        self.asked = None  # the CONNECT until it is answered, for the connect_refused line
         self.acl_username = None  # the username only if it was verified (password or certificate)
         self.peer_host = "?"
         self.paused = False  # the transport's write buffer is full
         self.refusal = None
         self.connect_seen = False
         self.server_keep_alive = None
-        self.client_receive_maximum = 65535
-        self.client_max_packet_size = 0
-        self.client_alias_maximum = 0
-        self.inbound_aliases: dict[int, str] = {}
+        self.inbound_aliases: dict[int, str] | None = None  # made by the first topic alias (v5)
         self.inbound_inflight = 0
         self.pending_puts = 0
+        self.deadline_bucket = None  # the DeadlineWheel's, while a deadline is set
         self._reading_paused = False
-        self._backlog: list = []
-        self._keep_alive = 0.0
+        self._backlog: list | None = None  # packets after CONNECT, while it is being answered
+        self._keep_alive = None  # None until CONNACK: the deadline is CONNECT's; then seconds, 0 = none
         self._last_rx = 0.0
-        self._timer = None
         self._closing = False
+        self._corked: list | None = None  # writes held while a batch is being sent (see cork)
+        self._corked_bytes = 0
 
     # -- transport events -----------------------------------------------------------------
+
+    def makeConnection(self, transport) -> None:
+        self.connected = 1
+        self.transport = transport
+        if isinstance(transport, tcp.Server):
+            # Twisted formats two strings per connection for its own log lines and repr (164 bytes of an
+            # idle connection); ours name the client and peer, so a shared prefix serves Twisted's.
+            transport.logstr = transport.repstr = "MQTTServerProtocol"
+        self.connectionMade()
+
+    def logPrefix(self) -> str:
+        return "MQTTServerProtocol"
 
     def connectionMade(self) -> None:
         peer = self.transport.getPeer()
@@ -76,12 +103,11 @@ class MQTTServerProtocol(protocol.Protocol):
         if hasattr(self.transport, "bufferSize"):
             self.transport.bufferSize = self.front.limits.max_queued_bytes
         self.transport.registerProducer(self, True)
-        self._timer = self.clock.callLater(CONNECT_TIMEOUT_S, self._connect_timeout)
+        self._last_rx = self.clock.seconds()
+        self.front.deadlines.schedule(self, self._last_rx + CONNECT_TIMEOUT_S)
 
     def connectionLost(self, reason=None) -> None:
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
-        self._timer = None
+        self.front.deadlines.cancel(self)
         self.front.connection_lost(self)
 
     def dataReceived(self, data: bytes) -> None:
@@ -129,6 +155,8 @@ class MQTTServerProtocol(protocol.Protocol):
             if type(packet) is Connect:
                 self.protocol_violation(ReasonCode.PROTOCOL_ERROR, "a second CONNECT (MQTT-3.1.0-2)")
                 return
+            if self._backlog is None:
+                self._backlog = []
             self._backlog.append(packet)  # CONNECT is still being answered
             if len(self._backlog) > MAX_BACKLOG:
                 self._pause_reading()
@@ -169,7 +197,7 @@ class MQTTServerProtocol(protocol.Protocol):
     def _on_connect(self, packet: Connect) -> None:
         self.connect_seen = True
         self.level = packet.protocol_level
-        self.asked = (packet.client_id, packet.username)
+        self.asked = packet
         if self.refusal is not None:
             self.refuse(self.refusal)
             return
@@ -180,20 +208,19 @@ class MQTTServerProtocol(protocol.Protocol):
         max_ka = self.front.config.max_keep_alive
         if max_ka and (keep_alive == 0 or keep_alive > max_ka) and self.level == MQTT_5:
             keep_alive = self.server_keep_alive = max_ka
-        self._keep_alive = keep_alive
         d = self.front.connect(self, packet)
-        d.addCallback(self._connected)
+        d.addCallback(self._connected, keep_alive)
         d.addErrback(self._handler_failed, "connect")
 
-    def _connected(self, _=None) -> None:
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
-        self._timer = None
+    def _connected(self, _, keep_alive: int) -> None:
+        self.front.deadlines.cancel(self)
+        self.asked = None
         if self.session is None or self._closing:
             return
-        if self._keep_alive:
-            self._timer = self.clock.callLater(self._keep_alive * 1.5, self._check_keep_alive)
-        backlog, self._backlog = self._backlog, []
+        self._keep_alive = keep_alive
+        if keep_alive:
+            self.front.deadlines.schedule(self, self._last_rx + keep_alive * 1.5)
+        backlog, self._backlog = self._backlog or (), None
         for packet in backlog:
             if self._closing or self.session is None:
                 break
@@ -201,39 +228,74 @@ class MQTTServerProtocol(protocol.Protocol):
         if self._reading_paused and self.pending_puts <= self.front.limits.max_pending_puts // 2:
             self._resume_reading()
 
-    # -- timers -------------------------------------------------------------------------------
+    # -- deadlines ----------------------------------------------------------------------------
 
-    def _connect_timeout(self) -> None:
-        self._timer = None
-        log.info("connect_timeout peer=%s", self.peer_host)
-        self._abort()
-
-    def _check_keep_alive(self) -> None:
-        self._timer = None
-        idle = self.clock.seconds() - self._last_rx
-        limit = self._keep_alive * 1.5
+    def deadline_due(self, now: float) -> float | None:
+        """The DeadlineWheel's check: close a connection past its deadline, else name the next one."""
+        if self._closing:
+            return None
+        keep_alive = self._keep_alive
+        if keep_alive is None:  # no CONNACK yet
+            log.info("connect_timeout peer=%s", self.peer_host)
+            self._abort()
+            return None
+        idle = now - self._last_rx
+        limit = keep_alive * 1.5
         if idle >= limit:
             log.info("keep_alive_expired client=%s idle=%.1fs", self.client_id, idle)
             self.front.server_disconnect(self, ReasonCode.KEEP_ALIVE_TIMEOUT)
-            return
-        self._timer = self.clock.callLater(limit - idle, self._check_keep_alive)
+            return None
+        return self._last_rx + limit
 
     # -- output -----------------------------------------------------------------------------
 
     def send(self, packet) -> None:
         if not self._closing:
-            self.transport.write(encode(packet, self.level))
+            self.write(encode(packet, self.level))
 
     def write(self, data: bytes) -> None:
-        if not self._closing:
+        if self._closing:
+            return
+        corked = self._corked
+        if corked is None:
             self.transport.write(data)
+            return
+        corked.append(data)
+        self._corked_bytes += len(data)
+        if self._corked_bytes >= CORK_FLUSH_BYTES:
+            self._flush_corked()  # the transport may pause us now: the sender checks ``paused``
+
+    def cork(self) -> None:
+        """Hold writes until ``uncork``: a delivery batch reaches the transport as one write.
+
+        Each transport write is a chain of Twisted calls (buffer, producer check,
+        writer registration); on a fan-out they were a fifth of the broker's
+        time, once per PUBLISH per subscriber.
+        """
+        if self._corked is None:
+            self._corked = []
+
+    def uncork(self) -> None:
+        """Pass what was held to the transport, in order, and write directly again."""
+        if self._corked is not None:
+            self._flush_corked()
+            self._corked = None
+
+    def _flush_corked(self) -> None:
+        corked = self._corked
+        if corked:
+            self._corked = []
+            self._corked_bytes = 0
+            if not self._closing:
+                self.transport.write(corked[0] if len(corked) == 1 else b"".join(corked))
 
     def refuse(self, reason: int) -> None:
         """Answer CONNECT with a failure CONNACK and close."""
         self.front.stats.connections_refused += 1
         # %r: both come from the client, and quoting keeps a crafted line break out of the log.
-        log.info("connect_refused client=%r user=%r peer=%s reason=0x%02X", *self.asked, self.peer_host,
-                 int(reason))
+        asked = self.asked
+        log.info("connect_refused client=%r user=%r peer=%s reason=0x%02X", asked and asked.client_id,
+                 asked and asked.username, self.peer_host, int(reason))
         self.transport.write(encode(ConnAck(False, reason), self.level))
         self._closing = True
         self.transport.loseConnection()

@@ -124,9 +124,11 @@ class Publisher:
                 conn.protocol_violation(ReasonCode.TOPIC_ALIAS_INVALID, f"topic alias {alias} is out of range")
                 return
             if topic:
+                if conn.inbound_aliases is None:
+                    conn.inbound_aliases = {}
                 conn.inbound_aliases[alias] = topic
             else:
-                topic = conn.inbound_aliases.get(alias)
+                topic = conn.inbound_aliases.get(alias) if conn.inbound_aliases is not None else None
                 if topic is None:
                     conn.protocol_violation(ReasonCode.PROTOCOL_ERROR, f"topic alias {alias} is not set")
                     return
@@ -228,7 +230,7 @@ class Publisher:
             if conn.session is session:
                 self._puback(conn, packet_id)
         elif qos == 2:
-            session.inbound_qos2.add(packet_id)
+            session.state.hold_inbound_qos2(packet_id)
             d = session.write("put_inbound_qos2", packet_id) if session.persistent else None
 
             def answer(durable=True):
@@ -236,7 +238,7 @@ class Publisher:
                     if durable:
                         conn.send(PubRec(packet_id))
                     else:  # never promise exactly once without the packet id stored
-                        session.inbound_qos2.discard(packet_id)
+                        session.state.release_inbound_qos2(packet_id)
                         _refuse_after_store(conn, 2, packet_id)
             if d is None:
                 answer()
@@ -261,7 +263,7 @@ class Publisher:
         if pid not in session.inbound_qos2:
             conn.send(PubComp(pid, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND if conn.level == MQTT_5 else 0))
             return
-        session.inbound_qos2.discard(pid)
+        session.state.release_inbound_qos2(pid)
         conn.inbound_inflight = max(0, conn.inbound_inflight - 1)
 
         def answer(_=None):

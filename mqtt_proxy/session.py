@@ -76,6 +76,11 @@ def _ignore_fenced(session: "Session") -> None:
 class Session:
     """State of one client id, connected or not."""
 
+    # Slots: one per client id, connected or not, so its size is the broker's size per client (issue 17).
+    __slots__ = ("ctx", "delivery", "sessions", "client_id", "epoch", "fenced", "on_fenced", "state", "conn",
+                 "will_call", "stored", "acl_username", "expiry_call", "_dirty_subs", "_pumping", "_pump_again",
+                 "_pump_scheduled")
+
     def __init__(self, ctx: "SessionContext", client_id: str, level: int, expiry: int, epoch: int = 0) -> None:
         self.ctx = ctx
         self.delivery = ctx.delivery
@@ -90,7 +95,7 @@ class Session:
         self.stored = False  # something of this session was written to the session store
         self.acl_username = None  # whose ACL rules the will is checked against
         self.expiry_call = None
-        self._dirty_subs: set[str] = set()
+        self._dirty_subs: dict[str, None] | None = None  # keys of subs whose position moved, once any did
         self._pumping = False
         self._pump_again = False
         self._pump_scheduled = False
@@ -304,25 +309,29 @@ class Session:
         window = self.window
         conn = self.conn
         stopped_at = None  # the first message not sent (the window or the connection is full)
-        for m in messages:
-            record = m.record
-            qos = min(sub.qos, record.qos)
-            if (qos and window <= 0) or conn.paused:
-                stopped_at = m.position
-                more = False
-                break
-            if sub.no_local and record.client_id == self.client_id:
-                continue
-            if record.properties and message_props.expired(record.properties, now):
-                self.delivery.stats.messages_expired += 1
-                continue
-            pid, actions = self.state.offer(sub, m.position, qos)
-            if actions:
-                self.carry_out(actions)
-            if qos:
-                window -= 1
-            self._send(record, qos, pid, sub)
-            sent = record
+        conn.cork()  # the batch goes to the transport as one write
+        try:
+            for m in messages:
+                record = m.record
+                qos = min(sub.qos, record.qos)
+                if (qos and window <= 0) or conn.paused:
+                    stopped_at = m.position
+                    more = False
+                    break
+                if sub.no_local and record.client_id == self.client_id:
+                    continue
+                if record.properties and message_props.expired(record.properties, now):
+                    self.delivery.stats.messages_expired += 1
+                    continue
+                pid, actions = self.state.offer(sub, m.position, qos)
+                if actions:
+                    self.carry_out(actions)
+                if qos:
+                    window -= 1
+                self._send(record, qos, pid, sub)
+                sent = record
+        finally:
+            conn.uncork()
         position = result.next if stopped_at is None else stopped_at
         if not messages and not result.lost:  # at the end (a short read may be short of bytes only)
             if sub.news == news:
@@ -331,7 +340,9 @@ class Session:
                 more = True  # news came while reading: read again
         if position is not start and position != start:
             sub.positions[group] = position
-            self._dirty_subs.add(sub.key)
+            if self._dirty_subs is None:
+                self._dirty_subs = {}
+            self._dirty_subs[sub.key] = None
             if sent is not None and self.delivery.deliver_latency is not None:  # one sample per batch
                 self.delivery.deliver_latency.observe(max(0, now - sent.store_ts) / 1000.0)
         if more:
@@ -412,7 +423,7 @@ class Session:
     def _persist_positions(self) -> None:
         if not self._dirty_subs:
             return
-        dirty, self._dirty_subs = self._dirty_subs, set()
+        dirty, self._dirty_subs = self._dirty_subs, None
         if not self.persistent:
             return
         for key in dirty:

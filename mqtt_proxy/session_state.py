@@ -14,8 +14,11 @@ Nothing here imports Twisted, the store or push: it runs the same under a test w
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
 
 NEVER_EXPIRES = 0xFFFFFFFF
+NO_PACKET_IDS: Mapping[int, None] = MappingProxyType({})  # shared by every session until it holds one
 MAX_PACKET_ID = 65535
 
 
@@ -122,6 +125,10 @@ class SessionState:
     (``session.py``); this class reads only their ``key``.
     """
 
+    __slots__ = ("level", "expiry", "max_inflight", "connected", "subs", "outbound", "inbound_qos2",
+                 "receive_maximum", "max_packet_size", "alias_maximum", "aliases", "will", "pending_will",
+                 "_next_pid")
+
     def __init__(self, level: int, expiry: int, max_inflight: int) -> None:
         self.level = level
         self.expiry = expiry
@@ -129,11 +136,11 @@ class SessionState:
         self.connected = False
         self.subs: dict[str, object] = {}
         self.outbound: dict[int, Outbound] = {}
-        self.inbound_qos2: set[int] = set()
+        self.inbound_qos2: Mapping[int, None] = NO_PACKET_IDS  # QoS 2 ids received, not released yet
         self.receive_maximum = 65535  # the client's, v5
         self.max_packet_size = 0  # the client's, 0 = no limit
         self.alias_maximum = 0  # topic aliases the client accepts from us
-        self.aliases: dict[str, int] = {}
+        self.aliases: dict[str, int] | None = None  # made when the first alias is given out
         self.will = None
         self.pending_will = None  # a will waiting on its delay
         self._next_pid = 1
@@ -148,7 +155,7 @@ class SessionState:
         """A connection (fresh or resumed) is bound: aliases start over (MQTT-3.3.2-7), a pending will is off."""
         self.connected = True
         self.level = level
-        self.aliases = {}
+        self.aliases = None
         self.pending_will = None
 
     def detach(self, publish_will: bool) -> list:
@@ -301,16 +308,32 @@ class SessionState:
                 actions.append(Resend(pid, o.sub_key, o.position))
         return actions
 
+    # -- inbound QoS 2 -------------------------------------------------------------------------
+
+    def hold_inbound_qos2(self, packet_id: int) -> None:
+        """A QoS 2 message with ``packet_id`` was stored: a resend of it is acknowledged, not stored again."""
+        if self.inbound_qos2 is NO_PACKET_IDS:
+            self.inbound_qos2 = {}  # made when first needed: most sessions never see QoS 2
+        self.inbound_qos2[packet_id] = None
+
+    def release_inbound_qos2(self, packet_id: int) -> None:
+        """PUBREL (or a failed store) ends ``packet_id``'s exactly-once hold."""
+        if packet_id in self.inbound_qos2:
+            del self.inbound_qos2[packet_id]
+
     # -- topic aliases -------------------------------------------------------------------------
 
     def alias_for(self, topic: str) -> tuple[int, bool] | None:
         """(alias, already known to the client) for ``topic``, or None: at most the client's Topic Alias Maximum."""
         if not self.alias_maximum:
             return None
-        alias = self.aliases.get(topic)
+        aliases = self.aliases
+        if aliases is None:
+            aliases = self.aliases = {}
+        alias = aliases.get(topic)
         if alias is not None:
             return alias, True
-        if len(self.aliases) >= self.alias_maximum:
+        if len(aliases) >= self.alias_maximum:
             return None
         alias = len(self.aliases) + 1
         self.aliases[topic] = alias

@@ -11,6 +11,7 @@ delivery through the ``DeliveryPump`` in the sessions' ``SessionContext``.
 from __future__ import annotations
 
 import logging
+import sys
 import uuid
 
 from twisted.internet import defer
@@ -47,6 +48,7 @@ class SessionRegistry:
         self.clock = ctx.delivery.clock
         self.stats = ctx.delivery.stats
         self.sessions: dict[str, Session] = {}
+        self._on_fenced = self._fenced  # one bound method for every session, not one each
 
     def now_ms(self) -> int:
         return int(self.clock.seconds() * 1000)
@@ -88,13 +90,14 @@ class SessionRegistry:
             session.outbound[o.packet_id] = Outbound(o.subscription_key, o.position, o.qos)
         for pid in state.released:
             session.outbound[pid] = Outbound(None, None, 2, released=True)
-        session.inbound_qos2 = set(state.inbound_qos2)
+        for pid in state.inbound_qos2:
+            session.state.hold_inbound_qos2(pid)
         session.stored = True
         return session
 
     def _new_session(self, client_id: str, level: int, expiry: int, epoch: int) -> Session:
         session = Session(self.ctx, client_id, level, expiry, epoch)
-        session.on_fenced = self._fenced
+        session.on_fenced = self._on_fenced
         return session
 
     # -- CONNECT ------------------------------------------------------------------------------
@@ -121,19 +124,22 @@ class SessionRegistry:
         if not result.ok:
             conn.refuse(ReasonCode(result.v5_reason_code))
             return
-        conn.username = result.username
-        conn.acl_username = result.acl_username  # an unverified name never gets that user's rules
+        # Interned: many clients share a few user names, and each CONNECT decodes its own copy.
+        conn.username = sys.intern(result.username) if type(result.username) is str else result.username
+        # An unverified name never gets that user's rules.
+        conn.acl_username = conn.username if result.acl_username is not None else None
         if level == MQTT_5:
             expiry = props.session_expiry_interval or 0
             if expiry != NEVER_EXPIRES:
                 expiry = min(expiry, self.config.session_expiry_max)
         else:
             expiry = 0 if packet.clean_start else self.config.session_expiry_max
+        receive_maximum, max_packet_size, alias_maximum = 65535, 0, 0  # the client's limits (v5 only)
         if level == MQTT_5:
             if props.receive_maximum is not None:
-                conn.client_receive_maximum = props.receive_maximum
-            conn.client_max_packet_size = props.maximum_packet_size or 0
-            conn.client_alias_maximum = props.topic_alias_maximum or 0
+                receive_maximum = props.receive_maximum
+            max_packet_size = props.maximum_packet_size or 0
+            alias_maximum = props.topic_alias_maximum or 0
 
         # MQTT-3.1.4-3: claim the session first, so a holder elsewhere is fenced off before we read its state.
         # An id assigned here is new: nobody else can hold it.
@@ -176,9 +182,9 @@ class SessionRegistry:
         session.will_call = None
         session.will = packet.will
         session.acl_username = conn.acl_username
-        session.receive_maximum = conn.client_receive_maximum
-        session.max_packet_size = conn.client_max_packet_size
-        session.alias_maximum = conn.client_alias_maximum
+        session.receive_maximum = receive_maximum
+        session.max_packet_size = max_packet_size
+        session.alias_maximum = alias_maximum
         if session.persistent:
             yield session.write("put_session", SessionMeta(client_id, expiry, level, None))
             session.stored = True

@@ -53,13 +53,31 @@ class Notifier:
         if self._dirty and self._call is None:
             self._call = self._clock.callLater(0, self._fire)
 
+    def notify_now(self, queues: Iterable[str]) -> None:
+        """Tell the watchers of ``queues`` at once: for a caller whose news is merged already.
+
+        The store calls its listeners once per drained batch, with each queue
+        named once: that is the tick's merge. Waiting for the next tick only
+        delayed delivery by a reactor iteration, and split a QoS 1 exchange
+        into two writes a loop apart (the publisher's PUBACK, then the
+        subscriber's PUBLISH), which costs a client a second wake-up.
+        """
+        watchers = self._watchers
+        for q in queues:
+            self.events_in += 1
+            if q in watchers:
+                self._tell(q)
+
     def _fire(self) -> None:
         self._call = None
         dirty, self._dirty = self._dirty, set()
         for q in dirty:
-            for callback in list(self._watchers.get(q, {}).values()):
-                self.events_out += 1
-                try:
-                    callback(q)
-                except Exception:  # noqa: BLE001 - one broken watcher must not starve the others
-                    log.exception("push_watcher_failed queue=%s", q)
+            self._tell(q)
+
+    def _tell(self, q: str) -> None:
+        for callback in list(self._watchers.get(q, {}).values()):
+            self.events_out += 1
+            try:
+                callback(q)
+            except Exception:  # noqa: BLE001 - one broken watcher must not starve the others
+                log.exception("push_watcher_failed queue=%s", q)

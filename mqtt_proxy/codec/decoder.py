@@ -57,6 +57,10 @@ class MQTTParser:
     the first CONNECT sets it.
     """
 
+    # One per connection: slots, and no buffer list until a packet arrives in pieces (issue 17).
+    __slots__ = ("max_packet_size", "server_side", "protocol_level", "_receives", "_pending", "_pending_len",
+                 "_need", "_error")
+
     def __init__(self, max_packet_size: int = MAX_PACKET_SIZE, server_side: bool = True,
                  protocol_level: int | None = None) -> None:
         if protocol_level not in (None, 4, 5):
@@ -69,7 +73,7 @@ class MQTTParser:
         self.server_side = server_side
         self.protocol_level = protocol_level
         self._receives = SERVER_RECEIVES if server_side else CLIENT_RECEIVES
-        self._pending: list[bytes] = []  # chunks of an incomplete packet
+        self._pending: list[bytes] | tuple = ()  # chunks of an incomplete packet (a list once there are any)
         self._pending_len = 0
         self._need = 0  # buffered bytes needed before parsing is worth trying again
         self._error: ProtocolError | None = None
@@ -100,7 +104,7 @@ class MQTTParser:
             exc.parsed = tuple(out)
             exc.protocol_level = self.protocol_level
             self._error = exc
-            self._pending = []
+            self._pending = ()
             self._pending_len = 0
             raise
         if pos < len(buf):
@@ -108,7 +112,7 @@ class MQTTParser:
             self._pending = [rest]
             self._pending_len = len(rest)
         elif self._pending:
-            self._pending = []
+            self._pending = ()
             self._pending_len = 0
         return out
 

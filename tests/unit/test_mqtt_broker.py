@@ -43,7 +43,7 @@ class Harness:
         self.kv = DurableKV(str(path / "sessions"), self.clock)
         self.native_kv = DurableKV(str(path / "native"), self.clock)
         self.notifier = Notifier(self.clock)
-        self.store.add_listener(self.notifier.notify)
+        self.store.add_listener(self.notifier.notify_now)  # as cluster/store_parts.py wires it
         self.store.open()
         self.timers.start()
         engine = NativeEngine(self.store, self.native_kv, NativeConfig(), self.clock, self.timers)
@@ -133,6 +133,37 @@ def test_traffic_resets_keep_alive(h):
         h.tick(9)
         c.send(Publish("t/x", b"."))
     assert not c.transport.disconnecting
+
+
+def test_keep_alive_zero_never_expires(h):
+    """Keep-alive 0 turns the mechanism off (MQTT-3.1.2-24 applies only to a non-zero value)."""
+    c = h.connect("forever", keep_alive=0)
+    assert isinstance(c.received()[0], ConnAck)
+    h.tick(100_000)
+    assert not c.transport.disconnecting
+
+
+def test_idle_connections_share_one_timer(h):
+    """A thousand connected clients with keep-alives hold one pending call between them, not one each."""
+    before = len(h.clock.getDelayedCalls())
+    conns = [h.connect(f"idle{i}", level=4, keep_alive=60 + i % 7) for i in range(1000)]
+    assert all(isinstance(c.received()[0], ConnAck) for c in conns)
+    assert len(h.clock.getDelayedCalls()) <= before + 1
+    h.tick(60 * 1.5 - 1)
+    assert not any(c.transport.disconnecting for c in conns)
+    h.tick(10)
+    assert all(c.transport.disconnecting for c in conns) and h.broker.sessions == {}
+
+
+def test_an_idle_connection_holds_no_instance_dicts_or_empty_containers(h):
+    """The per-client objects are slotted and an idle client holds no set, list or dict made just in case."""
+    c = h.connect("lean", level=4, keep_alive=60)
+    assert isinstance(c.received()[0], ConnAck)
+    session = c.proto.session
+    for obj in (c.proto, c.proto.parser, session, session.state):
+        assert not hasattr(obj, "__dict__"), type(obj).__name__
+    assert c.proto.inbound_aliases is None and c.proto._backlog is None and c.proto.asked is None
+    assert session.state.aliases is None and not isinstance(session.state.inbound_qos2, (set, dict))
 
 
 def test_takeover_disconnects_old_connection_with_0x8e(h):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from twisted.internet import task
 
-from mqtt_proxy.codec import Publish, Subscribe, Subscription
+from mqtt_proxy.codec import Publish, Subscribe, Subscription, SubscriptionOptions, encode
 from push.notifier import Notifier
 from push.read_cache import ReadCache
 from tests.unit.test_mqtt_broker import Harness, published
@@ -39,6 +39,47 @@ def test_a_broken_watcher_does_not_starve_the_others():
     n.notify(["q"])
     clock.advance(0)
     assert heard == ["q"]
+
+
+def one_tick(clock):
+    """Run the calls due now, as one reactor iteration does (``Clock.advance`` also runs those they add)."""
+    for call in [c for c in clock.getDelayedCalls() if c.getTime() <= clock.seconds()]:
+        if call.active():
+            func, args, kw = call.func, call.args, call.kw
+            call.cancel()
+            func(*args, **kw)
+
+
+def test_news_merged_by_the_caller_is_told_at_once():
+    """notify_now (the store's listener: one call per drained batch) tells each watcher in the call, no tick later."""
+    clock = task.Clock()
+    n = Notifier(clock)
+    heard = []
+    n.watch("q1", 1, heard.append)
+    n.watch("q1", 2, lambda q: 1 / 0)  # a broken watcher starves nobody here either
+    n.watch("q2", 3, heard.append)
+    n.notify_now(["q1", "nobody-watches"])
+    assert heard == ["q1"] and not clock.getDelayedCalls()
+    assert (n.events_in, n.events_out) == (2, 2)
+
+
+def test_a_subscriber_gets_the_publish_in_the_tick_the_store_acknowledges_it(tmp_path):
+    """QoS 1: the publisher's PUBACK and the subscriber's PUBLISH are written in the same reactor tick."""
+    harness = Harness(tmp_path)
+    try:
+        sub = harness.connect("sub")
+        sub.send(Subscribe(1, (Subscription("t/+", SubscriptionOptions(qos=1)),)))
+        sub.received()
+        pub = harness.connect("pub")
+        pub.received()
+        pub.proto.dataReceived(encode(Publish("t/1", b"x", qos=1, packet_id=7), 5))
+        one_tick(harness.clock)  # the inbound batch goes to the store
+        assert pub.transport.value() == b""
+        one_tick(harness.clock)  # the store drains it: acknowledgement and delivery together
+        assert [type(p).__name__ for p in pub.received()] == ["PubAck"]
+        assert [p.payload for p in published(sub)] == [b"x"]
+    finally:
+        harness.close()
 
 
 def test_read_cache_serves_many_readers_with_one_store_read(tmp_path):
