@@ -107,6 +107,8 @@ class MQTTServerProtocol:
         self.front.deadlines.schedule(self, self._last_rx + CONNECT_TIMEOUT_S)
 
     def connectionLost(self, reason=None) -> None:
+        # Twisted leaves ``connected`` set; the session registry's "client left while we waited" checks read it.
+        self.connected = 0
         self.front.deadlines.cancel(self)
         self.front.connection_lost(self)
 
