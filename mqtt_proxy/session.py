@@ -1,10 +1,11 @@
 """An MQTT session's Twisted-side adapter: feeds ``SessionState`` and carries out its actions.
 
-Packet ids, the in-flight window, QoS 1/2 acknowledgements, resends, topic
-aliases and the will live in ``session_state.SessionState`` (no I/O); this
-module reads from queue positions, writes to the connection and to the store's
-session state (``store.api.Sessions``), every write carrying the session epoch
-its CONNECT claimed.
+Packet ids, the in-flight window, what each read sends (QoS, No Local, expiry,
+RETAIN), QoS 1/2 acknowledgements, resends, topic aliases, the Maximum Packet
+Size and the will live in ``session_state.SessionState`` (no I/O); this module
+reads from queue positions, encodes (through the pump's encode cache) and writes
+to the connection and to the store's session state (``store.api.Sessions``),
+every write carrying the session epoch its CONNECT claimed.
 
 A subscription owns one position per broker group into the light queue of its
 filter, never a copy of a message. ``pump`` pulls from each position (through
@@ -20,9 +21,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from mqtt_proxy import message_props
-from mqtt_proxy.codec import PubRel, encode, encode_properties, encode_publish, patch_publish
-from mqtt_proxy.codec.wire import PacketType
+from mqtt_proxy.codec import PubRel, encode, encode_publish, patch_publish
 from mqtt_proxy.session_state import (DeleteOutbound, DeleteReleased, GroupAcked, PumpSoon,
                                       Resend, SaveOutbound, SaveReleased, SendPubRel, SessionState)
 from store.api import Fenced, OutboundState, QueuePosition, ReadResult, SubscriptionState
@@ -303,36 +302,30 @@ class Session:
             sub.dropped += result.lost
             self.delivery.gap(f"client={self.client_id}", sub.queue, result.lost)
         messages = result.messages
-        sent = None
-        more = len(messages) == PUMP_BATCH
         now = self.delivery.now_ms()
-        window = self.window
+        # The state machine decides what goes out (window, No Local, expiry, QoS, packet ids, RETAIN);
+        # this side writes it, stopping where the connection fills.
+        d = self.state.messages_read(sub, messages, result.next, self.client_id, now)
+        if d.expired:
+            self.delivery.stats.messages_expired += d.expired
+        if d.actions:
+            self.carry_out(d.actions)
         conn = self.conn
-        stopped_at = None  # the first message not sent (the window or the connection is full)
+        send = self._send
+        written = 0
         conn.cork()  # the batch goes to the transport as one write
         try:
-            for m in messages:
-                record = m.record
-                qos = min(sub.qos, record.qos)
-                if (qos and window <= 0) or conn.paused:
-                    stopped_at = m.position
-                    more = False
+            for m, qos, pid, retain in d.sends:
+                if conn.paused:
+                    self.carry_out(self.state.unsent(d, written))
                     break
-                if sub.no_local and record.client_id == self.client_id:
-                    continue
-                if record.properties and message_props.expired(record.properties, now):
-                    self.delivery.stats.messages_expired += 1
-                    continue
-                pid, actions = self.state.offer(sub, m.position, qos)
-                if actions:
-                    self.carry_out(actions)
-                if qos:
-                    window -= 1
-                self._send(record, qos, pid, sub)
-                sent = record
+                send(m.record, qos, pid, sub, False, retain)
+                written += 1
         finally:
             conn.uncork()
-        position = result.next if stopped_at is None else stopped_at
+        more = len(messages) == PUMP_BATCH and not d.stopped
+        sent = d.sends[-1][0].record if d.sends else None
+        position = d.position
         if not messages and not result.lost:  # at the end (a short read may be short of bytes only)
             if sub.news == news:
                 sub.drained.add(group)
@@ -368,34 +361,21 @@ class Session:
 
     def _send(self, record, qos: int, pid: int | None, sub: Subscription, dup: bool = False,
               retain: bool | None = None) -> None:
+        """Encode and write one PUBLISH in the form the state machine gives it (or drop it: too large)."""
         if retain is None:
             retain = record.retain and sub.retain_as_published
-        level = self.level
-        props_block = None
-        alias_topic = record.topic
-        if level == 5:
-            needs_props = (record.properties and message_props.has_v5_fields(record.properties)) or sub.sub_id \
-                or self.alias_maximum
-            if needs_props:
-                props = message_props.from_record(record.properties, self.delivery.now_ms(),
-                                                  (sub.sub_id,) if sub.sub_id else ())
-                alias = self.state.alias_for(record.topic)
-                if alias is not None:
-                    alias_id, known = alias
-                    props = props.replace(topic_alias=alias_id)
-                    if known:
-                        alias_topic = ""
-                props_block = encode_properties(props, PacketType.PUBLISH)
-        if props_block is None and not dup:
-            data = self.delivery.encoded_publish(record, qos, retain, level)
+        state = self.state
+        form = state.publish_properties(record, sub.sub_id, self.delivery.now_ms()) if state.level == 5 else None
+        if form is None and not dup:
+            data = self.delivery.encoded_publish(record, qos, retain, state.level)
             if pid is not None:
                 data = patch_publish(data, packet_id=pid)
+        elif form is None:
+            data = encode_publish(record.topic, record.body, qos, retain, True, pid, None, state.level)
         else:
-            data = encode_publish(alias_topic, record.body, qos, retain, dup, pid, props_block, level)
-        if self.max_packet_size and len(data) > self.max_packet_size:
-            # MQTT-3.1.2-25: never send a client more than it can take; drop it instead.
-            if pid is not None:
-                self.carry_out(self.state.complete(pid))
+            data = encode_publish(form[0], record.body, qos, retain, dup, pid, form[1], state.level)
+        if state.max_packet_size and state.too_large(len(data)):
+            self.carry_out(state.dropped_too_large(pid, form[2] if form is not None else None))
             return
         self.conn.write(data)
         self.delivery.stats.sent(len(data))

@@ -1,12 +1,15 @@
 """Sans-I/O state of one MQTT session: subscriptions, packet ids, the in-flight window, topic aliases, the will.
 
 ``SessionState`` does no I/O and keeps no timers (h11's pattern): events go in
-as method calls (a message offered for sending, PUBACK/PUBREC/PUBCOMP received,
-the connection attached or detached, the will's moment), and the actions the
-adapter must carry out come back as small frozen dataclasses: send a PUBLISH
-with this packet id, send a PUBREL, persist or delete an outbound entry, tell a
-shared group a message is done, schedule or publish the will. ``session.py``
-is the Twisted-side adapter that feeds it and carries the actions out.
+as method calls (messages read at a position, the connection filling mid-read,
+PUBACK/PUBREC/PUBCOMP received, a PUBLISH too large to send, the connection
+attached or detached, the will's moment), and the actions the adapter must carry
+out come back: a ``Delivery`` per read (send these records with this QoS, packet
+id and RETAIN flag; advance the position to here; count these expired), the
+topic and properties of a v5 PUBLISH (topic alias included), and small frozen
+dataclasses for the rest (send a PUBREL, persist or delete an outbound entry,
+tell a shared group a message is done, schedule or publish the will).
+``session.py`` is the Twisted-side adapter that feeds it, encodes and writes.
 
 Nothing here imports Twisted, the store or push: it runs the same under a test with no reactor.
 """
@@ -16,6 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
+
+from mqtt_proxy import message_props
+from mqtt_proxy.codec import encode_properties
+from mqtt_proxy.codec.wire import PacketType
 
 NEVER_EXPIRES = 0xFFFFFFFF
 NO_PACKET_IDS: Mapping[int, None] = MappingProxyType({})  # shared by every session until it holds one
@@ -116,6 +123,31 @@ class ScheduleWill:
 
 
 PUMP_SOON = PumpSoon()
+
+
+class Delivery:
+    """What to do with one read of a subscription's queue: ``SessionState.messages_read``'s answer.
+
+    A plain slotted object, one per read, because this is the fan-out path: each
+    send is a tuple ``(message, qos, packet_id, retain)`` (the queue message as
+    read, the QoS granted, None at QoS 0, the RETAIN flag to send), not an
+    object of its own.
+    """
+
+    __slots__ = ("sends", "position", "expired", "stopped", "actions", "_expired_at")
+
+    def __init__(self, position) -> None:
+        self.sends: list[tuple] = []
+        """Send these, in order: ``(message, qos, packet_id, retain)``."""
+        self.position = position
+        """Advance the subscription's position to this: the next read starts here."""
+        self.expired = 0
+        """Messages skipped because their Message Expiry Interval had passed (MQTT-3.3.2-5): count them."""
+        self.stopped = False
+        """The window (or the connection) filled before the read's end: pump again after acknowledgements."""
+        self.actions: list = []
+        """Carry these out before the sends: in-flight messages to persist."""
+        self._expired_at: list[int] | None = None  # len(sends) at each expired message: ``unsent`` recounts
 
 
 class SessionState:
@@ -230,6 +262,74 @@ class SessionState:
         self.outbound[pid] = Outbound(sub.key, position, qos, group=group)
         return pid
 
+    def messages_read(self, sub, messages, next_position, client_id: str, now_ms: int) -> Delivery:
+        """Event: ``messages`` were read from one of ``sub``'s positions, ``next_position`` right after them.
+
+        Decides per message, in order: the QoS granted (the lower of the message's
+        and the subscription's, MQTT-3.8.4-8), whether the window has room (a QoS
+        1/2 message beyond the client's Receive Maximum waits, MQTT-3.3.4-9, and so
+        does everything after it: order is kept, MQTT-4.6.0-6), No Local (never
+        back to its publisher, MQTT-3.8.3-3), expiry (an expired message is not
+        sent, MQTT-3.3.2-5), a packet id for QoS 1/2 (MQTT-2.2.1-3) and RETAIN as published
+        or cleared (MQTT-3.3.1-12/-13). ``sub`` needs ``key``, ``qos``, ``no_local``
+        and ``retain_as_published``; a message needs ``position`` and a ``record``
+        with ``qos``, ``client_id``, ``properties`` and ``retain``.
+        """
+        d = Delivery(next_position)
+        sends = d.sends
+        window = self.window
+        granted = sub.qos
+        no_local = sub.no_local
+        as_published = sub.retain_as_published
+        outbound = self.outbound
+        save = self.persistent
+        for m in messages:
+            record = m.record
+            qos = record.qos if record.qos < granted else granted
+            if qos and window <= 0:
+                d.position = m.position
+                d.stopped = True
+                break
+            if no_local and record.client_id == client_id:
+                continue
+            props = record.properties
+            if props and message_props.expired(props, now_ms):
+                d.expired += 1
+                if d._expired_at is None:
+                    d._expired_at = []
+                d._expired_at.append(len(sends))
+                continue
+            if qos:
+                window -= 1
+                pid = self._allocate_pid()
+                outbound[pid] = Outbound(sub.key, m.position, qos)
+                if save:
+                    d.actions.append(SaveOutbound(pid, sub.key, m.position, qos))
+            else:
+                pid = None
+            sends.append((m, qos, pid, record.retain and as_published))
+        return d
+
+    def unsent(self, d: Delivery, written: int) -> list:
+        """Event: the connection filled after ``written`` of ``d.sends`` went out; the rest wait for the next read.
+
+        Their packet ids are free again (a persisted one is deleted) and ``d.position`` goes back to the first
+        of them, so nothing is skipped.
+        """
+        rest = d.sends[written:]
+        if not rest:
+            return []
+        del d.sends[written:]
+        d.position = rest[0][0].position
+        d.stopped = True
+        if d._expired_at is not None:  # expired messages after the first unsent one are read (and counted) again
+            d.expired = sum(1 for at in d._expired_at if at <= written)
+        actions: list = []
+        for _, _, pid, _ in rest:
+            if pid is not None:
+                actions += self.complete(pid)
+        return actions
+
     # -- acknowledgements ----------------------------------------------------------------------
 
     def puback(self, packet_id: int) -> list | None:
@@ -320,6 +420,48 @@ class SessionState:
         """PUBREL (or a failed store) ends ``packet_id``'s exactly-once hold."""
         if packet_id in self.inbound_qos2:
             del self.inbound_qos2[packet_id]
+
+    # -- the PUBLISH's form ----------------------------------------------------------------------
+
+    def publish_properties(self, record, sub_id: int, now_ms: int) -> tuple[str, bytes, str | None] | None:
+        """A v5 PUBLISH's topic, encoded properties and newly assigned alias (its topic), or None when none are needed.
+
+        Properties go along when the message carries v5 fields (the remaining Message
+        Expiry Interval, MQTT-3.3.2-6; payload format, content type, response topic,
+        correlation data and user properties pass through unaltered, MQTT-3.3.2-4/-17),
+        the subscription has a Subscription Identifier (MQTT-3.3.4-3), or the client
+        takes topic aliases: a known alias sends an empty topic (3.3.2.3.4).
+        """
+        if self.level != 5:
+            return None
+        props = record.properties
+        if not ((props and message_props.has_v5_fields(props)) or sub_id or self.alias_maximum):
+            return None
+        properties = message_props.from_record(props, now_ms, (sub_id,) if sub_id else ())
+        topic = record.topic
+        assigned = None
+        alias = self.alias_for(topic)
+        if alias is not None:
+            alias_id, known = alias
+            properties = properties.replace(topic_alias=alias_id)
+            if known:
+                topic = ""
+            else:
+                assigned = topic
+        return topic, encode_properties(properties, PacketType.PUBLISH), assigned
+
+    def too_large(self, size: int) -> bool:
+        """Whether a packet of ``size`` bytes is more than the client's Maximum Packet Size (MQTT-3.1.2-24)."""
+        return 0 < self.max_packet_size < size
+
+    def dropped_too_large(self, packet_id: int | None, assigned_alias: str | None) -> list:
+        """Event: a PUBLISH was too large to send (MQTT-3.1.2-25): discard it as if it had been delivered.
+
+        Its packet id is complete; an alias it was to introduce is withdrawn, since the client never learnt it.
+        """
+        if assigned_alias is not None and self.aliases.get(assigned_alias) == len(self.aliases):
+            del self.aliases[assigned_alias]
+        return self.complete(packet_id) if packet_id is not None else []
 
     # -- topic aliases -------------------------------------------------------------------------
 

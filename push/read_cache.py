@@ -13,14 +13,15 @@ messages once per subscriber).
 
 from __future__ import annotations
 
-import itertools
 from collections import OrderedDict
+from operator import attrgetter
 
 from twisted.internet import defer
 
 from store.api import QueuePosition, QueuedMessage, Queues, ReadResult
 
 MAX_CACHED_RECORD = 8192
+_offset = attrgetter("offset")  # sorts one window's positions in their own order
 
 # Every cache hit answers with a ReadResult; a frozen dataclass's __init__ sets each field through
 # object.__setattr__, so the slots are filled directly (the same object, in about half the time).
@@ -39,7 +40,9 @@ def _read_result(messages: tuple, next_position: QueuePosition, lost: int) -> Re
 class ReadCache:
     """Per-queue windows of recent messages, bounded in entries and bytes."""
 
-    def __init__(self, store: Queues, max_entries: int = 65536, per_queue: int = 4096,
+    # One hot queue may use a quarter of the entries: fan-out readers spread over more than a few thousand
+    # messages (paused connections resume at different times), and a smaller window missed for all of them.
+    def __init__(self, store: Queues, max_entries: int = 65536, per_queue: int = 16384,
                  max_bytes: int = 8 << 20) -> None:
         self._store = store
         self._max_entries = max_entries
@@ -142,8 +145,11 @@ class ReadCache:
             previous = entry
         self._entries += len(cached) - before
         if len(cached) > self._per_queue:
-            # Readers move forward, so entries go in (mostly) in position order: the oldest inserted go first.
-            for p in list(itertools.islice(cached, len(cached) - self._per_queue // 2)):
+            # The oldest positions go first, not the oldest inserted: a lagging reader's refill goes in after
+            # what the leaders read, and evicting in insertion order would throw away the leaders' messages
+            # (fan-out readers spread out, and every reader then missed). Sorting by the offset is the
+            # positions' own order (one queue and group per window); a quarter goes, so sorts are rare.
+            for p in sorted(cached, key=_offset)[:len(cached) - self._per_queue * 3 // 4]:
                 self._drop(cached.pop(p))
         while (self._entries > self._max_entries or self._bytes > self._max_bytes) and self._queues:
             _, evicted = self._queues.popitem(last=False)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from twisted.internet import task
+from twisted.internet import defer, task
 
 from mqtt_proxy.codec import Publish, Subscribe, Subscription, SubscriptionOptions, encode
 from push.notifier import Notifier
 from push.read_cache import ReadCache
+from store.api import QueuedMessage, QueuePosition, ReadResult
 from tests.unit.test_mqtt_broker import Harness, published
 
 
@@ -106,6 +107,43 @@ def test_read_cache_serves_many_readers_with_one_store_read(tmp_path):
         assert cache.hits == 80
     finally:
         h.close()
+
+
+class _CountingQueue:
+    """A light queue of ``size`` messages answering ``read_queue`` at once, counting the reads."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.reads = []
+
+    def read_queue(self, position, max_count):
+        self.reads.append(position.offset)
+        end = min(self.size, position.offset + max_count)
+        messages = tuple(QueuedMessage(QueuePosition("q", "g", o), _Rec(o)) for o in range(position.offset, end))
+        return defer.succeed(ReadResult(messages, QueuePosition("q", "g", end)))
+
+
+class _Rec:
+    """The one field of a record the read cache reads."""
+
+    size = 10
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+
+
+def test_read_cache_evicts_the_oldest_positions_not_the_latest_refill():
+    """A lagging reader's store read does not push out the entries the readers ahead of it are about to read."""
+    store = _CountingQueue(12)
+    cache = ReadCache(store, per_queue=8)
+    at = lambda o: QueuePosition("q", "g", o)  # noqa: E731
+    for o in (0, 4, 8):  # the leader reads ahead; at 12 entries the oldest (0-5) go
+        cache.read(at(o), 4)
+    cache.read(at(0), 8)  # a laggard misses and refills 0-7: over the bound, and 0-5 are the oldest again
+    store.reads.clear()
+    got = []
+    cache.read(at(8), 4).addCallback(got.append)
+    assert store.reads == [] and [m.record.offset for m in got[0].messages] == [8, 9, 10, 11]
 
 
 def test_qos0_publish_to_many_sessions_is_encoded_once(tmp_path):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
 from mqtt_proxy.codec import Properties, Will
+from mqtt_proxy.codec.properties import decode_properties
+from mqtt_proxy.codec.wire import PacketType
 from mqtt_proxy.session_state import (NEVER_EXPIRES, DeleteOutbound, DeleteReleased, GroupAcked, PublishWill,
                                       PumpSoon, Resend, SaveOutbound, SaveReleased, ScheduleWill, SendPubRel,
                                       SessionState, SessionStateError)
@@ -14,9 +16,35 @@ from mqtt_proxy.session_state import (NEVER_EXPIRES, DeleteOutbound, DeleteRelea
 
 @dataclass
 class Sub:
-    """The one field of a subscription the state machine reads."""
+    """The fields of a subscription the state machine reads."""
 
     key: str
+    qos: int = 1
+    no_local: bool = False
+    retain_as_published: bool = False
+
+
+@dataclass
+class Rec:
+    """The fields of a stored record the state machine reads."""
+
+    qos: int = 1
+    client_id: str = "publisher"
+    properties: dict = field(default_factory=dict)
+    retain: bool = False
+    topic: str = "t/1"
+
+
+@dataclass
+class Msg:
+    """A queue message as read: its position (opaque to the state machine, ints here) and its record."""
+
+    position: int
+    record: Rec
+
+
+def read(*records: Rec, first: int = 10) -> list[Msg]:
+    return [Msg(first + i, r) for i, r in enumerate(records)]
 
 
 def connected(expiry: int = 0, max_inflight: int = 100, receive_maximum: int = 65535) -> tuple[SessionState, Sub]:
@@ -254,6 +282,120 @@ def test_no_aliases_when_the_client_accepts_none():
     """MQTT-3.1.2-26: with Topic Alias Maximum 0 (or absent) the server sends no Topic Alias."""
     state, _ = connected()
     assert state.alias_for("a") is None
+
+
+# -- the delivery pump's decisions: messages read at a position in, what to send and where to go on out ----------
+
+NOW = 1_000_000
+
+
+def test_read_messages_go_out_at_the_lower_qos_with_fresh_packet_ids():
+    """MQTT-3.8.4-8 / MQTT-2.2.1-2/-3: each message goes at the lower of its QoS and the subscription's; QoS>0 gets
+    an unused packet id, QoS 0 none; the position moves past the read."""
+    state, _ = connected()
+    sub = Sub("t/#", qos=1)
+    d = state.messages_read(sub, read(Rec(qos=0), Rec(qos=1), Rec(qos=2)), 13, "me", NOW)
+    assert [(m.position, qos) for m, qos, _, _ in d.sends] == [(10, 0), (11, 1), (12, 1)]
+    pids = [pid for _, _, pid, _ in d.sends]
+    assert pids[0] is None and pids[1] != pids[2] and set(state.outbound) == set(pids[1:])
+    assert d.position == 13 and not d.stopped and d.actions == [] and d.expired == 0
+
+
+def test_read_stops_at_a_full_window_and_keeps_order():
+    """MQTT-3.3.4-9 / MQTT-4.6.0-6: no more QoS 1 messages in flight than Receive Maximum; the first that does not
+    fit, and every message after it (QoS 0 too), waits, and the next read starts there."""
+    state, _ = connected(receive_maximum=2)
+    d = state.messages_read(Sub("t/#"), read(Rec(), Rec(), Rec(), Rec(qos=0)), 14, "me", NOW)
+    assert [m.position for m, *_ in d.sends] == [10, 11]
+    assert d.position == 12 and d.stopped and state.window == 0
+
+
+def test_read_skips_the_subscribers_own_messages_with_no_local():
+    """MQTT-3.8.3-3: with No Local set, a message is not sent back to the connection that published it."""
+    state, _ = connected()
+    sub = Sub("t/#", no_local=True)
+    d = state.messages_read(sub, read(Rec(client_id="me"), Rec(client_id="other")), 12, "me", NOW)
+    assert [m.position for m, *_ in d.sends] == [11] and d.position == 12 and len(state.outbound) == 1
+
+
+def test_read_skips_and_counts_expired_messages():
+    """MQTT-3.3.2-5: a message whose Message Expiry Interval has passed is not delivered; it is counted."""
+    from store.record import EXPIRES_AT
+    state, _ = connected()
+    old, fresh = Rec(properties={EXPIRES_AT: str(NOW - 1)}), Rec(properties={EXPIRES_AT: str(NOW + 5000)})
+    d = state.messages_read(Sub("t/#"), read(old, fresh), 12, "me", NOW)
+    assert [m.position for m, *_ in d.sends] == [11] and d.expired == 1 and d.position == 12
+
+
+def test_read_sets_retain_only_as_published_when_asked():
+    """MQTT-3.3.1-12/-13: RETAIN is cleared on forwarded messages unless the subscription has Retain As Published."""
+    state, _ = connected()
+    cleared = state.messages_read(Sub("t/#"), read(Rec(retain=True)), 11, "me", NOW)
+    kept = state.messages_read(Sub("t/#", retain_as_published=True), read(Rec(retain=True)), 11, "me", NOW)
+    assert cleared.sends[0][3] is False and kept.sends[0][3] is True
+
+
+def test_read_in_a_persistent_session_persists_what_goes_in_flight():
+    """MQTT-4.1.0-1 / MQTT-4.4.0-1: a persistent session saves each QoS 1/2 message it sends, to resend it later."""
+    state, sub = connected(expiry=60)
+    d = state.messages_read(Sub(sub.key), read(Rec(), Rec(qos=0)), 12, "me", NOW)
+    (pid,) = [p for _, _, p, _ in d.sends if p is not None]
+    assert d.actions == [SaveOutbound(pid, sub.key, 10, 1)]
+
+
+def test_unsent_messages_free_their_ids_and_are_read_again():
+    """MQTT-4.6.0-6 / MQTT-4.1.0-1: when the connection fills mid-read, what was not written keeps its order: the
+    position goes back to it, its packet ids are free (a persisted one is deleted), expired ones are not counted."""
+    from store.record import EXPIRES_AT
+    state, sub = connected(expiry=60)
+    gone = Rec(properties={EXPIRES_AT: str(NOW - 1)})
+    d = state.messages_read(Sub(sub.key), read(Rec(), Rec(), gone, Rec()), 14, "me", NOW)
+    pids = [p for _, _, p, _ in d.sends]
+    actions = state.unsent(d, 1)
+    assert sorted(actions, key=lambda a: a.packet_id) == [DeleteOutbound(pids[1]), DeleteOutbound(pids[2])]
+    assert list(state.outbound) == [pids[0]] and [m.position for m, *_ in d.sends] == [10]
+    assert d.position == 11 and d.stopped and d.expired == 0
+
+
+def test_publish_properties_carry_a_topic_alias_then_an_empty_topic():
+    """3.3.2.3.4 / MQTT-3.3.2-7: the first PUBLISH on a topic names it and sets the alias; later ones send only the
+    alias (an empty topic name)."""
+    state, _ = connected()
+    state.alias_maximum = 5
+    topic, block, assigned = state.publish_properties(Rec(topic="a/b"), 0, NOW)
+    props, _ = decode_properties(block, 0, len(block), PacketType.PUBLISH)
+    assert (topic, assigned, props.topic_alias) == ("a/b", "a/b", 1)
+    topic, block, assigned = state.publish_properties(Rec(topic="a/b"), 0, NOW)
+    assert (topic, assigned) == ("", None)
+
+
+def test_publish_properties_carry_remaining_expiry_and_subscription_id():
+    """MQTT-3.3.2-6 / MQTT-3.3.4-3: the Message Expiry Interval sent is what remains; the Subscription Identifier goes
+    along; with nothing to add, a v5 PUBLISH goes without properties, and a 3.1.1 one never has any."""
+    from store.record import EXPIRES_AT
+    state, _ = connected()
+    topic, block, _ = state.publish_properties(Rec(properties={EXPIRES_AT: str(NOW + 4500)}), 7, NOW)
+    props, _ = decode_properties(block, 0, len(block), PacketType.PUBLISH)
+    assert (topic, props.message_expiry_interval, tuple(props.subscription_identifiers)) == ("t/1", 5, (7,))
+    assert state.publish_properties(Rec(), 0, NOW) is None
+    state.attach(4)
+    assert state.publish_properties(Rec(properties={EXPIRES_AT: str(NOW + 4500)}), 7, NOW) is None
+
+
+def test_too_large_publish_is_dropped_as_if_delivered_and_its_alias_withdrawn():
+    """MQTT-3.1.2-24/-25: nothing over the client's Maximum Packet Size is sent; it is discarded as if delivered
+    (its packet id completes), and an alias it would have set is not used later, since the client never saw it."""
+    state, sub = connected(expiry=60)
+    state.max_packet_size = 100
+    state.alias_maximum = 5
+    assert not state.too_large(100) and state.too_large(101)
+    d = state.messages_read(Sub(sub.key), read(Rec(topic="big")), 11, "me", NOW)
+    (_, _, pid, _) = d.sends[0]
+    _, _, assigned = state.publish_properties(Rec(topic="big"), 0, NOW)
+    assert state.dropped_too_large(pid, assigned) == [DeleteOutbound(pid)]
+    assert state.outbound == {} and state.window == 100
+    topic, _, assigned = state.publish_properties(Rec(topic="big"), 0, NOW)
+    assert (topic, assigned) == ("big", "big")
 
 
 # -- shared subscriptions: one ShareCursor per broker group, no I/O --------------------------------------------
