@@ -1,15 +1,16 @@
 """Arrow record batches built in bulk from segment bytes: column buffers, not rows.
 
 ``batches.read_range`` decodes every record into a Python object and appends its
-fields to lists, a few microseconds per row. Here the record starts are found
-with numpy (every place the header's version + magic appear, kept only if they
-chain exactly: each start + its size is the next), each CRC32C is checked in
-one comprehension (``record.py`` draws the layout), and every field is then
-gathered for all records at once: fixed fields
-by fancy indexing, variable ones (topic, client id, payload) as Arrow offsets +
-data buffers cut straight out of the segment bytes. The one per-row Python
-step left is for property blocks that hold more than the broker's ``QUEUES``
-list (rare: MQTT 5 user properties, expiry).
+fields to lists, a few microseconds per row. Here no Python step runs per
+record: the record starts are found with numpy (every place the header's
+magic appears, kept only if they chain exactly: each start + its size is the
+next), every CRC32C is checked by one ``crc32c`` call over the whole range
+(``_crc_all_ok``), and every field is gathered for all records at once: fixed
+fields by fancy indexing, variable ones (topic, client id, payload) by one Arrow
+``take`` of the pieces of the segment bytes that hold them. ``record.py``
+draws the layout. The one per-row Python step left is for property blocks that
+hold more than the broker's ``QUEUES`` list (rare: MQTT 5 user properties,
+expiry).
 
 Anything unusual (a record that fails its CRC or its field lengths, a string
 that is not UTF-8) makes ``read_range_bulk`` return None and the caller falls
@@ -22,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 from crc32c import crc32c
+from numpy.lib.stride_tricks import as_strided
 
 from store import record as rec
 
@@ -31,48 +33,45 @@ from spark.segments import ScanRange
 _HEADER = rec.HEADER
 _FIXED_AT = rec.HEADER_SIZE  # kind, flags, store_ts, born_ts follow the header
 _TOPIC_LEN_AT = _FIXED_AT + 18
-_MARKER = np.frombuffer(bytes([rec.VERSION]) + rec.MAGIC.to_bytes(4, "big"), np.uint8)
 _QUEUES_KEY = np.frombuffer(rec.QUEUES_PROPERTY.encode(), np.uint8)
 _TS = pa.timestamp("us", tz="UTC")
+_ALL_KINDS = np.array(sorted(int(k) for k in rec.RecordKind), np.int64)
+_PIECES = 6  # per record: topic, (client id length), client id, (property block), payload, (next header)
+_MAX_RANGE = (1 << 31) - 8  # Arrow string/binary offsets are int32
+_CRC_STATE_ZERO = 0xFFFF_FFFF  # crc32c's ``value`` that starts (and, as a result, means) a register of 0
+
+
+def _windows(a: np.ndarray, width: int) -> np.ndarray:
+    """``a`` seen as overlapping rows of ``width`` bytes, row i starting at byte i (no copy)."""
+    return as_strided(a, (len(a) - width + 1, width), (1, 1), writeable=a.flags.writeable)
 
 
 def _be(a: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
     """The big-endian unsigned integers of ``width`` bytes at positions ``at`` of ``a``, as int64."""
-    raw = a[at[:, None] + np.arange(width)]
-    return raw.view(f">u{width}").ravel().astype(np.int64)
+    if len(at) == 0:
+        return np.zeros(0, np.int64)
+    return _windows(a, width)[at].view(f">u{width}").ravel().astype(np.int64)
 
 
-def _var(a: np.ndarray, starts: np.ndarray, lengths: np.ndarray, typ: pa.DataType) -> pa.Array:
-    """A string/binary array whose i-th value is ``a[starts[i]:starts[i] + lengths[i]]``."""
-    n = len(starts)
-    offsets = np.zeros(n + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    total = int(offsets[-1])
-    if total >= 1 << 31:
-        raise OverflowError("column larger than 2 GiB")
-    # byte i of the column comes from a[i + (start - offset) of its value]: one gather for the whole column
-    idx = np.repeat(starts - offsets[:-1], lengths)
-    idx += np.arange(total, dtype=np.int64)
-    data = a[idx]
-    return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)])
-
-
-def _chain(a: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+def _chain(buf: bytes, a: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """Record starts and sizes found without a Python step per record, or None.
 
-    Every position where the header's version + magic appear is a candidate; if
-    the candidates chain exactly (each start + its size is the next start, the
-    last ends the buffer), they are the records. A payload that happens to hold
-    the marker breaks the chain: the caller then hops header by header.
+    Every position where the header's magic appears (compared four bytes at a
+    time, at each of the four alignments) after a version byte is a candidate;
+    if the candidates chain exactly (each start + its size is the next start,
+    the last ends the buffer), they are the records. A payload that happens to
+    hold the marker breaks the chain: the caller then hops header by header.
     """
     size = len(a)
     if size < rec.HEADER_SIZE:
         return None
-    m = _MARKER
-    hit = a[:size - rec.HEADER_SIZE + 1] == m[0]
-    for i in range(1, len(m)):
-        hit &= a[i:size - rec.HEADER_SIZE + 1 + i] == m[i]
-    starts = np.nonzero(hit)[0].astype(np.int64)
+    found = []
+    for align in range(4):
+        words = np.frombuffer(buf, ">u4", (size - align) // 4, align)
+        found.append(np.nonzero(words == rec.MAGIC)[0] * 4 + (align - 1))  # the record starts 1 byte earlier
+    starts = np.sort(np.concatenate(found))
+    starts = starts[(starts >= 0) & (starts <= size - rec.HEADER_SIZE)]
+    starts = starts[a[starts] == rec.VERSION].astype(np.int64)
     if len(starts) == 0 or starts[0] != 0:
         return None
     sizes = _be(a, starts + 5, 4)
@@ -84,17 +83,34 @@ def _chain(a: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     return starts, sizes
 
 
-def _crc_ok(buf: bytes, a: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> bool:
-    """Every record's CRC32C matches its header."""
-    view = memoryview(buf)
-    hs = rec.HEADER_SIZE
-    got = np.fromiter((crc32c(view[s + hs:e]) for s, e in zip(starts.tolist(), (starts + sizes).tolist())),
-                      np.int64, len(starts))
-    return bool(np.array_equal(got, _be(a, starts + 9, 4)))
+def _crc_all_ok(a: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> bool:
+    """Every record's CRC32C matches its header, checked by one ``crc32c`` call over the whole range.
+
+    CRC32C without its initial and final inversion (the "raw" CRC) is linear,
+    and a message followed by its own raw CRC (little-endian) has a raw CRC of
+    0; zero bytes in front change nothing. The stored CRC is the raw CRC of the
+    record's covered bytes with their first 4 bytes inverted (that is what the
+    initial value does), inverted. So in a copy of the range: zero each header,
+    invert the first 4 covered bytes, and write each record's inverted stored
+    CRC just after it (over the next, zeroed, header). Every record matches
+    exactly when the raw CRC of the whole copy is 0: one wrong record always
+    shows (a CRC shifted along is never 0), several cancel out only as rarely as
+    a CRC32 collision, and then the per-record check would miss as often.
+    """
+    n = len(starts)
+    c = np.zeros(len(a) + 4, np.uint8)  # room for the last record's CRC
+    c[:len(a)] = a
+    stored = _be(a, starts + 9, 4).astype(np.uint32)
+    _windows(c, rec.HEADER_SIZE)[starts] = 0
+    first = _windows(c, 4)
+    covered = starts + rec.HEADER_SIZE
+    first[covered] ^= np.uint8(0xFF)
+    first[starts + sizes] = (~stored).astype("<u4").view(np.uint8).reshape(n, 4)
+    return crc32c(c, _CRC_STATE_ZERO) == _CRC_STATE_ZERO
 
 
-def _hop(buf: bytes, view: memoryview) -> tuple[list[int], list[int]] | None:
-    """Starts and sizes of the records in ``buf``, header by header (CRC checked); None if any is not clean."""
+def _hop(buf: bytes) -> tuple[np.ndarray, np.ndarray] | None:
+    """Starts and sizes of the records in ``buf``, header by header; None if a header is not plausible."""
     starts: list[int] = []
     sizes: list[int] = []
     unpack = _HEADER.unpack_from
@@ -104,16 +120,15 @@ def _hop(buf: bytes, view: memoryview) -> tuple[list[int], list[int]] | None:
     size = len(buf)
     pos = 0
     while pos + hs <= size:
-        v, m, total, crc = unpack(buf, pos)
-        if v != version or m != magic or not lo <= total <= hi or pos + total > size \
-                or crc32c(view[pos + hs:pos + total]) != crc:
+        v, m, total, _crc = unpack(buf, pos)
+        if v != version or m != magic or not lo <= total <= hi or pos + total > size:
             return None
         starts.append(pos)
         sizes.append(total)
         pos += total
     if pos != size:
         return None  # a partial record at the end of a range: the row path knows what to do
-    return starts, sizes
+    return np.array(starts, np.int64), np.array(sizes, np.int64)
 
 
 def _properties(a: np.ndarray, buf: bytes, pstart: np.ndarray, plen: np.ndarray) -> pa.Array | None:
@@ -153,6 +168,8 @@ def _properties(a: np.ndarray, buf: bytes, pstart: np.ndarray, plen: np.ndarray)
 def read_range_bulk(part: ScanRange, opts: ScanOptions, schema: pa.Schema,
                     kind_names: dict[int, str]) -> list[pa.RecordBatch] | None:
     """The batches ``batches.read_range`` would yield for ``part``, or None (use the row path)."""
+    if part.end - part.start > _MAX_RANGE:
+        return None
     try:
         with open(part.path, "rb") as f:
             f.seek(part.start - part.base)
@@ -160,18 +177,16 @@ def read_range_bulk(part: ScanRange, opts: ScanOptions, schema: pa.Schema,
     except OSError:
         return None
     a = np.frombuffer(buf, np.uint8)
-    chained = _chain(a)
-    if chained is not None and _crc_ok(buf, a, *chained):
-        starts, sizes = chained
-    else:
-        hopped = _hop(buf, memoryview(buf))
-        if hopped is None:
-            return None
-        starts = np.array(hopped[0], np.int64)
-        sizes = np.array(hopped[1], np.int64)
+    found = _chain(buf, a) or _hop(buf)
+    if found is None:
+        return None
+    starts, sizes = found
     n = len(starts)
     if n == 0:
         return []
+    if not _crc_all_ok(a, starts, sizes):
+        return None
+    ends = starts + sizes
     kind = a[starts + _FIXED_AT].astype(np.int64)
     flags = a[starts + _FIXED_AT + 1]
     store_ts = _be(a, starts + _FIXED_AT + 2, 8)
@@ -181,43 +196,45 @@ def read_range_bulk(part: ScanRange, opts: ScanOptions, schema: pa.Schema,
     if opts.end_ms is not None:
         keep &= store_ts < opts.end_ms
     # Field positions of every record; a record whose fields do not end at its size is not clean.
-    tlen = _be(a, starts + _TOPIC_LEN_AT, 2)
-    cpos = starts + _TOPIC_LEN_AT + 2 + tlen
-    if (cpos + 2 > starts + sizes).any():
+    tpos = starts + _TOPIC_LEN_AT + 2
+    cpos = tpos + _be(a, tpos - 2, 2)
+    if (cpos + 2 > ends).any():
         return None
-    clen = _be(a, cpos, 2)
-    ppos = cpos + 2 + clen
-    if (ppos + 4 > starts + sizes).any():
+    ppos = cpos + 2 + _be(a, cpos, 2)
+    if (ppos + 4 > ends).any():
         return None
     plen = _be(a, ppos, 4)
     bpos = ppos + 4 + plen
-    if (bpos + 4 > starts + sizes).any():
+    if (bpos + 4 > ends).any():
         return None
-    blen = _be(a, bpos, 4)
-    if not np.array_equal(bpos + 4 + blen, starts + sizes):
+    if not np.array_equal(bpos + 4 + _be(a, bpos, 4), ends):
         return None
-    if not (np.isin(kind, np.array([int(k) for k in rec.RecordKind], np.int64))).all():
+    if not np.isin(kind, _ALL_KINDS).all():
         return None
+    # The segment bytes cut at every field boundary: piece 6i is record i's topic, 6i+2 its client id,
+    # 6i+4 its payload (the pieces between are length fields, property blocks and headers).
+    bounds = np.stack([tpos, cpos, cpos + 2, ppos, bpos + 4, ends], axis=1).astype(np.int32).ravel()
+    pieces = pa.Array.from_buffers(pa.binary(), len(bounds) - 1, [None, pa.py_buffer(bounds), pa.py_buffer(buf)])
     sel = np.nonzero(keep)[0]
     try:
-        topic = _var(a, starts[sel] + _TOPIC_LEN_AT + 2, tlen[sel], pa.string())
+        topic = pieces.take(pa.array(sel * _PIECES)).view(pa.string())
         topic.validate(full=True)  # UTF-8
         matcher = opts.matcher()
         if matcher is not None:
-            import pyarrow.compute as pc  # only a topic filter needs it (importing it costs ~70 ms per worker)
+            import pyarrow.compute as pc  # only a topic filter needs it here
 
             wanted = [t for t in pc.unique(topic).to_pylist() if matcher.matches(t)]
             mask = pc.is_in(topic, value_set=pa.array(wanted, pa.string())).to_numpy(zero_copy_only=False)
             sel = sel[mask]
             topic = topic.filter(pa.array(mask))
-        client_id = _var(a, cpos[sel] + 2, clen[sel], pa.string())
+        client_id = pieces.take(pa.array(sel * _PIECES + 2)).view(pa.string())
         client_id.validate(full=True)
-        payload = _var(a, bpos[sel] + 4, blen[sel], pa.binary())
+        payload = pieces.take(pa.array(sel * _PIECES + 4))
         props = _properties(a, buf, ppos[sel] + 4, plen[sel])
         if props is None:
             return None
         props.validate(full=True)
-    except (pa.ArrowInvalid, OverflowError):
+    except (pa.ArrowInvalid, pa.ArrowCapacityError, OverflowError):
         return None
     f = flags[sel]
     base = part.start
