@@ -20,6 +20,9 @@ bulk path is only ever an exact, faster copy of what the row path yields.
 
 from __future__ import annotations
 
+import threading
+from typing import Iterator
+
 import numpy as np
 import pyarrow as pa
 from crc32c import crc32c
@@ -42,6 +45,7 @@ _HEAD = np.dtype([("version", "u1"), ("magic", ">u4"), ("size", ">u4"), ("crc", 
                   ("flags", "u1"), ("store_ts", ">u8"), ("born_ts", ">u8"), ("topic_len", ">u2")])
 assert _HEAD.itemsize == _FIXED_AT + 18 + 2
 _ALL_KINDS = np.array(sorted(int(k) for k in rec.RecordKind), np.int64)
+_PAYLOAD = 4  # the payload's place among the columns
 _PIECES = 6  # per record: topic, (client id length), client id, (property block), payload, (next header)
 _MAX_RANGE = (1 << 31) - 8  # Arrow string/binary offsets are int32
 _CRC_STATE_ZERO = 0xFFFF_FFFF  # crc32c's ``value`` that starts (and, as a result, means) a register of 0
@@ -91,18 +95,18 @@ def _chain(a: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
 
 
 _SCRATCH_KEPT = 64 << 20
-_scratch_buf = np.empty(0, np.uint8)
+_scratch_kept = threading.local()  # one per thread: two readers in one process must not share it
 
 
 def _scratch(size: int) -> np.ndarray:
     """A writable buffer of ``size`` bytes, reused from call to call (a Spark Python worker reads range after
     range: fresh memory would cost a page fault per 4 KiB each time); ranges above 64 MiB get their own."""
-    global _scratch_buf
     if size > _SCRATCH_KEPT:
         return np.empty(size, np.uint8)
-    if len(_scratch_buf) < size:
-        _scratch_buf = np.empty(max(size, 1 << 20), np.uint8)
-    return _scratch_buf[:size]
+    kept = getattr(_scratch_kept, "buf", None)
+    if kept is None or len(kept) < size:
+        kept = _scratch_kept.buf = np.empty(max(size, 1 << 20), np.uint8)
+    return kept[:size]
 
 
 def _crc_all_ok(a: np.ndarray, starts: np.ndarray, sizes: np.ndarray, stored: np.ndarray) -> bool:
@@ -187,7 +191,7 @@ def _properties(a: np.ndarray, buf: bytes, pstart: np.ndarray, plen: np.ndarray)
 
 
 def read_range_bulk(part: ScanRange, opts: ScanOptions, schema: pa.Schema,
-                    kind_names: dict[int, str]) -> list[pa.RecordBatch] | None:
+                    kind_names: dict[int, str]) -> Iterator[pa.RecordBatch] | None:
     """The batches ``batches.read_range`` would yield for ``part``, or None (use the row path)."""
     if part.end - part.start > _MAX_RANGE:
         return None
@@ -204,7 +208,7 @@ def read_range_bulk(part: ScanRange, opts: ScanOptions, schema: pa.Schema,
     starts, sizes = found
     n = len(starts)
     if n == 0:
-        return []
+        return iter(())
     head = _windows(a, _HEAD.itemsize)[starts].view(_HEAD).ravel()
     if not _crc_all_ok(a, starts, sizes, head["crc"].astype(np.uint32)):
         return None
@@ -251,7 +255,6 @@ def read_range_bulk(part: ScanRange, opts: ScanOptions, schema: pa.Schema,
             topic = topic.filter(pa.array(mask))
         client_id = pieces.take(pa.array(sel * _PIECES + 2)).view(pa.string())
         client_id.validate(full=True)
-        payload = pieces.take(pa.array(sel * _PIECES + 4))
         props = _properties(a, buf, ppos[sel] + 4, plen[sel])
         if props is None:
             return None
@@ -265,7 +268,7 @@ def read_range_bulk(part: ScanRange, opts: ScanOptions, schema: pa.Schema,
         client_id,
         pa.array((f & 3).astype(np.int32), pa.int32()),
         pa.array((f & 4) != 0, pa.bool_()),
-        payload,
+        None,  # payload: cut batch by batch
         pa.array(store_ts[sel] * 1000, pa.int64()).cast(_TS),
         pa.array(head["born_ts"][sel].astype(np.int64) * 1000, pa.int64()).cast(_TS),
         props,
@@ -274,6 +277,18 @@ def read_range_bulk(part: ScanRange, opts: ScanOptions, schema: pa.Schema,
     if len(schema) > len(columns):
         names = np.array([kind_names.get(k, "") for k in range(max(kind_names) + 1)], dtype=object)
         columns.append(pa.array(names[kind[sel]], pa.string()))
-    whole = pa.RecordBatch.from_arrays(columns, schema=schema)
-    size = max(1, opts.batch_rows)
-    return [whole.slice(i, size) for i in range(0, whole.num_rows, size)]
+    return _batches(columns, pieces, sel * _PIECES + 4, schema, max(1, opts.batch_rows))
+
+
+def _batches(columns: list, pieces: pa.Array, payload_at: np.ndarray, schema: pa.Schema,
+             size: int) -> Iterator[pa.RecordBatch]:
+    """Record batches of ``size`` rows; each one's payloads (most of the bytes) are copied only when it is asked for.
+
+    Everything that could fail was checked before, so nothing here can make the
+    row path necessary half-way; and Spark converts one batch while the next is cut.
+    """
+    at = _PAYLOAD
+    for i in range(0, len(payload_at), size):
+        batch = [c.slice(i, size) if k != at else pieces.take(pa.array(payload_at[i:i + size]))
+                 for k, c in enumerate(columns)]
+        yield pa.RecordBatch.from_arrays(batch, schema=schema)
