@@ -1,6 +1,6 @@
 """Spark benchmark: rows/s scanned by the ``twistmq`` data source vs Spark reading the same messages from Parquet.
 
-Run: ``.venv/bin/python bench/spark_bench.py [--messages 300000] [--reps 3]``.
+Run: ``./dev python -m bench.spark_bench [--messages 300000] [--reps 5]``.
 
 It fills a fresh store (the real ``MessageStore``, JSON telemetry payloads
 like the simulator's), then, in one Spark session (``local[2]`` by default):
@@ -14,9 +14,9 @@ After one warm-up of each, the two scans alternate ``--reps`` times (source,
 Parquet, source, ...), so both see the same machine load; each rep gives a
 ratio (data source rows/s / Parquet rows/s). It prints the median rows/s of
 both, the median ratio with its spread (lowest and highest rep) and the load
-average. Parquet is a
-columnar, compressed, JVM-native format: the ratio says what reading the live
-log in Python costs compared with a copy in the format Spark reads fastest.
+average. Parquet is a columnar, compressed, JVM-native format: the ratio says
+what reading the live log in Python costs compared with a copy in the format
+Spark reads fastest.
 """
 
 from __future__ import annotations
