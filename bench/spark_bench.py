@@ -1,6 +1,6 @@
 """Spark benchmark: rows/s scanned by the ``twistmq`` data source vs Spark reading the same messages from Parquet.
 
-Run: ``.venv/bin/python bench/spark_bench.py [--messages 300000] [--reps 3]``.
+Run: ``./dev python -m bench.spark_bench [--messages 300000] [--reps 5]``.
 
 It fills a fresh store (the real ``MessageStore``, JSON telemetry payloads
 like the simulator's), then, in one Spark session (``local[2]`` by default):
@@ -10,10 +10,13 @@ like the simulator's), then, in one Spark session (``local[2]`` by default):
 2. writes the same rows to Parquet once (not timed);
 3. scans the Parquet copy the same way.
 
-Each scan runs ``--reps`` times after one warm-up; the best time counts. It
-prints rows/s for both and the ratio (data source / Parquet). Parquet is a
-columnar, compressed, JVM-native format: the ratio says what reading the live
-log in Python costs compared with a copy in the format Spark reads fastest.
+After one warm-up of each, the two scans alternate ``--reps`` times (source,
+Parquet, source, ...), so both see the same machine load; each rep gives a
+ratio (data source rows/s / Parquet rows/s). It prints the median rows/s of
+both, the median ratio with its spread (lowest and highest rep) and the load
+average. Parquet is a columnar, compressed, JVM-native format: the ratio says
+what reading the live log in Python costs compared with a copy in the format
+Spark reads fastest.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -61,14 +65,17 @@ def fill_store(data_dir: str, messages: int, devices: int, segment_mb: int) -> i
         store.close()
 
 
-def best_time(fn, reps: int) -> float:
-    fn()  # warm-up: Python workers started, JIT warm
-    times = []
+def alternate(source, parquet, reps: int) -> tuple[list[float], list[float]]:
+    """Times of ``reps`` source and Parquet scans, run in turn after a warm-up of each."""
+    source()  # warm-up: Python workers started, JIT warm
+    parquet()
+    t_source, t_parquet = [], []
     for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
+        for fn, times in ((source, t_source), (parquet, t_parquet)):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+    return t_source, t_parquet
 
 
 def main(argv=None) -> dict:
@@ -76,7 +83,7 @@ def main(argv=None) -> dict:
     p.add_argument("--messages", type=int, default=300_000)
     p.add_argument("--devices", type=int, default=100)
     p.add_argument("--segment-mb", type=int, default=16, help="segment size: partitions follow segments")
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps", type=int, default=5)
     p.add_argument("--master", default="local[2]")
     p.add_argument("--keep", action="store_true", help="keep the temporary store and Parquet copy")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
@@ -115,23 +122,30 @@ def main(argv=None) -> dict:
         def scan_parquet():
             spark.read.parquet(parquet).write.format("noop").mode("overwrite").save()
 
-        t_source = best_time(scan_source, args.reps)
-        t_parquet = best_time(scan_parquet, args.reps)
+        load_before = os.getloadavg()
+        t_sources, t_parquets = alternate(scan_source, scan_parquet, args.reps)
+        load_after = os.getloadavg()
+        ratios = sorted(tp / ts for ts, tp in zip(t_sources, t_parquets))
+        t_source, t_parquet = statistics.median(t_sources), statistics.median(t_parquets)
         pq_bytes = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(parquet) for f in fs)
         spark.stop()
         result = {
             "messages": rows, "store_mb": round(size / 1e6, 1), "parquet_mb": round(pq_bytes / 1e6, 1),
-            "partitions": partitions, "master": args.master,
+            "partitions": partitions, "master": args.master, "reps": args.reps,
             "source_s": round(t_source, 3), "parquet_s": round(t_parquet, 3),
             "source_rows_per_s": round(rows / t_source), "parquet_rows_per_s": round(rows / t_parquet),
-            "ratio_source_to_parquet": round(t_parquet / t_source, 3),
+            "ratio_source_to_parquet": round(statistics.median(ratios), 3),
+            "ratio_min": round(ratios[0], 3), "ratio_max": round(ratios[-1], 3),
+            "ratios": [round(r, 3) for r in ratios],
+            "load_1m": [round(load_before[0], 2), round(load_after[0], 2)],
         }
-        print(f"twistmq data source: {result['source_rows_per_s']:>12,} rows/s  ({t_source:.2f}s, "
+        print(f"twistmq data source: {result['source_rows_per_s']:>12,} rows/s  (median {t_source:.2f}s, "
               f"{partitions} partitions, {result['store_mb']} MB of segments)")
-        print(f"Parquet (same rows): {result['parquet_rows_per_s']:>12,} rows/s  ({t_parquet:.2f}s, "
+        print(f"Parquet (same rows): {result['parquet_rows_per_s']:>12,} rows/s  (median {t_parquet:.2f}s, "
               f"{result['parquet_mb']} MB)")
-        print(f"ratio data source / Parquet: {result['ratio_source_to_parquet']:.3f} "
-              f"(Parquet is {1 / result['ratio_source_to_parquet']:.1f}x faster)")
+        print(f"ratio data source / Parquet: median {result['ratio_source_to_parquet']:.3f} over {args.reps} reps "
+              f"(lowest {result['ratio_min']:.3f}, highest {result['ratio_max']:.3f}); "
+              f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
         print(json.dumps(result))
         return result
     finally:

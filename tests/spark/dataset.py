@@ -239,19 +239,21 @@ def mqtt_publish(port: int, items: list[tuple[rec.Message, int]], timeout: float
     from paho.mqtt.properties import Properties
 
     clients: dict[str, mqtt.Client] = {}
+    connacks: dict[str, threading.Event] = {}
     try:
         for message, _ts in items:
             cid = message.client_id
             if cid not in clients:
                 c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=cid, protocol=mqtt.MQTTv5)
+                connacks[cid] = threading.Event()
+                c.on_connect = lambda client, userdata, flags, reason, props, got=connacks[cid]: got.set()
                 c.connect("127.0.0.1", port, keepalive=30)
                 c.loop_start()
                 clients[cid] = c
         deadline = time.monotonic() + timeout
-        while not all(c.is_connected() for c in clients.values()):
-            if time.monotonic() > deadline:
-                raise TimeoutError("paho clients did not connect")
-            time.sleep(0.05)
+        for cid, got in connacks.items():  # each CONNACK, waited for with what is left of the deadline
+            if not got.wait(max(0.0, deadline - time.monotonic())) or not clients[cid].is_connected():
+                raise TimeoutError(f"paho client {cid!r} did not connect")
         for message, _ts in items:  # one at a time, in order: the log keeps the data set's order
             props = None
             if message.properties:

@@ -29,22 +29,26 @@ class _Daemon:
 
     def __init__(self, spark_home, cls, args, env):
         self.lines: list[str] = []
+        self.changed = threading.Condition()  # a line arrived or the output ended
         self.proc = subprocess.Popen([os.path.join(spark_home, "bin", "spark-class"), cls, *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self.ended = False
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _pump(self):
         for line in self.proc.stdout:
-            self.lines.append(line)
+            with self.changed:
+                self.lines.append(line)
+                self.changed.notify_all()
+        with self.changed:
+            self.ended = True
+            self.changed.notify_all()
 
     def wait_for(self, text, timeout=90.0):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if any(text in line for line in self.lines):
+        with self.changed:
+            found = self.changed.wait_for(lambda: self.ended or any(text in line for line in self.lines), timeout)
+            if found and any(text in line for line in self.lines):
                 return
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.2)
         raise AssertionError(f"no {text!r} from {self.proc.args[1]}:\n{''.join(self.lines)[-3000:]}")
 
     def stop(self):

@@ -2,8 +2,10 @@
 
 import os
 
+import numpy as np
 import pyarrow as pa
 import pytest
+from crc32c import crc32c
 
 from store import reader
 from store import record as rec
@@ -93,3 +95,60 @@ def test_payload_holding_the_record_marker_still_reads(tmp_path):
     assert table is not None
     assert table.column("offset").to_pylist() == [p.offset for p in pub]
     assert table.column("payload").to_pylist() == [b"a" + marker * 3 + b"z"] * 5
+
+
+def _clean_range(tmp_path, n=40):
+    """A published range's bytes as a numpy array, with its record starts and sizes."""
+    publish_dataset(str(tmp_path), _items(n))
+    directory = os.path.join(str(tmp_path), "commitlog")
+    (part,) = segments.plan_ranges(directory)
+    with open(part.path, "rb") as f:
+        buf = f.read(part.end - part.start)
+    starts, sizes = columns._chain(np.frombuffer(buf, np.uint8))
+    return bytearray(buf), starts, sizes
+
+
+def _stored(buf, starts):
+    """The CRC32C each record's header holds."""
+    return np.array([int.from_bytes(buf[s + 9:s + 13], "big") for s in starts.tolist()], np.uint32)
+
+
+def test_whole_range_crc_accepts_a_clean_range(tmp_path):
+    """One crc32c over the rearranged range says yes when every record's own CRC32C matches."""
+    buf, starts, sizes = _clean_range(tmp_path)
+    view = memoryview(buf)
+    assert all(crc32c(view[s + rec.HEADER_SIZE:s + z]) == int.from_bytes(buf[s + 9:s + 13], "big")
+               for s, z in zip(starts.tolist(), sizes.tolist()))
+    assert columns._crc_all_ok(np.frombuffer(bytes(buf), np.uint8), starts, sizes, _stored(buf, starts))
+
+
+@pytest.mark.parametrize("where", ["first covered byte", "fourth covered byte", "last byte", "stored crc",
+                                   "two records"])
+@pytest.mark.parametrize("record", [0, 17, -1])
+def test_whole_range_crc_rejects_any_corrupt_record(tmp_path, where, record):
+    """A flipped bit in any record (its first bytes, its last, its stored CRC, or in two records) is caught."""
+    buf, starts, sizes = _clean_range(tmp_path)
+    s, z = int(starts[record]), int(sizes[record])
+    at = {"first covered byte": s + rec.HEADER_SIZE, "fourth covered byte": s + rec.HEADER_SIZE + 3,
+          "last byte": s + z - 1, "stored crc": s + 10, "two records": s + z - 1}[where]
+    buf[at] ^= 0x10
+    if where == "two records":
+        other = int(starts[(record + 5) % len(starts)])
+        buf[other + rec.HEADER_SIZE + 7] ^= 0x01
+    assert not columns._crc_all_ok(np.frombuffer(bytes(buf), np.uint8), starts, sizes, _stored(buf, starts))
+
+
+def test_corrupt_record_behind_a_marker_payload_falls_back(tmp_path):
+    """When the payload breaks the fast chain, the header hop's records are still CRC-checked."""
+    marker = bytes([rec.VERSION]) + rec.MAGIC.to_bytes(4, "big")
+    items = [(rec.Message(topic="m", body=b"a" + marker + b"z" * 20, client_id="c"), 1_000 + i) for i in range(5)]
+    pub = publish_dataset(str(tmp_path), items)
+    directory = os.path.join(str(tmp_path), "commitlog")
+    seg = reader.list_segments(directory)[0]
+    with open(seg.path, "r+b") as f:
+        f.seek(pub[3].offset - 3)  # inside record 2's payload, after the marker
+        f.write(b"!")
+    (part,) = segments.plan_ranges(directory)
+    assert _bulk(part, ScanOptions(directory)) is None
+    rows = pa.Table.from_batches(list(batches.read_range(part, ScanOptions(directory)))).to_pylist()
+    assert [r["offset"] for r in rows] == [p.offset for i, p in enumerate(pub) if i != 2]

@@ -1,6 +1,10 @@
 """Unit tests of header hops and partition planning over segment files (no Spark)."""
 
 import os
+import random
+
+import numpy as np
+import pytest
 
 from store import reader
 from store import record as rec
@@ -87,3 +91,52 @@ def test_empty_log_plans_nothing(tmp_path):
     os.makedirs(_commitlog(tmp_path))
     assert segments.plan_ranges(_commitlog(tmp_path)) == []
     assert segments.latest_boundary(_commitlog(tmp_path), 0) == (0, 0)
+
+
+def _header_hop(segment, start, max_records=None, split_bytes=None, stop_at=None):
+    """hop_segment's answer from the header hop alone (no numpy chain): the reference it must equal."""
+    with open(segment.path, "rb") as f:
+        buf = f.read()
+    limit = None if stop_at is None else stop_at - segment.base
+    return segments._hop(buf, segment.base, start - segment.base, np.zeros(0, np.int64), start - segment.base,
+                         max_records, split_bytes, limit)
+
+
+MARKER_BODY = b"x" + segments.MARKER + b"\x00\x00\x00\x40" + b"y" * 30  # a look-alike header inside a payload
+
+
+@pytest.mark.parametrize("damage", ["clean", "marker payloads", "torn tail", "corrupt header", "junk tail"])
+def test_numpy_chain_hops_exactly_like_the_header_hop(tmp_path, damage):
+    """Ends, counts and split points equal the header hop's, for every start, limit and split size tried."""
+    rng = random.Random(damage)
+    items = [(rec.Message(topic=f"t/{i % 3}", body=MARKER_BODY if damage == "marker payloads" and i % 4 == 1
+                          else bytes([65 + i % 26]) * rng.randrange(0, 60), client_id="c"), 1_000 + i)
+             for i in range(80)]
+    pub = publish_dataset(str(tmp_path), items)
+    seg = reader.list_segments(_commitlog(tmp_path))[0]
+    with open(seg.path, "r+b") as f:
+        if damage == "torn tail":
+            f.seek(0, 2)
+            f.write(rec.encode(rec.Message(topic="t/x", body=b"z" * 50), 9_999)[:40])
+        if damage == "corrupt header":
+            f.seek(pub[30].offset + 2)
+            f.write(b"\xff\xff")
+        if damage == "junk tail":
+            f.seek(0, 2)
+            f.write(segments.MARKER + b"\xff" * 30)
+    offsets = [p.offset for p in pub]
+    for start in (0, offsets[1], offsets[29], offsets[-1]):
+        for kw in ({}, {"max_records": 7}, {"max_records": 500}, {"split_bytes": 300}, {"split_bytes": 1},
+                   {"stop_at": offsets[50] + 2}, {"stop_at": offsets[70], "split_bytes": 150, "max_records": 60}):
+            assert segments.hop_segment(seg, start, **kw) == _header_hop(seg, start, **kw), (start, kw)
+
+
+def test_plan_ranges_cuts_a_segment_into_about_equal_parts(tmp_path):
+    """A segment a bit over maxPartitionBytes becomes two halves, not a full part and a small rest."""
+    publish_dataset(str(tmp_path), _items(100, size=60))
+    directory = _commitlog(tmp_path)
+    (seg,) = reader.list_segments(directory)
+    record = seg.size // 100
+    ranges = segments.plan_ranges(directory, max_bytes=int(seg.size * 0.6))
+    assert len(ranges) == 2
+    assert abs((ranges[0].end - ranges[0].start) - (ranges[1].end - ranges[1].start)) <= 2 * record

@@ -2,7 +2,7 @@
 
 import json
 import os
-import time
+import threading
 
 import pytest
 
@@ -37,16 +37,16 @@ def _end_offset(progress) -> int:
 
 
 def _wait_caught_up(query, end, timeout=60.0):
-    """Wait (bounded) until the query has committed a micro-batch ending at commit-log offset ``end``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if query.exception() is not None:
-            raise AssertionError(f"stream failed: {query.exception()}")
-        progress = query.lastProgress
-        if progress is not None and _end_offset(progress) >= end:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"stream did not reach offset {end} in {timeout}s: {query.lastProgress}")
+    """Wait (bounded) until the query has committed everything in the log, which reaches commit-log offset ``end``."""
+    waiter = threading.Thread(target=query.processAllAvailable, daemon=True)  # Spark's own wait, no polling
+    waiter.start()
+    waiter.join(timeout)
+    if waiter.is_alive():
+        query.stop()  # ends processAllAvailable too
+        raise AssertionError(f"stream did not catch up in {timeout}s: {query.lastProgress}")
+    if query.exception() is not None:
+        raise AssertionError(f"stream failed: {query.exception()}")
+    assert _end_offset(query.lastProgress) >= end, query.lastProgress
 
 
 def _start(spark, data_dir, sink, checkpoint, trigger, columns=("offset", "topic", "payload", "store_ts"), **options):
