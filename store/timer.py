@@ -51,7 +51,7 @@ import json
 import logging
 import os
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from crc32c import crc32c
 
@@ -79,9 +79,14 @@ class TimerConfigError(ValueError):
     """The checkpoint was taken with another wheel geometry (slot count or precision)."""
 
 
-@dataclass(frozen=True, slots=True)
-class TimerEntry:
-    """A due entry: deliver the commit-log record at ``cl_offset``."""
+class TimerEntry(NamedTuple):
+    """A due entry: deliver the commit-log record at ``cl_offset``.
+
+    A tuple of ints, not a dataclass: a slot's entries wait in the backlog for
+    up to a slot, long enough to be promoted by the garbage collector, whose
+    full passes stop the reactor; a tuple of ints is cheaper to build and the
+    collector stops tracking it (it cannot be part of a cycle).
+    """
 
     cl_offset: int
     cl_size: int

@@ -325,7 +325,7 @@ class TimerService(DispatcherBase):
             self.lost += 1
             log.error("timer_record_unreadable offset=%d error=%s", entry.cl_offset, exc)
             return
-        props = dict(record.properties)
+        props = record.properties  # decode gave this record its own dict: changed in place, not copied
         try:
             at = int(props[TIMER_AT])
             kind = rec.RecordKind(int(props[TIMER_KIND]))
