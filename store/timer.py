@@ -49,6 +49,7 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import operator
 import os
 from dataclasses import asdict, dataclass
 from typing import Callable, NamedTuple
@@ -65,6 +66,9 @@ DEFAULT_PRECISION_MS = 100
 DEFAULT_SLOT_COUNT = 4 * 3600 * 10  # 4 hours at 100 ms: 4 MB of wheel; longer delays roll every 2 hours
 LOG_DIR = "log"
 _ROLL, _DELETE, _REQUEUE = int(UnitFlag.ROLL), int(UnitFlag.DELETE), int(UnitFlag.REQUEUE)
+
+
+_DELIVER_AT = operator.itemgetter(2)  # TimerEntry.deliver_at_ms
 
 
 class EnqueueStatus(enum.Enum):
@@ -292,12 +296,13 @@ class Timer:
         self.wheel.reset_slot(slot_time)
         deleted = {u.cl_offset for u in units if u.flags & (_DELETE | _ROLL) == _DELETE}
         due = []
+        new = tuple.__new__  # TimerEntry's own __new__ is a Python-level call per entry
         for u in units:
             if u.flags & _ROLL:
                 self._place((u.flags & ~_ROLL) | _REQUEUE, u.deliver_at, u.cl_offset, u.cl_size, u.topic_hash)
             elif not u.flags & _DELETE and u.cl_offset not in deleted:
-                due.append(TimerEntry(u.cl_offset, u.cl_size, u.deliver_at, u.topic_hash))
-        due.sort(key=lambda e: e.deliver_at_ms)  # stable: ties stay oldest first
+                due.append(new(TimerEntry, (u.cl_offset, u.cl_size, u.deliver_at, u.topic_hash)))
+        due.sort(key=_DELIVER_AT)  # stable: ties stay oldest first
         return due
 
     # -- recovery --------------------------------------------------------------------------

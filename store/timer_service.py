@@ -81,6 +81,7 @@ DEFAULT_HOP_MS = 24 * 3600 * 1000
 DEFAULT_TICK_MS = 10
 MAX_CATCH_UP_MS = 600_000  # slots consumed per tick after a long stop (keeps the reactor responsive)
 _INTERNAL = (TIMER_KIND, TIMER_AT, rec.QUEUES_PROPERTY)
+_KIND_BY_TEXT = {str(int(k)): k for k in rec.RecordKind}  # TIMER_KIND's text -> kind, without int() and Enum()
 
 
 class TimerNotFound(LookupError):
@@ -328,7 +329,7 @@ class TimerService(DispatcherBase):
         props = record.properties  # decode gave this record its own dict: changed in place, not copied
         try:
             at = int(props[TIMER_AT])
-            kind = rec.RecordKind(int(props[TIMER_KIND]))
+            kind = _KIND_BY_TEXT[props[TIMER_KIND]]
         except (KeyError, ValueError):
             self.lost += 1
             log.error("timer_record_unusable offset=%d", entry.cl_offset)
@@ -351,9 +352,9 @@ class TimerService(DispatcherBase):
         self._outstanding += 1
         # submit, not put: a tick hands out hundreds of entries and a Deferred each was a fair share of
         # the tick; they are all appended in the store's next write, one batch for the tick.
-        self.store.submit(message, functools.partial(self._put_done, entry=entry, at=at, kind=message.kind))
+        self.store.submit(message, functools.partial(self._put_done, entry, at, message.kind))
 
-    def _put_done(self, result: PutResult, entry: TimerEntry, at: int, kind) -> None:
+    def _put_done(self, entry: TimerEntry, at: int, kind, result: PutResult) -> None:
         self._outstanding -= 1
         if result.status is PutStatus.PUT_OK:
             if kind != rec.RecordKind.TIMER:
