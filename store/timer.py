@@ -249,17 +249,26 @@ class Timer:
         self._start(now_ms)
         return self._place(_DELETE, deliver_at_ms, cl_offset, 0, 0)
 
-    def advance(self, now_ms: int) -> list[TimerEntry]:
-        """Consume every slot up to ``now_ms``; return the due entries, slot by slot, in time order."""
+    def advance(self, now_ms: int, max_units: int | None = None) -> list[TimerEntry]:
+        """Consume every slot up to ``now_ms``; return the due entries, slot by slot, in time order.
+
+        With ``max_units``, stop after the slot that brings the units read to
+        that many (a slot is consumed whole): the caller's turn stays short,
+        and the next call goes on from there.
+        """
         self._start(now_ms)
         target = now_ms - now_ms % self._p
         due: list[TimerEntry] = []
+        read = 0
         while self._read_time <= target:
             slot_time = self._read_time
-            slot = self.wheel.get_slot(slot_time)
-            if slot.num:
-                due.extend(self._consume(slot_time, slot.last_pos, slot.num))
+            first, last, num = self.wheel.get_chain(slot_time)
             self._read_time = slot_time + self._p
+            if num:
+                due.extend(self._consume(slot_time, last, num))
+                read += num
+                if max_units is not None and read >= max_units:
+                    break
         return due
 
     # -- internals -----------------------------------------------------------------------

@@ -93,7 +93,7 @@ class TimerService(DispatcherBase):
 
     def __init__(self, store: MessageStore, directory: str, clock, precision_ms: int = 100, *,
                  slot_count: int | None = None, checkpoint_interval_s: float = 1.0,
-                 wheel_snapshot_s: float = 30.0, hop_ms: int | None = None, max_per_tick: int = 20_000,
+                 wheel_snapshot_s: float = 30.0, hop_ms: int | None = None, max_per_tick: int = 2_000,
                  executor=None, tick_ms: int | None = None) -> None:
         if getattr(store, "is_open", False):
             raise RuntimeError("TimerService must be created before store.open() (it replays as a dispatcher)")
@@ -311,7 +311,7 @@ class TimerService(DispatcherBase):
             read = self.timer.read_time_ms
             ahead = now + self.precision_ms - 1
             target = ahead if read is None else min(ahead, read + MAX_CATCH_UP_MS)
-            backlog.extend(self.timer.advance(target))
+            backlog.extend(self.timer.advance(target, self.max_per_tick))
         n = 0
         limit = self.max_per_tick
         while backlog and n < limit and backlog[0].deliver_at_ms <= now:
