@@ -10,6 +10,8 @@ clock ticks every ``tick_ms`` (10 ms, finer than a slot): it reads the slot whos
 window holds the current time ahead of the slot's end, keeps its entries (sorted
 by due time) in the backlog, and hands each out on the first tick at or after
 its due time, so lateness is a tick plus the put, not up to a slot plus a tick.
+A tick reads and hands out at most ``max_per_tick`` entries, so a burst due at
+once, or the catch-up after a stall, is spread over short reactor turns.
 Each due entry is read back from
 the commit log and its real message is ``put`` into the store, where it is
 indexed and delivered like any other. The real message carries the property
