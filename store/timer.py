@@ -49,9 +49,10 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import operator
 import os
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from crc32c import crc32c
 
@@ -67,6 +68,9 @@ LOG_DIR = "log"
 _ROLL, _DELETE, _REQUEUE = int(UnitFlag.ROLL), int(UnitFlag.DELETE), int(UnitFlag.REQUEUE)
 
 
+_DELIVER_AT = operator.itemgetter(2)  # TimerEntry.deliver_at_ms
+
+
 class EnqueueStatus(enum.Enum):
     """What ``enqueue``/``cancel`` did."""
 
@@ -79,9 +83,14 @@ class TimerConfigError(ValueError):
     """The checkpoint was taken with another wheel geometry (slot count or precision)."""
 
 
-@dataclass(frozen=True, slots=True)
-class TimerEntry:
-    """A due entry: deliver the commit-log record at ``cl_offset``."""
+class TimerEntry(NamedTuple):
+    """A due entry: deliver the commit-log record at ``cl_offset``.
+
+    A tuple of ints, not a dataclass: a slot's entries wait in the backlog for
+    up to a slot, long enough to be promoted by the garbage collector, whose
+    full passes stop the reactor; a tuple of ints is cheaper to build and the
+    collector stops tracking it (it cannot be part of a cycle).
+    """
 
     cl_offset: int
     cl_size: int
@@ -240,17 +249,26 @@ class Timer:
         self._start(now_ms)
         return self._place(_DELETE, deliver_at_ms, cl_offset, 0, 0)
 
-    def advance(self, now_ms: int) -> list[TimerEntry]:
-        """Consume every slot up to ``now_ms``; return the due entries, slot by slot, in time order."""
+    def advance(self, now_ms: int, max_units: int | None = None) -> list[TimerEntry]:
+        """Consume every slot up to ``now_ms``; return the due entries, slot by slot, in time order.
+
+        With ``max_units``, stop after the slot that brings the units read to
+        that many (a slot is consumed whole): the caller's turn stays short,
+        and the next call goes on from there.
+        """
         self._start(now_ms)
         target = now_ms - now_ms % self._p
         due: list[TimerEntry] = []
+        read = 0
         while self._read_time <= target:
             slot_time = self._read_time
-            slot = self.wheel.get_slot(slot_time)
-            if slot.num:
-                due.extend(self._consume(slot_time, slot.last_pos, slot.num))
+            first, last, num = self.wheel.get_chain(slot_time)
             self._read_time = slot_time + self._p
+            if num:
+                due.extend(self._consume(slot_time, last, num))
+                read += num
+                if max_units is not None and read >= max_units:
+                    break
         return due
 
     # -- internals -----------------------------------------------------------------------
@@ -287,12 +305,13 @@ class Timer:
         self.wheel.reset_slot(slot_time)
         deleted = {u.cl_offset for u in units if u.flags & (_DELETE | _ROLL) == _DELETE}
         due = []
+        new = tuple.__new__  # TimerEntry's own __new__ is a Python-level call per entry
         for u in units:
             if u.flags & _ROLL:
                 self._place((u.flags & ~_ROLL) | _REQUEUE, u.deliver_at, u.cl_offset, u.cl_size, u.topic_hash)
             elif not u.flags & _DELETE and u.cl_offset not in deleted:
-                due.append(TimerEntry(u.cl_offset, u.cl_size, u.deliver_at, u.topic_hash))
-        due.sort(key=lambda e: e.deliver_at_ms)  # stable: ties stay oldest first
+                due.append(new(TimerEntry, (u.cl_offset, u.cl_size, u.deliver_at, u.topic_hash)))
+        due.sort(key=_DELIVER_AT)  # stable: ties stay oldest first
         return due
 
     # -- recovery --------------------------------------------------------------------------

@@ -10,6 +10,8 @@ clock ticks every ``tick_ms`` (10 ms, finer than a slot): it reads the slot whos
 window holds the current time ahead of the slot's end, keeps its entries (sorted
 by due time) in the backlog, and hands each out on the first tick at or after
 its due time, so lateness is a tick plus the put, not up to a slot plus a tick.
+A tick reads and hands out at most ``max_per_tick`` entries, so a burst due at
+once, or the catch-up after a stall, is spread over short reactor turns.
 Each due entry is read back from
 the commit log and its real message is ``put`` into the store, where it is
 indexed and delivered like any other. The real message carries the property
@@ -81,6 +83,7 @@ DEFAULT_HOP_MS = 24 * 3600 * 1000
 DEFAULT_TICK_MS = 10
 MAX_CATCH_UP_MS = 600_000  # slots consumed per tick after a long stop (keeps the reactor responsive)
 _INTERNAL = (TIMER_KIND, TIMER_AT, rec.QUEUES_PROPERTY)
+_KIND_BY_TEXT = {str(int(k)): k for k in rec.RecordKind}  # TIMER_KIND's text -> kind, without int() and Enum()
 
 
 class TimerNotFound(LookupError):
@@ -92,7 +95,7 @@ class TimerService(DispatcherBase):
 
     def __init__(self, store: MessageStore, directory: str, clock, precision_ms: int = 100, *,
                  slot_count: int | None = None, checkpoint_interval_s: float = 1.0,
-                 wheel_snapshot_s: float = 30.0, hop_ms: int | None = None, max_per_tick: int = 20_000,
+                 wheel_snapshot_s: float = 30.0, hop_ms: int | None = None, max_per_tick: int = 2_000,
                  executor=None, tick_ms: int | None = None) -> None:
         if getattr(store, "is_open", False):
             raise RuntimeError("TimerService must be created before store.open() (it replays as a dispatcher)")
@@ -310,7 +313,7 @@ class TimerService(DispatcherBase):
             read = self.timer.read_time_ms
             ahead = now + self.precision_ms - 1
             target = ahead if read is None else min(ahead, read + MAX_CATCH_UP_MS)
-            backlog.extend(self.timer.advance(target))
+            backlog.extend(self.timer.advance(target, self.max_per_tick))
         n = 0
         limit = self.max_per_tick
         while backlog and n < limit and backlog[0].deliver_at_ms <= now:
@@ -325,10 +328,10 @@ class TimerService(DispatcherBase):
             self.lost += 1
             log.error("timer_record_unreadable offset=%d error=%s", entry.cl_offset, exc)
             return
-        props = dict(record.properties)
+        props = record.properties  # decode gave this record its own dict: changed in place, not copied
         try:
             at = int(props[TIMER_AT])
-            kind = rec.RecordKind(int(props[TIMER_KIND]))
+            kind = _KIND_BY_TEXT[props[TIMER_KIND]]
         except (KeyError, ValueError):
             self.lost += 1
             log.error("timer_record_unusable offset=%d", entry.cl_offset)
@@ -351,9 +354,9 @@ class TimerService(DispatcherBase):
         self._outstanding += 1
         # submit, not put: a tick hands out hundreds of entries and a Deferred each was a fair share of
         # the tick; they are all appended in the store's next write, one batch for the tick.
-        self.store.submit(message, functools.partial(self._put_done, entry=entry, at=at, kind=message.kind))
+        self.store.submit(message, functools.partial(self._put_done, entry, at, message.kind))
 
-    def _put_done(self, result: PutResult, entry: TimerEntry, at: int, kind) -> None:
+    def _put_done(self, entry: TimerEntry, at: int, kind, result: PutResult) -> None:
         self._outstanding -= 1
         if result.status is PutStatus.PUT_OK:
             if kind != rec.RecordKind.TIMER:

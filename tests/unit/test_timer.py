@@ -264,3 +264,19 @@ def test_consumed_segments_are_deleted_once_a_checkpoint_is_saved(tmp_path):
     t = _timer(tmp_path, cp, segment_units=8)
     out.update(_run(t, 400, start=151))
     assert sorted(out) == list(range(40))
+
+
+def test_advance_with_a_budget_stops_after_a_whole_slot_and_resumes(tmp_path):
+    """advance(now, max_units) reads whole slots until the budget is spent; the next call goes on, none lost."""
+    t = _timer(tmp_path)
+    offsets = iter(range(1, 100))
+    for slot_time, count in ((10, 3), (20, 4), (30, 2)):
+        for _ in range(count):
+            t.enqueue(slot_time, next(offsets), 100, "a", now_ms=0)
+    first = t.advance(40, max_units=5)  # slot 10 (3) is under budget, slot 20 (4) spends it
+    assert [e.deliver_at_ms for e in first] == [10] * 3 + [20] * 4
+    assert t.read_time_ms == 30
+    rest = t.advance(40, max_units=5)
+    assert [e.cl_offset for e in rest] == [8, 9]
+    assert t.read_time_ms == 50
+    t.close()

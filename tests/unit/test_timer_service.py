@@ -402,3 +402,22 @@ def test_cancel_while_its_slot_is_read_ahead_is_honoured(tmp_path):
     assert n.cancel(r.offset) is True
     n.run_for(0.5, step=0.01)
     assert n.bodies("%TOPIC%x") == [b"early"]
+
+
+def test_a_burst_due_at_once_goes_out_a_budget_per_tick(tmp_path):
+    """A thousand messages due at the same time go out at most max_per_tick per tick (short reactor turns), all of them."""
+    n = Node(tmp_path, max_per_tick=100)
+    at = n.now_ms() + 500
+    for i in range(1000):
+        n.timers.schedule(Message("burst", b"%d" % i), at)
+    n.clock.advance(0)
+    handed_out = []
+    while n.timers.stats()["timer_delivered_total"] < 1000 and len(handed_out) < 200:
+        before = n.timers.stats()["timer_delivered_total"]
+        n.clock.advance(0.01)
+        handed_out.append(n.timers.stats()["timer_delivered_total"] - before)
+        if handed_out[-1] and len([k for k in handed_out if k]) == 1:
+            assert n.now_ms() >= at, "handed out before its time"
+    assert sum(handed_out) == 1000
+    assert max(handed_out) <= 100 and len([k for k in handed_out if k]) >= 10
+    assert sorted(n.bodies("%TOPIC%burst")) == sorted(b"%d" % i for i in range(1000))

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from store.timer_wheel import PREVIOUS_SUFFIX, WHEEL_FILE, TimerWheel, WheelFileError
+from store.timer_wheel import PREVIOUS_SUFFIX, WHEEL_FILE, TimerWheel, WheelFileError, write_snapshot
 
 
 def test_empty_slot_and_put_get():
@@ -65,3 +65,19 @@ def test_bad_snapshots_are_refused(tmp_path):
     open(path, "wb").write(data[:-3])
     with pytest.raises(WheelFileError):
         TimerWheel.load(path, 8, 100)
+
+
+def test_snapshot_written_later_is_the_wheel_as_it_was_when_taken(tmp_path):
+    """A snapshot taken, then the wheel changed, then written (as on a worker): the file holds the old wheel."""
+    w = TimerWheel(8, 100)
+    w.put_slot(300, 60, 120, 2)
+    image = w.snapshot(log_pos=180, read_time_ms=200, tail_crc=7)
+    w.put_slot(300, 60, 180, 3)
+    w.put_slot(500, 240, 240, 1)
+    write_snapshot(str(tmp_path), image)
+    with open(tmp_path / WHEEL_FILE, "rb") as f:
+        assert f.read() == image.encode()
+    snap = TimerWheel.load(str(tmp_path / WHEEL_FILE), 8, 100)
+    assert (snap.log_pos, snap.read_time_ms, snap.tail_crc) == (180, 200, 7)
+    assert snap.wheel.get_chain(300) == (60, 120, 2)
+    assert snap.wheel.get_chain(500) == (-1, -1, 0)
