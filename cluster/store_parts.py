@@ -48,7 +48,6 @@ class StoreParts:
                              executor=self.executor)
         self.notifier = Notifier(reactor)
         self.store.add_listener(self.notifier.notify_now)  # the store's news comes merged per batch
-        self.store.read_soon = self.notifier.watched
         self.native_config = from_mapping(NativeConfig, "native", cfg.native)
         self.native = NativeService(self.store, data_dir, self.native_config, reactor, self.timers,
                                     executor=self.executor)

@@ -1,8 +1,9 @@
 """Tells consumers which queues have news.
 
-An event carries only a queue name. Events for one queue raised in the same
-reactor tick are merged, then every consumer that watches the queue is told
-once; it pulls from its own offset. The store's listener feeds ``notify``.
+An event carries only a queue name; every consumer that watches the queue is
+told, and pulls from its own offset. The store's listener feeds ``notify_now``
+(the store names each queue once per drained batch, so its news is merged
+already); ``notify`` merges a tick's events first, for callers whose news is not.
 """
 
 from __future__ import annotations

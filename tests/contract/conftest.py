@@ -61,7 +61,7 @@ class Parts:
         self.timers = TimerService(self.store, os.path.join(path, "timer"), clock, 100, slot_count=600)
         self.kv = DurableKV(os.path.join(path, "sessions"), clock)
         self.notifier = Notifier(clock)
-        self.store.add_listener(self.notifier.notify)
+        self.store.add_listener(self.notifier.notify_now)
         self.store.read_soon = self.notifier.watched
         self.native_kv = DurableKV(os.path.join(path, "native"), clock)
         self.engine = NativeEngine(self.store, self.native_kv, NativeConfig(), clock, self.timers)

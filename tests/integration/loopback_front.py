@@ -50,7 +50,7 @@ def main(data_dir: str, proxies: int, events: bool) -> None:
     kv = DurableKV(os.path.join(data_dir, "sessions"), reactor)
     native_kv = DurableKV(os.path.join(data_dir, "native"), reactor)
     notifier = Notifier(reactor)
-    store.add_listener(notifier.notify)
+    store.add_listener(notifier.notify_now)
     store.read_soon = notifier.watched
     store.open()
     timers.start()

@@ -61,7 +61,7 @@ class Node:
         self.timers = TimerService(self.store, os.path.join(self.path, "timer"), clock, 100, slot_count=600)
         self.kv = DurableKV(os.path.join(self.path, "sessions"), clock)
         self.notifier = Notifier(clock)
-        self.store.add_listener(self.notifier.notify)
+        self.store.add_listener(self.notifier.notify_now)
         self.store.open()
         self.timers.start()
         self.native = NativeService(self.store, self.path, NativeConfig(max_reconsume=2), clock, self.timers)
