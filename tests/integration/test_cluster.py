@@ -151,8 +151,13 @@ def publish_all(port: int, messages: list[tuple[str, bytes]], client_id: str = "
     """Publish QoS 1 and return the payloads whose PUBACK came (what the cluster acknowledged)."""
     acked: set[bytes] = set()
     pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id)
+    connected = threading.Event()
+    pub.on_connect = lambda *_: connected.set()
     pub.connect("127.0.0.1", port)
     pub.loop_start()
+    # With a group down, CONNECT waits call_timeout for its claim there and again for the session's load
+    # (about 10 s): each PUBACK's 10 s below counts from the CONNACK, not from the TCP connect.
+    connected.wait(30)
     infos = [(payload, pub.publish(topic, payload, qos=1)) for topic, payload in messages]
     for payload, info in infos:
         try:
