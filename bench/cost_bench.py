@@ -13,6 +13,7 @@ with explicit listeners on 127.0.0.1 and an empty config file (each side's own
 defaults), pinned to CPU 0; the load runs pinned to CPU 1:
 
 - fan-in: bench/loadgen.py scenario 2, 4 QoS 1 publishers (window 100) -> 1 QoS 1 subscriber;
+- fan-in-0: scenario 1, the same at QoS 0 (``--fan-in`` messages too);
 - fan-out: scenario 3, 1 QoS 0 publisher -> ``--subscribers`` (default 100) subscribers on dev/#;
   the cost is per delivery;
 - native: bench/native_bench.py's client, 8 connections each doing produce then consume;
@@ -44,7 +45,7 @@ from bench.brokers import REPO, free_port
 from bench.loadgen import cpu_seconds, machine_busy_seconds
 from bench.stall_bench import extract, start_node, stop_node
 
-SCENARIOS = ("fan-in", "fan-out", "native")
+SCENARIOS = ("fan-in", "fan-in-0", "fan-out", "native")
 TOLERANCE = 1.10  # issue 14: no more than 10 % worse
 PROBE_MS = 1000.0  # stall_node's probe: one tick a second, negligible beside the load
 NATIVE_CONCURRENCY = 8
@@ -56,7 +57,7 @@ def _load_argv(scenario, ports, node_pid, args):
     if scenario == "native":
         return [sys.executable, "-m", "bench.native_bench", "--drive", str(ports["native"]),
                 str(NATIVE_CONCURRENCY), str(args.native_pairs)]
-    number, params = {"fan-in": (2, {"messages": args.fan_in}),
+    number, params = {"fan-in": (2, {"messages": args.fan_in}), "fan-in-0": (1, {"messages": args.fan_in}),
                       "fan-out": (3, {"messages": args.fan_out, "subscribers": args.subscribers})}[scenario]
     return [sys.executable, "-m", "bench.loadgen", "--port", str(ports["mqtt"]), "--scenario", str(number),
             "--cap", str(args.cap), "--broker-pid", str(node_pid), "--params", json.dumps(params)]
@@ -147,7 +148,7 @@ def main(argv=None):
     parser.add_argument("--reps", type=int, default=5, help="runs of each side per scenario (default 5)")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated subset of "
                         + ", ".join(SCENARIOS))
-    parser.add_argument("--fan-in", type=int, default=40_000, help="fan-in QoS 1 messages per run (default 40000)")
+    parser.add_argument("--fan-in", type=int, default=40_000, help="fan-in messages per run, QoS 1 and QoS 0 (default 40000)")
     parser.add_argument("--fan-out", type=int, default=1_000,
                         help="fan-out messages per run, each delivered to every subscriber (default 1000)")
     parser.add_argument("--subscribers", type=int, default=100, help="fan-out subscribers (default 100)")
