@@ -31,7 +31,7 @@ from cluster.session_store import SessionStore
 from push.notifier import Notifier
 from store import api
 from store import record as rec
-from store.message_store import MAX_GET_COUNT, MessageStore, PutResult
+from store.message_store import MAX_GET_COUNT, MessageStore
 from store.timer_service import TimerNotFound, TimerService
 
 log = logging.getLogger("twistmq.cluster.local_store")
@@ -58,22 +58,11 @@ def _as_store_error(failure, operation: str):
 
 # A frozen dataclass's __init__ sets each field through object.__setattr__; filling the slots directly
 # makes the same object (equal, hashable, immutable afterwards) in about half the time, which counts on
-# the per-message paths: one AppendResult per stored message, a position and a queued message per read one.
+# the per-message paths: a position and a queued message per read one.
 _new = object.__new__
-_AR, _QP, _QM = api.AppendResult, api.QueuePosition, api.QueuedMessage
-_ar_status, _ar_offset, _ar_queues, _ar_reason = (_AR.__dict__[f].__set__ for f in ("status", "offset", "queues",
-                                                                                   "reason"))
+_QP, _QM = api.QueuePosition, api.QueuedMessage
 _qp_queue, _qp_group, _qp_offset = (_QP.__dict__[f].__set__ for f in ("queue", "group", "offset"))
 _qm_position, _qm_record = (_QM.__dict__[f].__set__ for f in ("position", "record"))
-
-
-def _append_result(status: api.AppendStatus, offset: int, queues: tuple, reason: str) -> api.AppendResult:
-    r = _new(_AR)
-    _ar_status(r, status)
-    _ar_offset(r, offset)
-    _ar_queues(r, queues)
-    _ar_reason(r, reason)
-    return r
 
 
 def _queued(queue: str, group: str, offset: int, record: rec.Record) -> api.QueuedMessage:
@@ -85,12 +74,6 @@ def _queued(queue: str, group: str, offset: int, record: rec.Record) -> api.Queu
     _qm_position(m, p)
     _qm_record(m, record)
     return m
-
-
-def _result(r: PutResult) -> api.AppendResult:
-    # PutStatus is AppendStatus (store.message_store): no lookup by value on the hot path.
-    queues = r.queues
-    return _append_result(r.status, r.offset, queues if type(queues) is tuple else tuple(queues), r.reason)
 
 
 def _check_message(message: rec.Message) -> rec.Message:
@@ -117,17 +100,17 @@ class LocalStore:
 
     @_typed
     def append(self, message: rec.Message) -> defer.Deferred:
-        return self._store.put(_check_message(message)).addCallback(_result)
+        return self._store.put(_check_message(message))  # a PutResult is an AppendResult
 
     @_typed
     def append_batch(self, messages: tuple[rec.Message, ...]) -> defer.Deferred:
-        batch = [_check_message(m) for m in messages]
+        batch = messages if all(type(m) is rec.Message for m in messages) else [_check_message(m) for m in messages]
         if not batch:
             return defer.succeed(())
         # One Deferred and one callback for the batch: a proxy sends every PUBLISH of a tick here,
         # and a Deferred (or a callback) per message was a measurable share of that path.
         done: defer.Deferred = defer.Deferred()
-        self._store.submit_batch(batch, lambda results: done.callback(tuple(map(_result, results))))
+        self._store.submit_batch(batch, lambda results: done.callback(tuple(results)))
         return done
 
     # -- queues --------------------------------------------------------------------------------------
@@ -312,7 +295,7 @@ class LocalStore:
 
     @_typed
     def schedule_timer(self, message: rec.Message, deliver_at_ms: int) -> defer.Deferred:
-        return self._timers.schedule(_check_message(message), deliver_at_ms).addCallback(_result)
+        return self._timers.schedule(_check_message(message), deliver_at_ms)
 
     @_typed
     def cancel_timer(self, timer_id: int) -> defer.Deferred:
