@@ -46,9 +46,13 @@ class DeliveryPump:
         single reader (a fan-in subscriber) filling and evicting it is pure cost,
         and it reads no more than ``enough`` (what its window takes) instead.
         """
-        if self.watches.watchers(position.queue) > 1:
+        if self.shared(position.queue):
             return self.read_cache.read(position, count, enough)
         return self.read_cache.read_through(position, count if enough is None else enough)
+
+    def shared(self, queue: str) -> bool:
+        """Whether several sessions here read ``queue`` (then each PUBLISH is worth encoding once for all)."""
+        return self.watches.watchers(queue) > 1
 
     def watch(self, queue: str, key, callback) -> None:
         self.watches.watch(queue, key, callback)

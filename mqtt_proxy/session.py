@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("twistmq.mqtt.session")
 
 PUMP_BATCH = 256  # messages read per subscription position per pump: bounds one tick's work
+WRITE_CHUNK = 65536  # bytes of PUBLISHes joined before a write, so a full transport stops a batch in time
 
 
 @dataclass
@@ -311,16 +312,15 @@ class Session:
         if d.actions:
             self.carry_out(d.actions)
         conn = self.conn
-        send = self._send
-        written = 0
         conn.cork()  # the batch goes to the transport as one write
         try:
-            for m, qos, pid, retain in d.sends:
-                if conn.paused:
-                    self.carry_out(self.state.unsent(d, written))
-                    break
-                send(m.record, qos, pid, sub, False, retain)
-                written += 1
+            state = self.state
+            if state.max_packet_size or (state.level == 5 and (sub.sub_id or state.alias_maximum)):
+                written = self._send_each(d.sends, sub)
+            else:
+                written = self._send_plain(d.sends, sub)
+            if written < len(d.sends):
+                self.carry_out(state.unsent(d, written))
         finally:
             conn.uncork()
         more = len(messages) == PUMP_BATCH and not d.stopped
@@ -344,6 +344,64 @@ class Session:
                 self.pump()
         elif not self._pumping:
             self._persist_positions()
+
+    def _send_each(self, sends: list, sub: Subscription) -> int:
+        """Send a read's PUBLISHes one by one (per-message properties or size checks); return how many went."""
+        conn = self.conn
+        send = self._send
+        written = 0
+        for m, qos, pid, retain in sends:
+            if conn.paused:
+                break
+            send(m.record, qos, pid, sub, False, retain)
+            written += 1
+        return written
+
+    def _send_plain(self, sends: list, sub: Subscription) -> int:
+        """Send a read's PUBLISHes when the session needs nothing per message (no sub id, alias or size limit).
+
+        The common case, in one loop: each is encoded straight away (or taken
+        from the encode cache when other sessions read the same queue), written
+        in chunks so that back-pressure still stops the batch. A v5 message with
+        properties of its own goes through ``_send``. Returns how many went.
+        """
+        conn = self.conn
+        level = self.state.level
+        delivery = self.delivery
+        cached = delivery.encoded_publish if delivery.shared(sub.queue) else None
+        out: list[bytes] = []
+        size = total = written = encoded = 0
+        for m, qos, pid, retain in sends:
+            if conn.paused:
+                break
+            record = m.record
+            if level == 5 and record.properties:
+                if out:
+                    conn.write(b"".join(out))
+                    out, size = [], 0
+                self._send(record, qos, pid, sub, False, retain)
+                written += 1
+                continue
+            if cached is None:
+                data = encode_publish(record.topic, record.body, qos, retain, False, pid, None, level)
+            else:
+                data = cached(record, qos, retain, level)
+                if pid is not None:
+                    data = patch_publish(data, packet_id=pid)
+            out.append(data)
+            size += len(data)
+            total += len(data)
+            written += 1
+            encoded += 1
+            if size >= WRITE_CHUNK:
+                conn.write(b"".join(out))  # the transport may pause us now
+                out, size = [], 0
+        if out:
+            conn.write(b"".join(out))
+        stats = delivery.stats  # what went through _send is counted there
+        stats.messages_sent += encoded
+        stats.bytes_sent += total
+        return written
 
     def send_retained(self, record, sub: Subscription) -> None:
         """Send a retained message in answer to a subscribe (RETAIN set, not tied to an offset)."""

@@ -24,9 +24,26 @@ from mqtt_proxy.codec.wire import (
     MAX_VARINT, PacketType as T, encode_binary, encode_string, encode_varint,
 )
 
-_HEAD_SHORT = struct.Struct(">BBH")  # fixed header with 1-byte remaining length + topic length
+_HEAD2 = struct.Struct(">BB").pack  # fixed header with a 1-byte remaining length
 _U16 = struct.Struct(">H").pack
 _NO_PROPS = b"\x00"
+
+
+_TOPIC_FIELDS: dict[str, bytes] = {}  # topic name -> its length-prefixed UTF-8 field, checked once
+_TOPIC_FIELDS_MAX = 65536
+
+
+def _topic_field(topic: str) -> bytes:
+    """``topic``'s Topic Name field (2-byte length, UTF-8), checked and cached: deliveries repeat topics."""
+    if "\x00" in topic or "+" in topic or "#" in topic:
+        raise ValueError(f"{topic!r} is not a topic name (MQTT-3.3.2-2, MQTT-1.5.4-2)")
+    raw = topic.encode()
+    if len(raw) > 0xFFFF:
+        raise ValueError(f"topic of {len(raw)} bytes exceeds 65,535")
+    if len(_TOPIC_FIELDS) >= _TOPIC_FIELDS_MAX:
+        _TOPIC_FIELDS.clear()
+    field = _TOPIC_FIELDS[topic] = _U16(len(raw)) + raw
+    return field
 
 
 def encode_publish(topic: str | bytes, payload: bytes, qos: int = 0, retain: bool = False, dup: bool = False,
@@ -39,9 +56,13 @@ def encode_publish(topic: str | bytes, payload: bytes, qos: int = 0, retain: boo
     or None; it is ignored at level 4.
     """
     if type(topic) is str:
-        if "\x00" in topic or "+" in topic or "#" in topic:
-            raise ValueError(f"{topic!r} is not a topic name (MQTT-3.3.2-2, MQTT-1.5.4-2)")
-        topic = topic.encode()
+        field = _TOPIC_FIELDS.get(topic)
+        if field is None:
+            field = _topic_field(topic)
+    else:
+        if len(topic) > 0xFFFF:
+            raise ValueError(f"topic of {len(topic)} bytes exceeds 65,535")
+        field = _U16(len(topic)) + topic
     if qos:
         if qos not in (1, 2):
             raise ValueError(f"QoS must be 0, 1 or 2, not {qos!r}")
@@ -58,16 +79,13 @@ def encode_publish(topic: str | bytes, payload: bytes, qos: int = 0, retain: boo
         props = b""
     else:
         raise ValueError(f"protocol_level must be 4 or 5, not {protocol_level!r}")
-    topic_len = len(topic)
-    if topic_len > 0xFFFF:
-        raise ValueError(f"topic of {topic_len} bytes exceeds 65,535")
-    length = 2 + topic_len + len(pid) + len(props) + len(payload)
+    length = len(field) + len(pid) + len(props) + len(payload)
     b0 = 0x30 | (qos << 1) | (1 if retain else 0) | (8 if dup else 0)
     if length < 128:
-        return b"".join((_HEAD_SHORT.pack(b0, length, topic_len), topic, pid, props, payload))
+        return b"".join((_HEAD2(b0, length), field, pid, props, payload))
     if length > MAX_VARINT:
         raise ValueError(f"PUBLISH of {length} bytes exceeds the MQTT maximum")
-    return b"".join((bytes((b0,)), encode_varint(length), _U16(topic_len), topic, pid, props, payload))
+    return b"".join((bytes((b0,)), encode_varint(length), field, pid, props, payload))
 
 
 def encode_pubacks(packet_ids: list[int]) -> bytes:
