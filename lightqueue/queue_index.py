@@ -2,13 +2,17 @@
 
 Layout (all integers big-endian)::
 
-    column family "entries":  key = queue_id (u64) | queue_offset (u64)
-                              value = cl_offset (u64) | size (u32) | store_ts (u64)
+    column family "entries":  key = queue_id (u64) | queue_offset (u64) of the run's first entry
+                              value = a run of 1 to RUN_ENTRIES entries at consecutive queue offsets,
+                                      each cl_offset (u64) | size (u32) | store_ts (u64)
                               b"\xff" * 17 -> dispatched commit-log offset (u64), sorting after every entry
     column family "meta":     b"q" | queue_id (u64) -> min (u64) | max (u64) | last_ts (u64) | name (utf-8)
                               b"checkpoint"         -> dispatched commit-log offset (u64)
 
-Each dispatch tick is one WriteBatch that also carries the new checkpoint, into
+A dispatch writes each queue's new entries as runs (one RocksDB key per queue per
+tick, not one per entry: the per-key cost was the largest share of the MQTT
+fan-in path); replay writes runs of one. Readers find the run holding an offset
+with ``seek_for_prev``. Each dispatch tick is one WriteBatch that also carries the new checkpoint, into
 both column families. With the WAL off, each family keeps some prefix of those
 batches after a crash, and the manual flush (``flush``) runs on a worker thread
 while the reactor goes on dispatching, so after a crash either family may be
@@ -57,6 +61,7 @@ TAIL_QUEUES = 128    # queues with a tail at most (the oldest goes first)
 # queues of a fan-in keep as long a tail as the store's recent appends (a subscriber tens of thousands of
 # messages behind a burst still reads from memory); at worst max(this, TAIL_QUEUES * TAIL_ENTRIES) entries.
 TAIL_BUDGET = 262144
+RUN_ENTRIES = 256  # entries of one queue in one RocksDB value at most (a dispatch writes a run per queue)
 ENTRIES_WRITE_BUFFER = 4 << 20  # bytes of light-queue entries held in memory before a flush
 
 
@@ -200,50 +205,57 @@ class LightQueueIndex(DispatcherBase):
         return set(touched.values())
 
     def _index_appended(self, requests: Sequence[DispatchRequest], wb: WriteBatch) -> dict[int, str]:
-        """Index new appends: none can be indexed already, and records of one topic share their queues.
+        """Index new appends as one run per queue: none can be indexed already, and they extend each queue's end.
 
-        So the queue ids, next offsets and tails are looked up once per distinct ``queues``
-        tuple (the resolver hands out one tuple per topic), not once per entry.
+        Records of one topic share their queues, so the queue ids, runs and tails are
+        looked up once per distinct ``queues`` tuple (the resolver hands out one tuple
+        per topic), and each record's entry value is packed once for all its queues.
         """
         mx, last_ts = self._max, self._last_ts
-        put, pack_key, pack_value = wb.put, _KEY.pack, _VALUE.pack
+        pack_value = _VALUE.pack
         new = tuple.__new__
-        plans: dict[tuple[str, ...], list] = {}  # queues -> [(qid, tail entries or None)]
-        next_off: dict[int, int] = {}  # qid -> queue offset of its next entry, written back at the end
+        plans: dict[tuple[str, ...], list] = {}  # queues -> [(run values, tail entries or None, first offset)]
+        runs: dict[int, tuple[int, list[bytes]]] = {}  # qid -> (queue offset of its run's first entry, values)
         newest: dict[tuple[str, ...], int] = {}  # queues -> store_ts of the newest record sent to them
         for req in requests:
             queues = req.queues
             plan = plans.get(queues)
             if plan is None:
-                plan = plans[queues] = self._plan(queues, next_off)
+                plan = plans[queues] = self._plan(queues, runs)
             newest[queues] = req.store_ts
             value = pack_value(req.offset, req.size, req.store_ts)
-            for qid, tail in plan:
-                off = next_off[qid]
-                put(pack_key(qid, off), value)
-                next_off[qid] = off + 1
+            for run, tail, first in plan:
+                run.append(value)
                 if tail is not None:
-                    tail.append(new(QueueEntry, (off, req.offset, req.size, req.store_ts)))
-        for qid, off in next_off.items():
-            mx[qid] = off
+                    tail.append(new(QueueEntry, (first + len(run) - 1, req.offset, req.size, req.store_ts)))
+        put, pack_key = wb.put, _KEY.pack
+        for qid, (first, run) in runs.items():
+            for i in range(0, len(run), RUN_ENTRIES):
+                put(pack_key(qid, first + i), b"".join(run[i:i + RUN_ENTRIES]))
+            mx[qid] = first + len(run)
         for queues, ts in newest.items():
-            for qid, _tail in plans[queues]:
+            for qid in self._qids(queues):
                 if ts > last_ts[qid]:
                     last_ts[qid] = ts
         names = self._names
-        return {qid: names[qid] for qid in next_off}
+        return {qid: names[qid] for qid in runs}
 
-    def _plan(self, queues: tuple[str, ...], next_off: dict[int, int]) -> list:
+    def _qids(self, queues: tuple[str, ...]) -> list[int]:
+        ids = self._ids
+        return [ids[name] for name in queues]
+
+    def _plan(self, queues: tuple[str, ...], runs: dict[int, tuple[int, list[bytes]]]) -> list:
         ids, tails = self._ids, self._tails
         plan = []
         for name in queues:
             qid = ids.get(name)
             if qid is None:
                 qid = self._create(name)
-            if qid not in next_off:
-                next_off[qid] = self._max[qid]
+            run = runs.get(qid)
+            if run is None:
+                run = runs[qid] = (self._max[qid], [])
             tail = tails.get(qid)
-            plan.append((qid, None if tail is None else tail.entries))
+            plan.append((run[1], None if tail is None else tail.entries, run[0]))
         return plan
 
     def _index_replayed(self, requests: Sequence[DispatchRequest], wb: WriteBatch) -> dict[int, str]:
@@ -291,16 +303,18 @@ class LightQueueIndex(DispatcherBase):
         return False
 
     def _last_entry(self, qid: int) -> tuple[int, int] | None:
+        """(queue offset, commit-log offset) of the last entry of ``qid`` in RocksDB; None if it has none."""
         it = self._entries.iter()
         try:
             it.seek_for_prev(_KEY.pack(qid, (1 << 64) - 1))
             if not it.valid():
                 return None
-            key = it.key()
-            kq, qoff = _KEY.unpack(key)
+            kq, first = _run_key(it.key())
             if kq != qid:
                 return None
-            return qoff, _VALUE.unpack(it.value())[0]
+            v = it.value()
+            n = len(v) // _VALUE.size
+            return first + n - 1, _VALUE.unpack_from(v, (n - 1) * _VALUE.size)[0]
         finally:
             del it
 
@@ -356,15 +370,40 @@ class LightQueueIndex(DispatcherBase):
         tails[qid] = _Tail(hi)
 
     def _read_entries(self, qid: int, start: int, stop: int) -> list[QueueEntry]:
-        keys = [_KEY.pack(qid, o) for o in range(start, stop)]
-        values = self._entries.get(keys)
-        out = []
-        for o, v in zip(range(start, stop), values):
-            if v is None:
-                continue
-            cl, size, ts = _VALUE.unpack(v)
-            out.append(QueueEntry(o, cl, size, ts))
+        """Entries ``start`` up to ``stop`` of ``qid`` from RocksDB, walking its runs (missing ones skipped)."""
+        out: list[QueueEntry] = []
+        unpack = _VALUE.unpack_from
+        it = self._entries.iter()
+        try:
+            it.seek_for_prev(_KEY.pack(qid, start))  # the run holding ``start`` begins at or before it
+            if not it.valid() or _run_key(it.key())[0] != qid:
+                it.seek(_KEY.pack(qid, start))
+            while it.valid():
+                kq, first = _run_key(it.key())
+                if kq != qid or first >= stop:
+                    break
+                v = it.value()
+                for i in range(max(0, start - first), min(len(v) // _VALUE.size, stop - first)):
+                    out.append(QueueEntry(first + i, *unpack(v, i * _VALUE.size)))
+                it.next()
+        finally:
+            del it
         return out
+
+    def _run_at(self, qid: int, offset: int) -> tuple[int, bytes] | None:
+        """(first queue offset, values) of the run of ``qid`` holding ``offset``; None if no run does."""
+        it = self._entries.iter()
+        try:
+            it.seek_for_prev(_KEY.pack(qid, offset))
+            if not it.valid():
+                return None
+            kq, first = _run_key(it.key())
+            v = it.value()
+            if kq != qid or offset >= first + len(v) // _VALUE.size:
+                return None
+            return first, v
+        finally:
+            del it
 
     def min_offset(self, queue: str) -> int:
         qid = self._ids.get(queue)
@@ -392,7 +431,10 @@ class LightQueueIndex(DispatcherBase):
             new_lo = self._first_at_or_after(qid, lo, hi, min_cl_offset)
             if new_lo != lo:
                 self._tails.pop(qid, None)
-                wb.delete_range(_KEY.pack(qid, lo), _KEY.pack(qid, new_lo), self._entries_cf)
+                # Whole runs below new_lo go; a run that holds new_lo stays (its older entries are below min).
+                run = self._run_at(qid, new_lo)
+                wb.delete_range(_KEY.pack(qid, 0), _KEY.pack(qid, new_lo if run is None else run[0]),
+                                self._entries_cf)
                 self._min[qid] = new_lo
                 wb.put(b"q" + _U64.pack(qid), _META.pack(new_lo, hi, self._last_ts[qid]) + name.encode("utf-8"),
                        self._meta_cf)
@@ -405,8 +447,8 @@ class LightQueueIndex(DispatcherBase):
         """Binary search: the first queue offset whose entry is at or after ``cl_offset``."""
         while lo < hi:
             mid = (lo + hi) // 2
-            v = self._entries.get(_KEY.pack(qid, mid))
-            if v is None or _VALUE.unpack(v)[0] < cl_offset:
+            run = self._run_at(qid, mid)
+            if run is None or _VALUE.unpack_from(run[1], (mid - run[0]) * _VALUE.size)[0] < cl_offset:
                 lo = mid + 1
             else:
                 hi = mid
@@ -469,6 +511,13 @@ class LightQueueIndex(DispatcherBase):
             del self._meta, self._entries, self._meta_cf, self._entries_cf
             self._db.close()
             del self._db
+
+
+def _run_key(key: bytes) -> tuple[int, int]:
+    """(queue id, first queue offset) of an entries key; the checkpoint key reads as no queue's."""
+    if len(key) != _KEY.size:
+        return -1, 0
+    return _KEY.unpack(key)
 
 
 class _Tail:
