@@ -156,6 +156,7 @@ class StoreSteps:
 
     def forget_tail(self):
         self.store._recent.clear()
+        self.store._recent_order.clear()
         self.store._recent_bytes = 0
 
 

@@ -124,15 +124,16 @@ class RetainedIndex(DispatcherBase):
 
         Requests below the checkpoint were applied before (replay) and are skipped.
         """
+        checkpoint = self.dispatched_offset
+        if requests and requests[0].offset < checkpoint:
+            requests = [r for r in requests if r.offset >= checkpoint]
+        if not requests:
+            return None
+        last = requests[-1]
+        end = last.offset + last.size
         wb = WriteBatch(raw_mode=True)
-        end = checkpoint = self.dispatched_offset
         changed = 0
-        for req in requests:
-            if req.offset < checkpoint:
-                continue
-            end = req.offset + req.size
-            if not req.retain:
-                continue
+        for req in [r for r in requests if r.retain]:  # few are: one pass over the flags, not the loop below
             if req.kind != rec.RecordKind.MQTT_PUBLISH:
                 if req.kind != rec.RecordKind.SYSTEM or not self._carry_applies(req):
                     continue
@@ -148,8 +149,6 @@ class RetainedIndex(DispatcherBase):
             self._set(req.topic, entry)
             wb.put(key, _VALUE.pack(*entry))
             changed += 1
-        if end == checkpoint:
-            return None
         wb.put(_CHECKPOINT, _U64.pack(end))
         self._db.write(wb, self._wo)
         self.dispatched_offset = end

@@ -15,6 +15,7 @@ import errno
 import fcntl
 import logging
 import os
+from collections import deque
 from typing import Callable, Iterable, NamedTuple, Protocol, Sequence
 
 from twisted.internet import defer, task
@@ -192,6 +193,7 @@ class MessageStore:
         self.puts = 0
         self.bytes_in = 0
         self._recent: dict[int, object] = {}  # commit-log offset -> Record or (DispatchRequest, Message)
+        self._recent_order: deque[int] = deque()  # the offsets kept in _recent, oldest first
         self._recent_bytes = 0
         # Optional ``read_soon(queues) -> bool``: keep an append in memory only if a reader waits on
         # one of its queues (an offline subscriber's backlog then costs disk, not memory).
@@ -407,6 +409,7 @@ class MessageStore:
             if gained:
                 touched.update(gained)
         recent = self._recent
+        order_append = self._recent_order.append
         wanted = self.read_soon
         keep: dict[tuple[str, ...], bool] = {}  # asked once per distinct queue set in the tick
         kept_bytes = 0
@@ -418,6 +421,7 @@ class MessageStore:
                     k = keep[queues] = wanted is None or wanted(queues)
                 if k:
                     recent[r.offset] = (r, m)  # made into a Record only if someone reads it
+                    order_append(r.offset)
                     kept_bytes += r.size + RECENT_ENTRY_COST
         self._recent_bytes += kept_bytes
         if len(recent) > RECENT_RECORDS or self._recent_bytes > RECENT_BYTES:
@@ -452,17 +456,14 @@ class MessageStore:
         kept append is a few objects the garbage collector walks on each full
         pass, which stops the reactor for the whole walk: the bounds keep that short.
         """
-        recent = self._recent
-        count, size = len(recent), self._recent_bytes
-        drop = []
-        for off, entry in recent.items():  # oldest first: one pass from the front
-            if count <= RECENT_RECORDS and size <= RECENT_BYTES:
-                break
-            drop.append(off)
-            count -= 1
-            size -= _size(entry)
-        for off in drop:
-            del recent[off]
+        recent, order = self._recent, self._recent_order
+        size = self._recent_bytes
+        # Oldest first from the deque: walking the dict from its front would step over every slot its
+        # earlier drops left empty (CPython compacts a dict only when it grows), again on every tick.
+        while order and (len(recent) > RECENT_RECORDS or size > RECENT_BYTES):
+            entry = recent.pop(order.popleft(), None)
+            if entry is not None:
+                size -= _size(entry)
         self._recent_bytes = size
 
     # -- reading -----------------------------------------------------------------
@@ -510,10 +511,13 @@ class MessageStore:
         log_min = self.commit_log.min_offset
         todo: list = []  # entries whose records are not in memory: read in contiguous runs
         new = tuple.__new__
+        recent, built = self._recent, rec.Record
         for e in entries:
             if e.cl_offset < log_min:
                 continue
-            record = self._recent_record(e.cl_offset)
+            record = recent.get(e.cl_offset)
+            if record is not None and type(record) is not built:
+                record = self._recent_record(e.cl_offset)
             if record is None:
                 todo.append((len(out), e))
                 out.append(None)  # filled by _read_runs

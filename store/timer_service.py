@@ -185,8 +185,12 @@ class TimerService(DispatcherBase):
             return None  # not advancing dispatched_end: a restart replays them
         now = self._now()
         timer = self.timer
+        timer_kind, system_kind = rec.RecordKind.TIMER, rec.RecordKind.SYSTEM  # looked up once, not per record
         for r in requests:
-            if r.kind == rec.RecordKind.TIMER:
+            kind = r.kind
+            if kind != timer_kind and kind != system_kind:
+                continue  # what nearly every record is: nothing for the timer
+            if kind == timer_kind:
                 try:
                     at = int(r.properties[TIMER_AT])
                 except (KeyError, ValueError):
@@ -195,9 +199,11 @@ class TimerService(DispatcherBase):
                     status = timer.enqueue(min(at, r.store_ts + self.hop_ms), r.offset, r.size, r.topic, now)
                     if status is not EnqueueStatus.DUPLICATE:
                         self.enqueued += 1
-            elif r.kind == rec.RecordKind.SYSTEM and TIMER_CANCEL in r.properties:
+            elif TIMER_CANCEL in r.properties:
                 self._apply_cancel(r)
-            self._dispatched_end = r.offset + r.size
+        if requests:
+            last = requests[-1]
+            self._dispatched_end = last.offset + last.size
         return None
 
     def reset(self) -> None:
