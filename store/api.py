@@ -365,7 +365,16 @@ class Sessions(Protocol):
         """Record ``holder`` as the session's holder under a new epoch, durably; fires with that epoch.
 
         Works whether or not a session is stored (a CONNECT claims first). Epochs
-        of one client id only grow, also across ``delete_session``.
+        of one client id only grow, also across ``delete_session`` and
+        ``release_session``: a write with an epoch from before either is ``Fenced``.
+        """
+
+    def release_session(self, client_id: str, epoch: int) -> defer.Deferred[None]:
+        """The holder that claimed ``epoch`` lets the session go (its client left, or it expired).
+
+        Unless a session is stored, the claim is forgotten, so client ids that
+        come and go leave nothing behind. A release with an epoch that is not
+        the last claim's (a holder taken over since) changes nothing.
         """
 
     def get_session(self, client_id: str) -> defer.Deferred[SessionState | None]:
@@ -380,7 +389,7 @@ class Sessions(Protocol):
     def delete_session(self, client_id: str, epoch: int) -> defer.Deferred[None]:
         """Remove a session and everything under it (subscriptions, in-flight state); no error if absent.
 
-        The claim stays (its epoch keeps fencing older holders).
+        The claim stays while its holder has the session (``release_session`` lets it go).
         """
 
     def put_subscription(self, client_id: str, subscription: SubscriptionState, epoch: int) -> defer.Deferred[None]:
