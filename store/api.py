@@ -356,8 +356,10 @@ class Sessions(Protocol):
     session and bumps its epoch; every write of that session carries the epoch
     its writer claimed and is refused with ``Fenced`` when a newer claim exists,
     so a holder that was taken over (or merely stopped and woken) cannot change
-    the session any more (MQTT-3.1.4-3). An epoch never claimed is
-    ``InvalidArgument``. Packet ids are 1..65535; anything else fails with
+    the session any more (MQTT-3.1.4-3); so is a write whose claim was
+    released since. An epoch never handed out is ``InvalidArgument``; epoch 0
+    (a writer that never claimed: an id its proxy assigned) passes while
+    nobody holds a claim of the id. Packet ids are 1..65535; anything else fails with
     ``InvalidArgument``. Writes of one client id apply in call order.
     """
 
