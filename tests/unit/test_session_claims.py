@@ -38,8 +38,9 @@ def front(tmp_path):
 
 # -- through the MQTT front end ------------------------------------------------------------------------------
 
-def test_churn_of_clean_client_ids_leaves_no_claims_in_memory_or_rocksdb(front, tmp_path):
+def test_churn_of_clean_client_ids_leaves_no_claims_in_memory_or_rocksdb(tmp_path):
     """N clean clients with random ids connect and leave (DISCONNECT, v3 or a lost link): no claim is left."""
+    front = FrontEnd(tmp_path)
     for n in range(N):
         cid = f"dev-{n:04d}"
         conn = front.connect(cid, level=4 if n % 2 else 5, clean_start=True)
@@ -58,7 +59,6 @@ def test_churn_of_clean_client_ids_leaves_no_claims_in_memory_or_rocksdb(front, 
         assert _claim_keys(kv) == [] and SessionStore(kv).load_epoch_mark() >= N
     finally:
         kv.close()
-    front.close = lambda: None
 
 
 def test_a_persistent_session_keeps_its_claim_until_it_expires(front):
