@@ -8,10 +8,19 @@ filter's queue name and the group.
 
 Claims (``claim_session``) are kept beside the sessions, and every session
 write is checked against the last claim's epoch first (``Fenced`` if older).
-This object is the only writer of its session keys, so the epochs are cached
-in memory once read. Listeners added with ``add_claim_listener`` hear of every
-claim that moves a session to another holder: the way the old holder learns
-it was taken over (the RPC layer carries the event to it).
+Epochs come from one counter per broker group, so a claim's epoch is above
+every epoch the group ever handed out, to any client id. That lets a claim be
+forgotten once nobody needs it (its holder released it and no session is
+stored): a write carrying an epoch the group handed out but holds no claim
+for is stale, ``Fenced`` like one below the current claim. So client-id churn
+leaves nothing behind. The counter is persisted as a high-water mark reserved
+``EPOCH_BLOCK`` epochs at a time (one write per block, in the same KV batch as
+the claim that crosses it); a restart resumes above the mark.
+
+This object is the only writer of its session keys, so the claims are all read
+once and then kept in memory. Listeners added with ``add_claim_listener`` hear
+of every claim that moves a session to another holder: the way the old holder
+learns it was taken over (the RPC layer carries the event to it).
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ from cluster.session_store import SessionStore, StoredSession, StoredSubscriptio
 from store import api
 
 MAX_PACKET_ID = 0xFFFF
+EPOCH_BLOCK = 1024
+"""Claim epochs reserved per write of the high-water mark (a restart skips what is left of a block)."""
 
 log = logging.getLogger("twistmq.cluster.sessions")
 
@@ -70,7 +81,9 @@ class LocalSessions:
     def __init__(self, sessions: SessionStore, group: str) -> None:
         self._db = sessions
         self._group = group
-        self._claims: dict[str, tuple[str, int]] = {}  # client id -> (holder, epoch), read through
+        self._claims: dict[str, tuple[str, int]] | None = None  # client id -> (holder, epoch); all, once read
+        self._next_epoch = 0  # the epoch of the next claim
+        self._epoch_mark = 0  # the persisted high-water mark: epochs up to it may have been handed out
         self._claim_listeners: list[Callable[[str, str, int], None]] = []
 
     # -- claims and fencing ---------------------------------------------------------------------
@@ -79,32 +92,71 @@ class LocalSessions:
         """Call ``listener(client_id, old_holder, new_epoch)`` when a claim takes a session from another holder."""
         self._claim_listeners.append(listener)
 
-    def _claim(self, client_id: str) -> tuple[str, int]:
-        claim = self._claims.get(client_id)
-        if claim is None:
-            claim = self._claims[client_id] = self._db.load_claim(client_id)
-        return claim
+    @property
+    def claims(self) -> dict[str, tuple[str, int]]:
+        """Every claim on record: client id -> (holder, epoch) (read from the KV on first use)."""
+        if self._claims is None:
+            self._claims = self._db.load_claims()
+            # A store from before the mark has claims but no mark: resume above both.
+            self._epoch_mark = max(self._db.load_epoch_mark(), max((e for _, e in self._claims.values()), default=0))
+            self._next_epoch = self._epoch_mark + 1
+        return self._claims
 
     def claim_session(self, client_id: str, holder: str) -> defer.Deferred:
         if not isinstance(client_id, str) or not isinstance(holder, str) or not holder:
             raise api.InvalidArgument(f"claim_session needs a client id and a holder, got {client_id!r}, {holder!r}")
-        old_holder, epoch = self._claim(client_id)
-        epoch += 1
-        self._claims[client_id] = (holder, epoch)
-        d = self._db.save_claim(client_id, holder, epoch)
+        claims = self.claims
+        old_holder = claims.get(client_id, ("", 0))[0]
+        epoch = self._next_epoch
+        self._next_epoch += 1
+        writes = []
+        if epoch > self._epoch_mark:
+            self._epoch_mark = epoch + EPOCH_BLOCK - 1
+            writes.append(self._db.save_epoch_mark(self._epoch_mark).addErrback(self._mark_failed, epoch))
+        claims[client_id] = (holder, epoch)
+        writes.append(self._db.save_claim(client_id, holder, epoch))
         if old_holder and old_holder != holder:
             for listener in list(self._claim_listeners):
                 try:
                     listener(client_id, old_holder, epoch)
                 except Exception:  # noqa: BLE001 - a broken listener must not fail the claim
                     log.exception("claim_listener_failed client=%s", client_id)
+        d = writes[0] if len(writes) == 1 else defer.gatherResults(writes, consumeErrors=True).addErrback(
+            lambda f: f.value.subFailure)
         return d.addCallback(lambda _: epoch)
+
+    def _mark_failed(self, failure, epoch: int):
+        # The block is not durable: the next claim writes the mark again (its claim fails with this one).
+        self._epoch_mark = min(self._epoch_mark, epoch - 1)
+        return failure
+
+    def release_session(self, client_id: str, epoch: int) -> defer.Deferred:
+        """The holder of ``epoch`` let the session go: forget the claim unless a session is stored.
+
+        A release with any other epoch (a holder taken over since) changes nothing.
+        """
+        if not isinstance(client_id, str) or not isinstance(epoch, int) or isinstance(epoch, bool):
+            raise api.InvalidArgument(f"release_session needs a client id and an epoch, got {client_id!r}, "
+                                      f"{epoch!r}")
+        claims = self.claims
+        claim = claims.get(client_id)
+        if claim is None or claim[1] != epoch or self._db.has_session(client_id):
+            return defer.succeed(None)
+        del claims[client_id]
+        return self._db.delete_claim(client_id).addCallback(lambda _: None)
 
     def _fence(self, client_id: str, epoch: int) -> None:
         """Refuse a write of ``client_id`` whose ``epoch`` is not the last claim's."""
         if not isinstance(epoch, int) or isinstance(epoch, bool):
             raise api.InvalidArgument(f"epoch must be an int, not {epoch!r}")
-        current = self._claim(client_id)[1]
+        claim = self.claims.get(client_id)
+        if claim is None:
+            if epoch == 0:
+                return  # a writer that never claimed (an id assigned by its proxy): nobody holds it
+            if epoch < self._next_epoch:
+                raise api.Fenced(f"session {client_id!r} was released or claimed again since epoch {epoch}")
+            raise api.InvalidArgument(f"session {client_id!r} epoch {epoch} was never claimed")
+        current = claim[1]
         if epoch < current:
             raise api.Fenced(f"session {client_id!r} was claimed with epoch {current}; "
                              f"this write carries epoch {epoch}")
@@ -129,7 +181,7 @@ class LocalSessions:
         outbound = tuple(api.OutboundState(pid, key, self._position(filter_of(key), qoff), qos)
                          for pid, (key, qoff, qos) in sorted(s.outbound.items()))
         meta = api.SessionMeta(s.client_id, s.expiry, s.level, s.disconnected_at)
-        holder, epoch = self._claim(s.client_id)
+        holder, epoch = self.claims.get(s.client_id, ("", 0))
         return api.SessionState(meta, tuple(subs), outbound, frozenset(s.released), frozenset(s.inbound_qos2),
                                 epoch, holder)
 
@@ -141,9 +193,6 @@ class LocalSessions:
 
     def list_sessions(self) -> defer.Deferred:
         stored = self._db.load_all()
-        claims = self._db.load_claims()
-        for cid in stored:
-            self._claims.setdefault(cid, claims.get(cid, ("", 0)))
         return defer.succeed(tuple(self._state(stored[cid]) for cid in sorted(stored)))
 
     def put_session(self, meta: api.SessionMeta, epoch: int) -> defer.Deferred:

@@ -190,9 +190,18 @@ class LocalStore:
         """
         self._sessions.add_claim_listener(listener)
 
+    @property
+    def claims(self) -> int:
+        """Session claims on record (ids held by a proxy, or stored). Not part of the interface."""
+        return len(self._sessions.claims)
+
     @_typed
     def claim_session(self, client_id: str, holder: str) -> defer.Deferred:
         return self._sessions.claim_session(client_id, holder)
+
+    @_typed
+    def release_session(self, client_id: str, epoch: int) -> defer.Deferred:
+        return self._sessions.release_session(client_id, epoch)
 
     @_typed
     def get_session(self, client_id: str) -> defer.Deferred:

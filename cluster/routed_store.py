@@ -160,7 +160,14 @@ class RoutedStore:
     # holders). Each group a subscription's filter spans also keeps that subscription with its own position,
     # the outbound messages read from it and a copy of the session's meta, so that group's broker holds the
     # filter's interest and its retention keeps what the session owes while no proxy holds it. A claim is
-    # made in every group; the front end sees the home group's epoch and this store carries each group's.
+    # made in every group; the front end sees the home group's epoch and this store carries each group's,
+    # until the session is released. A group the claim could not reach is not read for the session (it
+    # would only keep the CONNECT waiting a second call timeout), and writes to it are not waited for.
+
+    @property
+    def claims(self) -> int:
+        """Client ids whose claim this store carries (claimed and not yet released)."""
+        return len(self._claims)
 
     def _home(self, client_id: str) -> str:
         if not isinstance(client_id, str):
@@ -210,7 +217,42 @@ class RoutedStore:
             self._claims[client_id] = (epochs[home], epochs)
             return epochs[home]
 
-        return _gathered([one(g) for g in self.table.groups]).addCallback(claimed)
+        def home_failed(failure, ds):
+            # the client is refused: the claims other groups made are nobody's
+            for group, d in zip(self.table.groups, ds):
+                if group != home:
+                    d.addCallback(lambda e, g=group: e and self.groups[g].release_session(client_id, e))
+                    d.addErrback(lambda f, g=group: log.warning("session_release_failed group=%s client=%s "
+                                                                "reason=%s", g, client_id, f.getErrorMessage()))
+            return failure
+
+        ds = [one(g) for g in self.table.groups]
+        return _gathered(ds).addCallbacks(claimed, home_failed, errbackArgs=(ds,))
+
+    def release_session(self, client_id: str, epoch: int) -> defer.Deferred:
+        """Release the claim in each group it was made in (only the home group's if ``epoch`` is not this
+        store's last claim of the client); this store forgets the claim."""
+        try:
+            home = self._home(client_id)
+        except api.StoreError as exc:
+            return defer.fail(exc)
+        claims = self._claims.get(client_id)
+        if claims is not None and claims[0] == epoch:
+            del self._claims[client_id]
+            epochs = claims[1]
+        else:
+            epochs = {home: epoch}
+        for key in [k for k in self._outbound_group if k[0] == client_id]:
+            del self._outbound_group[key]
+        return _gathered([defer.maybeDeferred(self.groups[g].release_session, client_id, e)
+                          for g, e in epochs.items()]).addCallback(lambda _: None)
+
+    def _missed(self, client_id: str, epoch: int) -> frozenset[str]:
+        """The groups this store's last claim of ``client_id`` (home epoch ``epoch``) could not reach."""
+        claims = self._claims.get(client_id)
+        if claims is None or claims[0] != epoch:
+            return frozenset()
+        return frozenset(g for g in self.table.groups if g not in claims[1])
 
     @staticmethod
     def _claim_missed(failure, group: str, client_id: str):
@@ -244,7 +286,12 @@ class RoutedStore:
             self._home(client_id)
         except api.StoreError as exc:
             return defer.fail(exc)
-        groups = self.table.groups
+        claims = self._claims.get(client_id)
+        missed = self._missed(client_id, claims[0]) if claims is not None else frozenset()
+        if missed:
+            log.warning("session_part_skipped groups=%s client=%s reason=unreachable at its claim",
+                        ",".join(sorted(missed)), client_id)
+        groups = tuple(g for g in self.table.groups if g not in missed)
         return self._each(groups, lambda s: s.get_session(client_id)).addCallback(
             lambda rs: self._merge(client_id, [(g, st) for g, (_, st) in zip(groups, rs)]))
 
@@ -270,7 +317,20 @@ class RoutedStore:
             epochs = [self._epoch_in(meta.client_id, g, epoch) for g, _ in targets]
         except api.StoreError as exc:
             return defer.fail(exc)
-        return _gathered([s.put_session(meta, e) for (_, s), e in zip(targets, epochs)]).addCallback(lambda _: None)
+        missed = self._missed(meta.client_id, epoch)
+        waited = []
+        for (group, store), e in zip(targets, epochs):
+            d = defer.maybeDeferred(store.put_session, meta, e)
+            if group in missed:  # down at the claim: tried, not waited for (it would fail after a call timeout)
+                d.addErrback(self._write_missed, group, meta.client_id, "put_session")
+            else:
+                waited.append(d)
+        return _gathered(waited).addCallback(lambda _: None)
+
+    @staticmethod
+    def _write_missed(failure, group: str, client_id: str, name: str) -> None:
+        log.warning("session_write_skipped group=%s client=%s operation=%s reason=%s", group, client_id, name,
+                    failure.getErrorMessage())
 
     def delete_session(self, client_id: str, epoch: int) -> defer.Deferred:
         for key in [k for k in self._outbound_group if k[0] == client_id]:

@@ -8,7 +8,9 @@ Key layout (``cid`` is the client id, ``\\x00`` separates it from the rest)::
     r/<cid>\\x00<pid u16>        -> outbound QoS 2 released (PUBREL owed until PUBCOMP)
     i/<cid>\\x00<pid u16>        -> inbound QoS 2 stored, PUBREL not yet seen (exactly once)
     g/<group>\\x00<filter>       -> shared subscription group's committed offset
-    e/<cid>                    -> the session's claim: {"holder": member id, "epoch": n} (kept across deletes)
+    e/<cid>                    -> the session's claim: {"holder": member id, "epoch": n}, while a holder
+                                  has the session or it is stored (``LocalSessions`` forgets it after)
+    c/epoch-mark               -> the claim epochs' high-water mark: no epoch above it was ever handed out
 
 Writes are batched per tick by the KV store; callers that must not answer the
 client before the state is durable wait on the Deferred a write returns.
@@ -29,6 +31,7 @@ if TYPE_CHECKING:  # the KV is handed in by the composition root; its RocksDB st
 
 _PID = struct.Struct(">H")
 SEP = b"\x00"
+EPOCH_MARK = b"c/epoch-mark"
 
 
 @dataclass
@@ -176,18 +179,25 @@ class SessionStore:
     def save_claim(self, client_id: str, holder: str, epoch: int) -> defer.Deferred:
         return self.kv.put(b"e/" + _cid(client_id), json.dumps({"holder": holder, "epoch": epoch}).encode())
 
-    def load_claim(self, client_id: str) -> tuple[str, int]:
-        """(holder, epoch) of the session's last claim; ("", 0) if it was never claimed."""
-        v = self.kv.get(b"e/" + _cid(client_id))
-        if v is None:
-            return "", 0
-        d = json.loads(v)
-        return d["holder"], d["epoch"]
+    def delete_claim(self, client_id: str) -> defer.Deferred:
+        return self.kv.delete(b"e/" + _cid(client_id))
 
     def load_claims(self) -> dict[str, tuple[str, int]]:
         """Client id -> (holder, epoch) of every claim."""
         return {key[2:].decode("utf-8"): (d["holder"], d["epoch"])
                 for key, d in ((k, json.loads(v)) for k, v in self.kv.scan(b"e/"))}
+
+    def has_session(self, client_id: str) -> bool:
+        """Whether a session of ``client_id`` is stored (its meta; every stored session has one)."""
+        return self.kv.get(b"s/" + _cid(client_id)) is not None
+
+    def save_epoch_mark(self, mark: int) -> defer.Deferred:
+        return self.kv.put(EPOCH_MARK, b"%d" % mark)
+
+    def load_epoch_mark(self) -> int:
+        """The claim epochs' high-water mark (0: none saved, a new store or one from before the mark)."""
+        v = self.kv.get(EPOCH_MARK)
+        return 0 if v is None else int(v)
 
     # -- shared groups ------------------------------------------------------------------------
 

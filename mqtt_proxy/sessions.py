@@ -48,6 +48,7 @@ class SessionRegistry:
         self.clock = ctx.delivery.clock
         self.stats = ctx.delivery.stats
         self.sessions: dict[str, Session] = {}
+        self._connecting: dict[str, int] = {}  # client id -> CONNECTs that claimed it and are not done yet
         self._on_fenced = self._fenced  # one bound method for every session, not one each
 
     def now_ms(self) -> int:
@@ -71,6 +72,8 @@ class SessionRegistry:
                     yield self.store.delete_session(meta.client_id, state.epoch)
                 except StoreError as exc:
                     log.warning("session_expire_failed client=%s error=%s", meta.client_id, exc)
+                else:
+                    self._release(meta.client_id, state.epoch)
                 expired += 1
                 continue
             session = yield self._revive(state)
@@ -145,82 +148,108 @@ class SessionRegistry:
         # An id assigned here is new: nobody else can hold it.
         epoch = 0
         if assigned is None:
-            try:
-                epoch = yield self.store.claim_session(client_id, self.holder)
-            except StoreError as exc:
-                log.error("session_claim_failed client=%s error=%s", client_id, exc)
-                conn.refuse(ReasonCode.SERVER_UNAVAILABLE)
-                return
-        session = self.sessions.get(client_id)
-        if session is not None:
-            session.epoch, session.fenced = epoch, False
-            if session.conn is not None:
-                self.take_over(session)
-                session = self.sessions.get(client_id)  # a non-persistent session ended with the old link
-        elif assigned is None:
-            session = yield self._load(client_id, epoch, packet.clean_start)
-        session_present = False
-        if session is not None and packet.clean_start:
-            yield self.end_session(session)
-            session = None
-        if session is None:
-            session = self.sessions.get(client_id)  # another CONNECT of the id made one meanwhile
+            self._connecting[client_id] = self._connecting.get(client_id, 0) + 1
+        try:
+            if assigned is None:
+                try:
+                    epoch = yield self.store.claim_session(client_id, self.holder)
+                except StoreError as exc:
+                    log.error("session_claim_failed client=%s error=%s", client_id, exc)
+                    conn.refuse(ReasonCode.SERVER_UNAVAILABLE)
+                    return
+            session = self.sessions.get(client_id)
             if session is not None:
                 session.epoch, session.fenced = epoch, False
-        if session is None:
-            session = self._new_session(client_id, level, expiry, epoch)
-            self.sessions[client_id] = session
-        elif not packet.clean_start:
-            session_present = True
-        if not conn.connected:
-            # The client left while we waited for the store: keep the session as it is.
-            self._schedule_expiry(session, self.now_ms())
-            return
-        session.expiry = expiry
-        if session.will_call is not None and session.will_call.active():
-            session.will_call.cancel()  # MQTT-3.1.3-9: a delayed will is cancelled by the return
-        session.will_call = None
-        session.will = packet.will
-        session.acl_username = conn.acl_username
-        session.receive_maximum = receive_maximum
-        session.max_packet_size = max_packet_size
-        session.alias_maximum = alias_maximum
-        if session.persistent:
-            yield session.write("put_session", SessionMeta(client_id, expiry, level, None))
-            session.stored = True
-        elif session.stored:
-            # Scans of a RocksDB range full of tombstones get slow: only delete what was written.
-            session.stored = False
-            yield session.write("delete_session")
-        if session.fenced:  # claimed elsewhere while we were connecting: the other connection has it
-            conn.refuse(ReasonCode.SERVER_UNAVAILABLE)
-            return
-        if not conn.connected:
-            self._schedule_expiry(session, self.now_ms())
-            return
+                if session.conn is not None:
+                    self.take_over(session)
+                    session = self.sessions.get(client_id)  # a non-persistent session ended with the old link
+            elif assigned is None:
+                session = yield self._load(client_id, epoch, packet.clean_start)
+            session_present = False
+            if session is not None and packet.clean_start:
+                yield self.end_session(session)
+                session = None
+            if session is None:
+                session = self.sessions.get(client_id)  # another CONNECT of the id made one meanwhile
+                if session is not None:
+                    session.epoch, session.fenced = epoch, False
+            if session is None:
+                session = self._new_session(client_id, level, expiry, epoch)
+                self.sessions[client_id] = session
+            elif not packet.clean_start:
+                session_present = True
+            if not conn.connected:
+                # The client left while we waited for the store: keep the session as it is.
+                self._schedule_expiry(session, self.now_ms())
+                return
+            session.expiry = expiry
+            if session.will_call is not None and session.will_call.active():
+                session.will_call.cancel()  # MQTT-3.1.3-9: a delayed will is cancelled by the return
+            session.will_call = None
+            session.will = packet.will
+            session.acl_username = conn.acl_username
+            session.receive_maximum = receive_maximum
+            session.max_packet_size = max_packet_size
+            session.alias_maximum = alias_maximum
+            if session.persistent:
+                yield session.write("put_session", SessionMeta(client_id, expiry, level, None))
+                session.stored = True
+            elif session.stored:
+                # Scans of a RocksDB range full of tombstones get slow: only delete what was written.
+                session.stored = False
+                yield session.write("delete_session")
+            if session.fenced:  # claimed elsewhere while we were connecting: the other connection has it
+                conn.refuse(ReasonCode.SERVER_UNAVAILABLE)
+                return
+            if not conn.connected:
+                self._schedule_expiry(session, self.now_ms())
+                return
 
-        ack_props = None
-        if level == MQTT_5:
-            kw = {"receive_maximum": self.config.receive_maximum,
-                  "topic_alias_maximum": self.config.topic_alias_maximum,
-                  "maximum_packet_size": self.limits.max_packet_size}
-            if not self.config.retain_available:
-                kw["retain_available"] = 0
-            if assigned:
-                kw["assigned_client_identifier"] = assigned
-            if props.session_expiry_interval is not None and expiry != props.session_expiry_interval:
-                kw["session_expiry_interval"] = expiry
-            if conn.server_keep_alive is not None:
-                kw["server_keep_alive"] = conn.server_keep_alive
-            ack_props = Properties(**kw)
-        conn.client_id = client_id
-        conn.session = session
-        conn.send(ConnAck(session_present, ReasonCode.SUCCESS, ack_props or Properties()))
-        self.stats.clients_connected += 1
-        session.attach(conn)  # resends what was in flight
-        session.pump()
-        log.info("client_connected client=%s level=%d clean=%s expiry=%d present=%s peer=%s",
-                 client_id, level, packet.clean_start, expiry, session_present, conn.peer_host)
+            ack_props = None
+            if level == MQTT_5:
+                kw = {"receive_maximum": self.config.receive_maximum,
+                      "topic_alias_maximum": self.config.topic_alias_maximum,
+                      "maximum_packet_size": self.limits.max_packet_size}
+                if not self.config.retain_available:
+                    kw["retain_available"] = 0
+                if assigned:
+                    kw["assigned_client_identifier"] = assigned
+                if props.session_expiry_interval is not None and expiry != props.session_expiry_interval:
+                    kw["session_expiry_interval"] = expiry
+                if conn.server_keep_alive is not None:
+                    kw["server_keep_alive"] = conn.server_keep_alive
+                ack_props = Properties(**kw)
+            conn.client_id = client_id
+            conn.session = session
+            conn.send(ConnAck(session_present, ReasonCode.SUCCESS, ack_props or Properties()))
+            self.stats.clients_connected += 1
+            session.attach(conn)  # resends what was in flight
+            session.pump()
+            log.info("client_connected client=%s level=%d clean=%s expiry=%d present=%s peer=%s",
+                     client_id, level, packet.clean_start, expiry, session_present, conn.peer_host)
+        finally:
+            if assigned is None:
+                self._connect_done(client_id, epoch)
+
+    def _connect_done(self, client_id: str, epoch: int) -> None:
+        """A CONNECT that claimed ``client_id`` finished: if it left no session here, let the claim go."""
+        left = self._connecting[client_id] - 1
+        if left:
+            self._connecting[client_id] = left
+        else:
+            del self._connecting[client_id]
+        self._release(client_id, epoch)
+
+    def _release(self, client_id: str, epoch: int) -> None:
+        """Tell the store this holder let ``client_id`` go, unless a session or a CONNECT of it is still here.
+
+        The store then forgets the claim (if nothing of the session is stored), so ids that come and go
+        leave no claims behind, here or in the store.
+        """
+        if not epoch or client_id in self.sessions or client_id in self._connecting:
+            return
+        self.store.release_session(client_id, epoch).addErrback(
+            lambda f: log.warning("session_release_failed client=%s error=%s", client_id, f.getErrorMessage()))
 
     @defer.inlineCallbacks
     def _load(self, client_id: str, epoch: int, clean_start: bool):
@@ -356,9 +385,12 @@ class SessionRegistry:
         self.router.release(session)
         session.outbound = {}
         if not session.stored or session.fenced:
+            self._release(session.client_id, session.epoch)
             return defer.succeed(None)
         session.stored = False
-        return session.write("delete_session")
+        d = session.write("delete_session")
+        self._release(session.client_id, session.epoch)  # after the delete: writes of an id apply in call order
+        return d
 
     # -- will ---------------------------------------------------------------------------------
 

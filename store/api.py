@@ -356,8 +356,10 @@ class Sessions(Protocol):
     session and bumps its epoch; every write of that session carries the epoch
     its writer claimed and is refused with ``Fenced`` when a newer claim exists,
     so a holder that was taken over (or merely stopped and woken) cannot change
-    the session any more (MQTT-3.1.4-3). An epoch never claimed is
-    ``InvalidArgument``. Packet ids are 1..65535; anything else fails with
+    the session any more (MQTT-3.1.4-3); so is a write whose claim was
+    released since. An epoch never handed out is ``InvalidArgument``; epoch 0
+    (a writer that never claimed: an id its proxy assigned) passes while
+    nobody holds a claim of the id. Packet ids are 1..65535; anything else fails with
     ``InvalidArgument``. Writes of one client id apply in call order.
     """
 
@@ -365,7 +367,16 @@ class Sessions(Protocol):
         """Record ``holder`` as the session's holder under a new epoch, durably; fires with that epoch.
 
         Works whether or not a session is stored (a CONNECT claims first). Epochs
-        of one client id only grow, also across ``delete_session``.
+        of one client id only grow, also across ``delete_session`` and
+        ``release_session``: a write with an epoch from before either is ``Fenced``.
+        """
+
+    def release_session(self, client_id: str, epoch: int) -> defer.Deferred[None]:
+        """The holder that claimed ``epoch`` lets the session go (its client left, or it expired).
+
+        Unless a session is stored, the claim is forgotten, so client ids that
+        come and go leave nothing behind. A release with an epoch that is not
+        the last claim's (a holder taken over since) changes nothing.
         """
 
     def get_session(self, client_id: str) -> defer.Deferred[SessionState | None]:
@@ -380,7 +391,7 @@ class Sessions(Protocol):
     def delete_session(self, client_id: str, epoch: int) -> defer.Deferred[None]:
         """Remove a session and everything under it (subscriptions, in-flight state); no error if absent.
 
-        The claim stays (its epoch keeps fencing older holders).
+        The claim stays while its holder has the session (``release_session`` lets it go).
         """
 
     def put_subscription(self, client_id: str, subscription: SubscriptionState, epoch: int) -> defer.Deferred[None]:

@@ -283,6 +283,27 @@ def test_epochs_keep_growing_across_delete_session(store):
     assert _claim(store, "c1", "proxy-1") > new
 
 
+def test_a_released_claim_is_forgotten_and_its_epoch_stays_fenced(store):
+    """release_session by the holder forgets an unstored session's claim; its epoch is Fenced, later claims higher."""
+    old = _claim(store, "gone", "proxy-1")
+    store.wait(store.store.release_session("gone", old))
+    assert isinstance(store.error(store.store.put_session(api.SessionMeta("gone", 60, 5, None), old)), api.Fenced)
+    assert _claim(store, "gone", "proxy-2") > old
+
+
+def test_a_release_keeps_a_stored_sessions_claim_and_ignores_an_old_epoch(store):
+    """A stored session keeps its claim through a release; a release by a holder taken over changes nothing."""
+    e = _claim(store, "kept", "proxy-1")
+    store.wait(store.store.put_session(api.SessionMeta("kept", 60, 5, None), e))
+    store.wait(store.store.release_session("kept", e))
+    store.wait(store.store.put_session(api.SessionMeta("kept", 61, 5, None), e))
+    new = _claim(store, "kept", "proxy-2")
+    store.wait(store.store.delete_session("kept", new))
+    store.wait(store.store.release_session("kept", e))
+    store.wait(store.store.put_session(api.SessionMeta("kept", 62, 5, None), new))
+    assert store.wait(store.store.get_session("kept")).epoch == new
+
+
 def test_a_claim_by_another_holder_tells_the_old_one(local):
     """LocalStore raises the takeover event (client id, old holder, new epoch) for the RPC to carry."""
     heard = []

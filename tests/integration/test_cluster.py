@@ -22,12 +22,15 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.packettypes import PacketTypes
 
 from cluster import launcher
+from cluster.config import ClusterConfig
 from cluster.routing import SlotTable
 from mqtt_proxy.native.client import BlockingClient
 from store.reader import iter_records
 from store.record import RecordKind
 
 pytestmark = pytest.mark.slow
+
+CALL_TIMEOUT = ClusterConfig().call_timeout  # the launcher's processes keep the default
 
 TIMINGS = """
 [mqtt]
@@ -155,8 +158,8 @@ def publish_all(port: int, messages: list[tuple[str, bytes]], client_id: str = "
     pub.on_connect = lambda *_: connected.set()
     pub.connect("127.0.0.1", port)
     pub.loop_start()
-    # With a group down, CONNECT waits call_timeout for its claim there and again for the session's load
-    # (about 10 s): each PUBACK's 10 s below counts from the CONNACK, not from the TCP connect.
+    # With a group down, CONNECT waits call_timeout for its claim there: each PUBACK's 10 s below counts
+    # from the CONNACK, not from the TCP connect.
     connected.wait(30)
     infos = [(payload, pub.publish(topic, payload, qos=1)) for topic, payload in messages]
     for payload, info in infos:
@@ -169,6 +172,38 @@ def publish_all(port: int, messages: list[tuple[str, bytes]], client_id: str = "
     pub.loop_stop()
     pub.disconnect()
     return acked
+
+
+def timed_connect(port: int, client_id: str, v5: bool = False, results: dict | None = None) -> tuple[float, bool]:
+    """(seconds from CONNECT to CONNACK, whether the CONNACK accepted); a v5 client asks for a stored session.
+
+    With ``results``, the pair is also stored there under the client id (for threads)."""
+    protocol = mqtt.MQTTv5 if v5 else mqtt.MQTTv311
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol)
+    acked: list = []
+    done = threading.Event()
+
+    def on_connect(c, u, flags, reason, properties=None):
+        acked.append((time.monotonic(), not reason.is_failure))
+        done.set()
+
+    client.on_connect = on_connect
+    props = None
+    if v5:
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = 3600
+    start = time.monotonic()
+    client.connect("127.0.0.1", port, properties=props)
+    client.loop_start()
+    try:
+        assert done.wait(4 * CALL_TIMEOUT), f"no CONNACK for {client_id}"
+    finally:
+        client.loop_stop()
+        client.disconnect()
+    at, accepted = acked[0]
+    if results is not None:
+        results[client_id] = (at - start, accepted)
+    return at - start, accepted
 
 
 def group_topics(cluster: Cluster, group: str) -> set[str]:
@@ -314,6 +349,23 @@ def test_a_broker_killed_and_restarted_loses_nothing_acknowledged(cluster):
     broker = cluster.broker("g1")
     os.kill(broker["pid"], signal.SIGKILL)
     g2_only = [lv for lv in lvls if cluster.table.group_of_topic(lv) == "g2"]
+    # CONNECT with g1 down takes one call timeout (the claim there), not two: a clean and a persistent
+    # client whose sessions live in g2 are accepted within 1.5 call timeouts; one living in g1 is refused.
+    homed = {g: [f"crash-{g}-{n}" for n in range(100) if cluster.table.group_of_client(f"crash-{g}-{n}") == g]
+             for g in ("g1", "g2")}
+    clients = [(homed["g2"][0], False), (homed["g2"][1], True), (homed["g1"][0], False)]
+    wait_for(lambda: cluster.metric(p2, "twistmq_rpc_peer_connected", "broker-g1") == 0, what="g1 seen down")
+    times: dict = {}
+    threads = [threading.Thread(target=timed_connect, args=(p2["ports"]["mqtt"], cid, v5, times))
+               for cid, v5 in clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5 * CALL_TIMEOUT)
+    assert set(times) == {cid for cid, _ in clients}, times
+    for cid, _ in clients[:2]:
+        assert times[cid][1] and times[cid][0] < 1.5 * CALL_TIMEOUT, (cid, times[cid])
+    assert times[clients[2][0]][1] is False, times
     # a client whose session lives in g2 connects while g1 is down, and its publishes to g2 are acknowledged
     publisher = next(f"crash-b-{n}" for n in range(100) if cluster.table.group_of_client(f"crash-b-{n}") == "g2")
     during = publish_all(p2["ports"]["mqtt"], [(f"{lv}/crash/b", f"b-{lv}".encode()) for lv in g2_only], publisher)
