@@ -48,7 +48,7 @@ class MQTTServerProtocol:
     __slots__ = ("front", "clock", "transport", "connected", "factory", "parser", "level", "session", "client_id",
                  "username", "asked", "acl_username", "peer_host", "paused", "refusal", "connect_seen",
                  "server_keep_alive", "inbound_aliases", "inbound_inflight", "pending_puts", "deadline_bucket",
-                 "_reading_paused", "_backlog", "_keep_alive", "_last_rx", "_closing", "_corked", "_corked_bytes")
+                 "_reading_paused", "_backlog", "_keep_alive", "last_rx", "_closing", "_corked", "_corked_bytes")
 
     def __init__(self, front, clock) -> None:
         self.front = front
@@ -75,7 +75,7 @@ class MQTTServerProtocol:
         self._reading_paused = False
         self._backlog: list | None = None  # packets after CONNECT, while it is being answered
         self._keep_alive = None  # None until CONNACK: the deadline is CONNECT's; then seconds, 0 = none
-        self._last_rx = 0.0
+        self.last_rx = 0.0  # when data last came (reactor seconds): keep-alive, and a PUBLISH's born time
         self._closing = False
         self._corked: list | None = None  # writes held while a batch is being sent (see cork)
         self._corked_bytes = 0
@@ -103,8 +103,8 @@ class MQTTServerProtocol:
         if hasattr(self.transport, "bufferSize"):
             self.transport.bufferSize = self.front.limits.max_queued_bytes
         self.transport.registerProducer(self, True)
-        self._last_rx = self.clock.seconds()
-        self.front.deadlines.schedule(self, self._last_rx + CONNECT_TIMEOUT_S)
+        self.last_rx = self.clock.seconds()
+        self.front.deadlines.schedule(self, self.last_rx + CONNECT_TIMEOUT_S)
 
     def connectionLost(self, reason=None) -> None:
         # Twisted leaves ``connected`` set; the session registry's "client left while we waited" checks read it.
@@ -113,7 +113,7 @@ class MQTTServerProtocol:
         self.front.connection_lost(self)
 
     def dataReceived(self, data: bytes) -> None:
-        self._last_rx = self.clock.seconds()
+        self.last_rx = self.clock.seconds()
         try:
             packets = self.parser.feed(data)
         except ProtocolError as exc:
@@ -221,7 +221,7 @@ class MQTTServerProtocol:
             return
         self._keep_alive = keep_alive
         if keep_alive:
-            self.front.deadlines.schedule(self, self._last_rx + keep_alive * 1.5)
+            self.front.deadlines.schedule(self, self.last_rx + keep_alive * 1.5)
         backlog, self._backlog = self._backlog or (), None
         for packet in backlog:
             if self._closing or self.session is None:
@@ -241,13 +241,13 @@ class MQTTServerProtocol:
             log.info("connect_timeout peer=%s", self.peer_host)
             self._abort()
             return None
-        idle = now - self._last_rx
+        idle = now - self.last_rx
         limit = keep_alive * 1.5
         if idle >= limit:
             log.info("keep_alive_expired client=%s idle=%.1fs", self.client_id, idle)
             self.front.server_disconnect(self, ReasonCode.KEEP_ALIVE_TIMEOUT)
             return None
-        return self._last_rx + limit
+        return self.last_rx + limit
 
     # -- output -----------------------------------------------------------------------------
 

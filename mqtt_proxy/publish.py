@@ -67,8 +67,9 @@ class Publisher:
             stats.messages_received += 1
             stats.bytes_received += len(payload)
             qos = packet.qos
-            message = rec.Message(topic, payload, MQTT_PUBLISH, qos, False, conn.client_id,
-                                  int(self.clock.seconds() * 1000), {})
+            # Born when its bytes arrived (the read's time, not a clock call per message).
+            message = rec.Message(topic, payload, MQTT_PUBLISH, qos, False, conn.client_id, int(conn.last_rx * 1000),
+                                  {})
             conn.put_started()
             if qos == 0:
                 self.inbound.submit(message, conn.qos0_stored)

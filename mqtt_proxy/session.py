@@ -153,7 +153,9 @@ class Session:
         """Do what the state machine asked: writes, session-state updates, group acks, a pump."""
         for a in actions:
             kind = type(a)
-            if kind is SendPubRel:
+            if kind is PumpSoon:  # after every acknowledgement: first
+                self.pump_soon()
+            elif kind is SendPubRel:
                 if self.conn is not None:
                     self.conn.write(encode(PubRel(a.packet_id), self.state.level))
             elif kind is SaveOutbound:
@@ -166,8 +168,6 @@ class Session:
                 self.write("delete_released", a.packet_id)
             elif kind is GroupAcked:
                 a.group.acked(a.position)
-            elif kind is PumpSoon:
-                self.pump_soon()
             elif kind is Resend:
                 self._resend(a)
             else:

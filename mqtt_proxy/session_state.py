@@ -33,7 +33,7 @@ class SessionStateError(Exception):
     """The adapter misused the state machine (not the peer misbehaving): e.g. no packet id is free."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Outbound:
     """A QoS 1/2 PUBLISH sent and not yet completed."""
 
@@ -337,6 +337,9 @@ class SessionState:
         o = self.outbound.get(packet_id)
         if o is None or o.qos != 1:
             return None
+        if o.group is None and not self.persistent:  # the common case: nothing to count or to delete
+            del self.outbound[packet_id]
+            return [PUMP_SOON]
         return self.complete(packet_id) + [PUMP_SOON]
 
     def pubrec(self, packet_id: int, failed: bool) -> list | None:
