@@ -4,9 +4,9 @@ A device fleet publishes thousands of messages a second, each its own call if
 sent one by one; one ``append_batch`` per tick costs one call (one RPC frame to
 a remote store) and keeps the arrival order, which MQTT's per-topic order needs.
 Whatever must reach the store after the publishes already taken (a retained
-message, a delayed one) calls ``flush`` first. A ``listener`` hears when a
-batch's answers start and end, so it can send what they produce (the PUBACKs of
-one connection) in one write instead of one per message.
+message, a delayed one) calls ``flush`` first. A ``listener`` answers a whole
+batch at once, so it can send what the answers produce (the PUBACKs of one
+connection) in one write instead of one per message.
 """
 
 from __future__ import annotations
@@ -23,28 +23,31 @@ MAX_BATCH = 1000  # messages in one append_batch (a bigger tick is sent in sever
 
 
 class BatchListener(Protocol):
-    """Told around the answers of one batch (every ``on_done`` of it runs in between)."""
+    """Answers the messages of one batch, each with what it was submitted with (its origin)."""
 
-    def batch_answering(self) -> None: ...
-
-    def batch_answered(self) -> None: ...
+    def batch_stored(self, origins: list, results: tuple[AppendResult, ...]) -> None: ...
 
 
 class InboundBatcher:
-    """Collects (message, on_done) per tick and appends them in one batch, in arrival order."""
+    """Collects (message, origin) per tick and appends them in one batch, in arrival order.
+
+    An origin is a callable ``on_done(result)``, or, when a ``listener`` is set,
+    anything the listener knows how to answer (the publisher passes plain
+    publishes as tuples and answers a whole batch in one loop).
+    """
 
     def __init__(self, store: MessageLog, clock) -> None:
         self._store = store
         self._clock = clock
         self._messages: list[Message] = []
-        self._callbacks: list[Callable[[AppendResult], None]] = []
+        self._origins: list = []
         self._call = None
         self.listener: BatchListener | None = None
 
-    def submit(self, message: Message, on_done: Callable[[AppendResult], None]) -> None:
-        """Store ``message`` with this tick's batch; ``on_done(result)`` runs once the store answered."""
+    def submit(self, message: Message, origin: Callable[[AppendResult], None] | object) -> None:
+        """Store ``message`` with this tick's batch; its origin is answered once the store answered."""
         self._messages.append(message)
-        self._callbacks.append(on_done)
+        self._origins.append(origin)
         if len(self._messages) >= MAX_BATCH:
             self.flush()
         elif self._call is None:
@@ -58,25 +61,19 @@ class InboundBatcher:
             self._call = None
         if not self._messages:
             return
-        messages, callbacks = tuple(self._messages), self._callbacks
-        self._messages, self._callbacks = [], []
-        self._store.append_batch(messages).addCallbacks(self._answer, self._refused, callbackArgs=(callbacks,),
-                                                        errbackArgs=(callbacks,))
+        messages, origins = tuple(self._messages), self._origins
+        self._messages, self._origins = [], []
+        self._store.append_batch(messages).addCallbacks(self._answer, self._refused, callbackArgs=(origins,),
+                                                        errbackArgs=(origins,))
 
-    def _answer(self, results, callbacks) -> None:
-        listener = self.listener
-        if listener is None:
-            for on_done, result in zip(callbacks, results):
-                on_done(result)
+    def _answer(self, results, origins) -> None:
+        if self.listener is not None:
+            self.listener.batch_stored(origins, results)
             return
-        listener.batch_answering()
-        try:
-            for on_done, result in zip(callbacks, results):
-                on_done(result)
-        finally:
-            listener.batch_answered()
+        for on_done, result in zip(origins, results):
+            on_done(result)
 
-    def _refused(self, failure, callbacks) -> None:
-        log.error("append_batch_failed messages=%d error=%s", len(callbacks), failure.getErrorMessage())
+    def _refused(self, failure, origins) -> None:
+        log.error("append_batch_failed messages=%d error=%s", len(origins), failure.getErrorMessage())
         result = AppendResult(AppendStatus.SERVICE_NOT_AVAILABLE, reason=failure.getErrorMessage())
-        self._answer([result] * len(callbacks), callbacks)
+        self._answer((result,) * len(origins), origins)

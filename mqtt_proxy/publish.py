@@ -72,23 +72,42 @@ class Publisher:
                                   {})
             conn.put_started()
             if qos == 0:
-                self.inbound.submit(message, conn.qos0_stored)
+                self.inbound.submit(message, (conn, None, None))  # a plain publish: batch_stored answers it
             else:
                 conn.inbound_inflight += 1
-                session, packet_id = conn.session, packet.packet_id
-                self.inbound.submit(message, lambda result: self._stored_qos1(result, conn, session, packet_id))
+                self.inbound.submit(message, (conn, conn.session, packet.packet_id))
             return
         self._checked_publish(conn, packet)
 
-    def batch_answering(self) -> None:
-        """A batch's answers start: collect their PUBACKs per connection."""
-        self._acks = {}
-
-    def batch_answered(self) -> None:
-        """A batch's answers ran: one write of PUBACKs per connection."""
-        acks, self._acks = self._acks, None
-        for conn, packet_ids in acks.items():
-            conn.write(encode_pubacks(packet_ids))
+    def batch_stored(self, origins: list, results) -> None:
+        """A batch's answers: plain publishes (``(conn, session, packet id)``) in this loop, others through
+        their callbacks; the PUBACKs go out as one write per connection, in the order of its PUBLISHes."""
+        self._acks = acks = {}
+        try:
+            for origin, result in zip(origins, results):
+                if type(origin) is not tuple:
+                    origin(result)
+                    continue
+                conn, session, packet_id = origin
+                if result.status is not PUT_OK:
+                    if packet_id is None:
+                        conn.qos0_stored(result)
+                    else:
+                        self._stored(result, conn, session, 1, packet_id)
+                    continue
+                conn.put_finished()
+                if packet_id is not None:
+                    conn.inbound_inflight -= 1
+                    if conn.session is session:
+                        packet_ids = acks.get(conn)
+                        if packet_ids is None:
+                            acks[conn] = [packet_id]
+                        else:
+                            packet_ids.append(packet_id)
+        finally:
+            self._acks = None
+            for conn, packet_ids in acks.items():
+                conn.write(encode_pubacks(packet_ids))
 
     def _puback(self, conn, packet_id: int) -> None:
         acks = self._acks
@@ -100,16 +119,6 @@ class Publisher:
             acks[conn] = [packet_id]
         else:
             packet_ids.append(packet_id)
-
-    def _stored_qos1(self, result, conn, session, packet_id: int) -> None:
-        """The fast path's answer: a QoS 1 publish was stored."""
-        if result.status is not PUT_OK:
-            self._stored(result, conn, session, 1, packet_id)
-            return
-        conn.put_finished()
-        conn.inbound_inflight -= 1
-        if conn.session is session:
-            self._puback(conn, packet_id)
 
     def _checked_publish(self, conn, packet) -> None:
         session = conn.session
