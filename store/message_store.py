@@ -369,9 +369,20 @@ class MessageStore:
         accepted: list[rec.Message] = []
         targets: list[tuple[str, ...]] = []
         waiters: list[tuple] = []  # (waiter, first, end, refused) over ``accepted``; refused: index -> result
+        encode_many = rec.encode_many
         for messages, waiter in batch:
             first = len(accepted)
             refused = None
+            try:  # the whole submission at once; one refused message sends it through the loop below
+                queue_sets = [resolve(m) for m in messages]
+                encoded += encode_many(messages, now, queue_sets)
+            except (rec.RecordError, ValueError):
+                pass
+            else:
+                accepted += messages
+                targets += queue_sets
+                waiters.append((waiter, first, len(accepted), None))
+                continue
             for message in messages:
                 try:
                     queues = resolve(message)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from crc32c import crc32c
 
@@ -243,6 +243,36 @@ def encode(message: Message, store_ts: int, queues: tuple[str, ...] = ()) -> byt
     if total > MAX_RECORD_SIZE:
         raise RecordError(f"record of {total} bytes exceeds {MAX_RECORD_SIZE}")
     return HEADER.pack(VERSION, MAGIC, total, crc32c(payload)) + payload
+
+
+def encode_many(messages: Sequence[Message], store_ts: int, queue_sets: Sequence[tuple[str, ...]]) -> list[bytes]:
+    """``encode`` of each message with its queues, all stamped with ``store_ts``, in one loop.
+
+    A tick's appends are encoded together: the per-call overhead of ``encode``
+    was a fifth of its cost. Raises as ``encode`` does at the first message it
+    refuses (the caller then encodes one by one to tell which).
+    """
+    out: list[bytes] = []
+    append = out.append
+    middles = _MIDDLES
+    body_head, u32, header = _BODY_HEAD.pack, _U32.pack, HEADER.pack
+    for message, queues in zip(messages, queue_sets):
+        qos = message.qos
+        if message.properties or not 0 <= qos <= 2:
+            append(encode(message, store_ts, queues))
+            continue
+        middle = middles.get((message.topic, message.client_id, queues))
+        if middle is None:
+            append(encode(message, store_ts, queues))  # fills the cache
+            continue
+        body = message.body
+        payload = b"".join((body_head(message.kind, qos | 4 if message.retain else qos, store_ts,
+                                      message.born_ts or store_ts), middle, u32(len(body)), body))
+        total = HEADER_SIZE + len(payload)
+        if total > MAX_RECORD_SIZE:
+            raise RecordError(f"record of {total} bytes exceeds {MAX_RECORD_SIZE}")
+        append(header(VERSION, MAGIC, total, crc32c(payload)) + payload)
+    return out
 
 
 def check_header(buf, pos: int = 0) -> int:

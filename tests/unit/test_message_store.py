@@ -82,6 +82,19 @@ def test_illegal_message_fails_alone(tmp_path):
     assert [m.record.body for m in _got(store, "%TOPIC%a")] == [b"1", b"3"]
 
 
+def test_illegal_message_in_a_submitted_batch_fails_alone(tmp_path):
+    """One message of a submit_batch that cannot be encoded gets MESSAGE_ILLEGAL at its place; the rest are stored."""
+    store, index, clock = _store(tmp_path)
+    results = []
+    store.submit_batch([Message(topic="a", body=b"1"), Message(topic="a", body=b"2", qos=7),
+                        Message(topic="a", body=b"3")], results.extend)
+    store.submit_batch([Message(topic="a", body=b"4")], results.extend)
+    clock.advance(0)
+    assert [r.status for r in results] == [PutStatus.PUT_OK, PutStatus.MESSAGE_ILLEGAL, PutStatus.PUT_OK,
+                                           PutStatus.PUT_OK]
+    assert [m.record.body for m in _got(store, "%TOPIC%a")] == [b"1", b"3", b"4"]
+
+
 def test_sync_flush_acknowledges_after_fsync(tmp_path):
     """With flush=sync a put resolves only when the executor's fsync has run."""
     ex = DeferredExecutor()

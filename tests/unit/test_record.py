@@ -85,3 +85,15 @@ def test_cached_middle_is_keyed_by_topic_client_and_queues(monkeypatch):
     for data, (t, c, q) in zip(warm, cases):
         r = rec.decode(data)
         assert (r.topic, r.client_id, r.queues, r.body) == (t, c, q, b"21.5")
+
+
+def test_encode_many_is_encode_of_each_and_refuses_like_it():
+    """encode_many gives the bytes encode gives each message (cached middle or not, properties, retain)."""
+    rec._MIDDLES.clear()
+    messages = [rec.Message("a/b", b"1", qos=1, client_id="c"), rec.Message("a/b", b"2", qos=1, client_id="c"),
+                rec.Message("a/b", b"3", retain=True, properties={"k": "v"}), rec.Message("x", b"", qos=2)]
+    queue_sets = [("%TOPIC%a", "%LMQ%a/+"), ("%TOPIC%a", "%LMQ%a/+"), ("%TOPIC%a",), ("%TOPIC%x",)]
+    assert rec.encode_many(messages, 1_700_000_000_000, queue_sets) == [
+        rec.encode(m, 1_700_000_000_000, q) for m, q in zip(messages, queue_sets)]
+    with pytest.raises(rec.RecordError, match="qos"):
+        rec.encode_many(messages + [rec.Message("a/b", b"4", qos=7)], 1, queue_sets + [("%TOPIC%a",)])
