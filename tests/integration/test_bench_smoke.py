@@ -99,7 +99,7 @@ def test_cost_bench_prints_its_table(capsys):
     out = capsys.readouterr().out
     rows = {line.split("|")[1].strip(): line.split("|") for line in out.splitlines()
             if line.startswith("| fan-") or line.startswith("| native")}
-    assert sorted(rows) == ["fan-in", "fan-out", "native"], out
+    assert sorted(rows) == ["fan-in", "fan-in-0", "fan-out", "native"], out
     for cells in rows.values():
         assert cells[2].strip() != "-" and cells[3].strip() != "-", out  # a tiny run may round to 0 CPU ticks
         assert cells[5].strip() in ("yes", "**no**", "-"), out
