@@ -82,7 +82,7 @@ class Publisher:
     def batch_stored(self, origins: list, results) -> None:
         """A batch's answers: plain publishes (``(conn, session, packet id)``) in this loop, others through
         their callbacks; the PUBACKs go out as one write per connection, in the order of its PUBLISHes."""
-        self._acks = acks = {}
+        self._acks = {}
         try:
             for origin, result in zip(origins, results):
                 if type(origin) is not tuple:
@@ -99,13 +99,9 @@ class Publisher:
                 if packet_id is not None:
                     conn.inbound_inflight -= 1
                     if conn.session is session:
-                        packet_ids = acks.get(conn)
-                        if packet_ids is None:
-                            acks[conn] = [packet_id]
-                        else:
-                            packet_ids.append(packet_id)
+                        self._puback(conn, packet_id)
         finally:
-            self._acks = None
+            acks, self._acks = self._acks, None
             for conn, packet_ids in acks.items():
                 conn.write(encode_pubacks(packet_ids))
 

@@ -486,14 +486,10 @@ class MessageStore:
 
     def read(self, offset: int, size: int | None = None) -> defer.Deferred:
         """The record at a commit-log offset."""
-        record = self._recent_record(offset)
+        record = self._recent.get(offset)  # a recent append: no read, no decode
         if record is not None:
             return defer.succeed(record)
         return defer.maybeDeferred(self.commit_log.read, offset, size)
-
-    def _recent_record(self, offset: int) -> rec.Record | None:
-        """The Record of a recent append, as it was appended (no read, no decode)."""
-        return self._recent.get(offset)
 
     def get(self, queue: str, offset: int, max_count: int = 32) -> defer.Deferred:
         """Up to ``max_count`` messages of ``queue`` from ``offset``, as QueueMessages.

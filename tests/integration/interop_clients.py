@@ -96,6 +96,41 @@ def cleanup():
 # --- paho-mqtt ------------------------------------------------------------------------------------------
 
 
+
+def take(messages, n, timeout, failure):
+    """The next ``n`` items of the queue ``messages``; AssertionError(failure(got)) if they do not all arrive in time."""
+    got, deadline = [], time.monotonic() + timeout
+    while len(got) < n:
+        try:
+            got.append(messages.get(timeout=max(0.0, deadline - time.monotonic())))
+        except queue.Empty:
+            raise AssertionError(failure(got))
+    return got
+
+
+def drain(messages, quiet):
+    """Items of ``messages`` until none came for ``quiet`` seconds (at most ``WAIT`` in all)."""
+    got, deadline = [], time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        try:
+            got.append(messages.get(timeout=quiet))
+        except queue.Empty:
+            break
+    return got
+
+
+def take_until(messages, last, timeout, failure):
+    """Items of ``messages`` up to and including the first for which ``last(item)``; AssertionError(failure(got))."""
+    got, deadline = [], time.monotonic() + timeout
+    while True:
+        try:
+            item = messages.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError(failure(got))
+        got.append(item)
+        if last(item):
+            return got
+
 class Paho:
     """A paho-mqtt client on its own network thread, with blocking helpers bounded by ``WAIT``."""
 
@@ -181,35 +216,17 @@ class Paho:
 
     def expect(self, n=1, timeout=WAIT):
         """The next ``n`` messages; fails if they do not all arrive in time."""
-        got, deadline = [], time.monotonic() + timeout
-        while len(got) < n:
-            try:
-                got.append(self.messages.get(timeout=max(0.0, deadline - time.monotonic())))
-            except queue.Empty:
-                raise AssertionError(f"expected {n} messages, got {[(m.topic, m.payload) for m in got]}")
-        return got
+        return take(self.messages, n, timeout, lambda got: f"expected {n} messages, got "
+                                                           f"{[(m.topic, m.payload) for m in got]}")
 
     def until(self, payload, timeout=WAIT):
         """Every message up to and including the first whose payload is ``payload``."""
-        got, deadline = [], time.monotonic() + timeout
-        while True:
-            try:
-                msg = self.messages.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError(f"no {payload!r}; got {[(m.topic, m.payload) for m in got]}")
-            got.append(msg)
-            if msg.payload == payload:
-                return got
+        return take_until(self.messages, lambda m: m.payload == payload, timeout,
+                          lambda got: f"no {payload!r}; got {[(m.topic, m.payload) for m in got]}")
 
     def drain(self, quiet=QUIET):
         """Messages until none came for ``quiet`` seconds (at most ``WAIT`` in all)."""
-        got, deadline = [], time.monotonic() + WAIT
-        while time.monotonic() < deadline:
-            try:
-                got.append(self.messages.get(timeout=quiet))
-            except queue.Empty:
-                break
-        return got
+        return drain(self.messages, quiet)
 
     def freeze(self):
         """Stop the network loop but keep the socket open: no more PINGREQs."""
@@ -405,34 +422,15 @@ class MosqSub:
                 return line
 
     def expect(self, n=1, timeout=WAIT):
-        got, deadline = [], time.monotonic() + timeout
-        while len(got) < n:
-            try:
-                got.append(self.messages.get(timeout=max(0.0, deadline - time.monotonic())))
-            except queue.Empty:
-                raise AssertionError(f"expected {n} messages, got {got}; log {self.log[-10:]}")
-        return got
+        return take(self.messages, n, timeout, lambda got: f"expected {n} messages, got {got}; log {self.log[-10:]}")
 
     def until(self, payload, timeout=WAIT):
-        got, deadline = [], time.monotonic() + timeout
-        while True:
-            try:
-                fields = self.messages.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError(f"no {payload!r}; got {got}; log {self.log[-10:]}")
-            got.append(fields)
-            if fields[-1] == payload:
-                return got
+        return take_until(self.messages, lambda fields: fields[-1] == payload, timeout,
+                          lambda got: f"no {payload!r}; got {got}; log {self.log[-10:]}")
 
     def drain(self, quiet=QUIET):
         """Messages until none came for ``quiet`` seconds (at most ``WAIT`` in all)."""
-        got, deadline = [], time.monotonic() + WAIT
-        while time.monotonic() < deadline:
-            try:
-                got.append(self.messages.get(timeout=quiet))
-            except queue.Empty:
-                break
-        return got
+        return drain(self.messages, quiet)
 
     def wait_exit(self, timeout=WAIT):
         return self.proc.wait(timeout)

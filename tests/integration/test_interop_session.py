@@ -63,9 +63,8 @@ def test_paho_will_on_keepalive_expiry(mk_paho, ns, v):
     assert 1.0 <= elapsed <= 3.5, f"will after {elapsed:.2f}s, expected about 1.5s"
 
 
-@interop(PAHO_5, "will delay")
-def test_paho5_will_delay(mk_paho, ns):
-    """A v5 will with Will Delay Interval 2 s is held back for 2 s after an abnormal disconnect, then sent."""
+def _dropped_with_delayed_will(mk_paho, ns):
+    """A watcher of the will topic, and when a v5 client with a 2 s Will Delay Interval dropped its link."""
     watcher = mk_paho(5, ns("watch"))
     watcher.subscribe(ns.topic("will"), 1)
     wp = Properties(PacketTypes.WILLMESSAGE)
@@ -73,6 +72,13 @@ def test_paho5_will_delay(mk_paho, ns):
     c = mk_paho(5, ns("dev"), will=(ns.topic("will"), b"late", 1, False), will_props=wp, session_expiry=60)
     c.drop()
     t0 = time.monotonic()
+    return watcher, t0
+
+
+@interop(PAHO_5, "will delay")
+def test_paho5_will_delay(mk_paho, ns):
+    """A v5 will with Will Delay Interval 2 s is held back for 2 s after an abnormal disconnect, then sent."""
+    watcher, t0 = _dropped_with_delayed_will(mk_paho, ns)
     assert [m.payload for m in watcher.expect(1)] == [b"late"]
     elapsed = time.monotonic() - t0
     assert 1.7 <= elapsed <= 4.0, f"will after {elapsed:.2f}s, expected 2s"
@@ -81,13 +87,7 @@ def test_paho5_will_delay(mk_paho, ns):
 @interop(PAHO_5, "will delay")
 def test_paho5_will_delay_cancelled_by_reconnect(mk_paho, ns):
     """A client that reconnects to its session within the Will Delay Interval cancels the delayed will."""
-    watcher = mk_paho(5, ns("watch"))
-    watcher.subscribe(ns.topic("will"), 1)
-    wp = Properties(PacketTypes.WILLMESSAGE)
-    wp.WillDelayInterval = 2
-    c = mk_paho(5, ns("dev"), will=(ns.topic("will"), b"late", 1, False), will_props=wp, session_expiry=60)
-    c.drop()
-    t0 = time.monotonic()
+    watcher, t0 = _dropped_with_delayed_will(mk_paho, ns)
     back = mk_paho(5, ns("dev"), clean=False, session_expiry=60)
     assert back.connack[1].session_present
     time.sleep(max(0.0, 2.5 - (time.monotonic() - t0)))
