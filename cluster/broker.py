@@ -161,6 +161,7 @@ def broker_tree(parts: BrokerParts) -> RoleService:
         Part("session-interest", start=parts.local.restore),
         *parts.listeners,
         Part("rpc-goodbye", stop=parts.rpc.stop),  # stops before the listeners close: peers hear why
+        Part("collector", start=parts.state.collector.start, stop=parts.state.collector.stop),  # after recovery
         ReadyLine(parts.listeners, announce),
     ]
     for child in children:

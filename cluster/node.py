@@ -23,7 +23,7 @@ from itertools import chain
 from twisted.internet import endpoints
 from twisted.python import usage
 
-from cluster import heap, node_log
+from cluster import node_log
 from cluster.admin.api import AdminAPI
 from cluster.admin.handlers import Handlers
 from cluster.admin.metrics import NodeFigures, RateHistory
@@ -225,9 +225,10 @@ def node_tree(parts: NodeParts) -> RoleService:
         Part("sys", start=parts.sys.start, stop=parts.sys.stop),
         Part("admin-history", start=parts.history.start, stop=parts.history.stop),
         *listeners,
-        # The collector settles once everything alive now is built (cluster/heap.py). The lag probe starts
+        # The collector takes over once everything alive now is built (cluster/heap.py). The lag probe starts
         # after recovery, which blocks by design.
-        Part("lag-probe", start=lambda: (heap.settle(), parts.lag.start()), stop=parts.lag.stop),
+        Part("collector", start=parts.state.collector.start, stop=parts.state.collector.stop),
+        Part("lag-probe", start=parts.lag.start, stop=parts.lag.stop),
         ReadyLine(listeners, announce),
     ]
     for child in children:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 
+from cluster.heap import TickCollector
 from cluster.local_store import LocalStore
 from cluster.native_service import NativeService
 from lightqueue import attach as attach_lightqueue
@@ -56,6 +57,9 @@ class StoreParts:
         watched, native_reads = self.notifier.watched, self.native.engine.reads_soon
         self.store.read_soon = lambda queues: watched(queues) or native_reads(queues)
         self.store.retention.add_carrier(self.retained.records_to_carry)
+        # The collector's passes come after each drain (cluster/heap.py); the role starts it once recovery is done.
+        self.collector = TickCollector(reactor)
+        self.store.after_drain = self.collector.collect_due
 
     def hold_stored_sessions(self) -> None:
         """Make retention keep what the sessions in the session KV owe (a broker: its proxies' sessions live

@@ -198,6 +198,8 @@ class MessageStore:
         # Optional ``read_soon(queues) -> bool``: keep an append in memory only if a reader waits on
         # one of its queues (an offline subscriber's backlog then costs disk, not memory).
         self.read_soon: Callable[[tuple[str, ...]], bool] | None = None
+        # Optional hook run after every drain, when the tick's batch is dead: the collector's turn.
+        self.after_drain: Callable[[], object] | None = None
         self.retention = Retention(self, clock)
 
     # -- wiring ------------------------------------------------------------------
@@ -361,6 +363,13 @@ class MessageStore:
         batch, self._pending = self._pending, []
         if not batch:
             return
+        try:
+            self._append_batch(batch)
+        finally:
+            if self.after_drain is not None:
+                self.after_drain()  # the batch's objects are dead now (cluster/heap.py's TickCollector)
+
+    def _append_batch(self, batch: list) -> None:
         started = self._clock.seconds()
         now = int(started * 1000)
         resolve = self._index.resolve if self._index is not None else (lambda m: ())

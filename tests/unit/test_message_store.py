@@ -371,3 +371,18 @@ def test_tails_share_one_budget_so_a_lone_read_queue_keeps_a_long_tail(tmp_path,
     tail_a = index._tails[index._ids[a]]
     assert len(tail_a.entries) <= 20, "two tails: each within half the budget"
     assert index.entries(a, tail_a.base, 100) == _entries_from_rocksdb(index, a, tail_a.base, 100)
+
+
+def test_after_drain_runs_once_per_drain_after_the_batch(tmp_path):
+    """The after_drain hook runs once per drain, after its messages are stored (and once more after a failed drain)."""
+    store, index, clock = _store(tmp_path)
+    calls = []
+    store.after_drain = lambda: calls.append(store.puts)
+    _put_all(store, clock, [Message(topic="a", body=b"1"), Message(topic="a", body=b"2")])
+    assert calls == [2]
+    clock.advance(0)
+    assert calls == [2], "no drain without submissions"
+    store.commit_log.close()  # the next append fails
+    store.put(Message(topic="a", body=b"3"))
+    clock.advance(0)
+    assert calls == [2, 2]
