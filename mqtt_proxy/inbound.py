@@ -53,6 +53,22 @@ class InboundBatcher:
         elif self._call is None:
             self._call = self._clock.callLater(0, self.flush)
 
+    def submit_many(self, messages: list[Message], origins: list) -> None:
+        """``submit`` for each pair of ``messages`` and ``origins``, in order (one read's publishes)."""
+        while True:
+            room = MAX_BATCH - len(self._messages)
+            if len(messages) < room:
+                break
+            self._messages += messages[:room]
+            self._origins += origins[:room]
+            messages, origins = messages[room:], origins[room:]
+            self.flush()
+        if messages:
+            self._messages += messages
+            self._origins += origins
+            if self._call is None:
+                self._call = self._clock.callLater(0, self.flush)
+
     def flush(self) -> None:
         """Send what was collected now (before a call that must reach the store after it)."""
         if self._call is not None:

@@ -125,10 +125,20 @@ class MQTTServerProtocol:
                 self._dispatch(packet)
             self._parse_failed(exc)
             return
-        for packet in packets:
+        i, n = 0, len(packets)
+        publishes = self.front.publisher.handle_publishes
+        while i < n:
             if self._closing:
                 return
+            packet = packets[i]
+            if type(packet) is Publish and self.session is not None:
+                # A read's plain PUBLISHes in one loop; whatever stops it goes through _dispatch below.
+                j = publishes(self, packets, i)
+                if j > i:
+                    i = j
+                    continue
             self._dispatch(packet)
+            i += 1
 
     def _parse_failed(self, exc: ProtocolError) -> None:
         self.front.stats.protocol_errors += 1
@@ -354,8 +364,8 @@ class MQTTServerProtocol:
     def stopProducing(self) -> None:
         self.paused = True
 
-    def put_started(self) -> None:
-        self.pending_puts += 1
+    def put_started(self, count: int = 1) -> None:
+        self.pending_puts += count
         if self.pending_puts > self.front.limits.max_pending_puts and not self._reading_paused:
             self._pause_reading()
 
@@ -365,8 +375,8 @@ class MQTTServerProtocol:
         if result.status is not PutStatus.PUT_OK:
             log.error("put_failed client=%s status=%s reason=%s", self.client_id, result.status.name, result.reason)
 
-    def put_finished(self) -> None:
-        self.pending_puts -= 1
+    def put_finished(self, count: int = 1) -> None:
+        self.pending_puts -= count
         if self._reading_paused and self.pending_puts <= self.front.limits.max_pending_puts // 2:
             self._resume_reading()
 

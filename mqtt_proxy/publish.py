@@ -19,7 +19,7 @@ import logging
 from lightqueue.topic import TopicError, validate_topic_name
 from mqtt_proxy import message_props
 from mqtt_proxy.auth.acl import ACL
-from mqtt_proxy.codec import MQTT_5, NO_PROPERTIES, PubAck, PubComp, PubRec, ReasonCode, encode_pubacks
+from mqtt_proxy.codec import MQTT_5, NO_PROPERTIES, PubAck, PubComp, Publish, PubRec, ReasonCode, encode_pubacks
 from mqtt_proxy.config import LimitsConfig, MQTTConfig
 from mqtt_proxy.inbound import InboundBatcher
 from mqtt_proxy.stats import BrokerStats
@@ -56,33 +56,62 @@ class Publisher:
 
     def handle_publish(self, conn, packet) -> None:
         """One PUBLISH from a connected client."""
-        topic = packet.topic
-        if (packet.properties is NO_PROPERTIES and topic in self.valid_topics and not packet.retain
-                and packet.qos < 2 and not self.acl.configured and len(packet.payload) <= self.limits.max_payload
-                and conn.inbound_inflight < self.config.receive_maximum and topic[0] != "$"):
-            # The common case (a device reporting on a known topic, QoS 0 or 1, no properties):
-            # every check below would pass, so go straight to the store.
-            payload = packet.payload
-            stats = self.stats
-            stats.messages_received += 1
-            stats.bytes_received += len(payload)
-            qos = packet.qos
-            # Born when its bytes arrived (the read's time, not a clock call per message).
-            message = rec.Message(topic, payload, MQTT_PUBLISH, qos, False, conn.client_id, int(conn.last_rx * 1000),
-                                  {})
-            conn.put_started()
-            if qos == 0:
-                self.inbound.submit(message, (conn, None, None))  # a plain publish: batch_stored answers it
+        if self.handle_publishes(conn, (packet,), 0) == 0:
+            self._checked_publish(conn, packet)
+
+    def handle_publishes(self, conn, packets, i: int) -> int:
+        """The plain PUBLISHes of one read from ``packets[i]`` on, in one loop; return where it stopped.
+
+        Plain: a device reporting on a known topic, QoS 0 or 1, no properties,
+        within the limits, no ACL: every check of ``_checked_publish`` would
+        pass, so each goes straight to this tick's batch. The first packet that
+        is not one (any other packet, or a PUBLISH that needs checking) ends the
+        loop; the caller handles it, then may come back here.
+        """
+        if self.acl.configured:
+            return i
+        valid, max_payload, cap = self.valid_topics, self.limits.max_payload, self.config.receive_maximum
+        inflight, session, client_id = conn.inbound_inflight, conn.session, conn.client_id
+        born = int(conn.last_rx * 1000)  # born when its bytes arrived (the read's time, no clock call each)
+        plain = (conn, None, None)  # a QoS 0 publish's origin: batch_stored answers it
+        Message = rec.Message
+        messages: list = []
+        origins: list = []
+        size = 0
+        n = len(packets)
+        start = i
+        while i < n:
+            packet = packets[i]
+            if type(packet) is not Publish:
+                break
+            topic, payload, qos = packet.topic, packet.payload, packet.qos
+            if (packet.properties is not NO_PROPERTIES or topic not in valid or packet.retain or qos > 1
+                    or len(payload) > max_payload or topic[0] == "$"):
+                break
+            if qos:
+                if inflight >= cap:
+                    break
+                inflight += 1
+                origins.append((conn, session, packet.packet_id))
             else:
-                conn.inbound_inflight += 1
-                self.inbound.submit(message, (conn, conn.session, packet.packet_id))
-            return
-        self._checked_publish(conn, packet)
+                origins.append(plain)
+            messages.append(Message(topic, payload, MQTT_PUBLISH, qos, False, client_id, born, {}))
+            size += len(payload)
+            i += 1
+        if i > start:
+            conn.inbound_inflight = inflight
+            stats = self.stats
+            stats.messages_received += i - start
+            stats.bytes_received += size
+            conn.put_started(i - start)
+            self.inbound.submit_many(messages, origins)
+        return i
 
     def batch_stored(self, origins: list, results) -> None:
         """A batch's answers: plain publishes (``(conn, session, packet id)``) in this loop, others through
         their callbacks; the PUBACKs go out as one write per connection, in the order of its PUBLISHes."""
         self._acks = {}
+        done, finished = None, 0  # a run of one connection's stored publishes, counted off at once
         try:
             for origin, result in zip(origins, results):
                 if type(origin) is not tuple:
@@ -95,11 +124,17 @@ class Publisher:
                     else:
                         self._stored(result, conn, session, 1, packet_id)
                     continue
-                conn.put_finished()
+                if conn is not done:
+                    if finished:
+                        done.put_finished(finished)
+                    done, finished = conn, 0
+                finished += 1
                 if packet_id is not None:
                     conn.inbound_inflight -= 1
                     if conn.session is session:
                         self._puback(conn, packet_id)
+            if finished:
+                done.put_finished(finished)
         finally:
             acks, self._acks = self._acks, None
             for conn, packet_ids in acks.items():

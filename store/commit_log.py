@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from itertools import accumulate
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -147,10 +148,21 @@ class CommitLog:
         """
         if self._write_fd is None:
             raise CommitLogError("commit log is not open")
-        offsets: list[int] = []
+        start_base, start_pos = self._write_base, self._write_pos
+        sizes = list(map(len, records))
+        if start_pos + sum(sizes) <= self.segment_size:
+            # The batch fits the active segment (nearly every tick): offsets and write without a step per record.
+            offsets = list(accumulate(sizes, initial=start_base + start_pos))
+            offsets.pop()
+            try:
+                self._write(records)
+            except OSError as exc:
+                self._undo_to(start_base, start_pos)
+                raise CommitLogError(f"append failed: {exc}") from exc
+            return offsets
+        offsets = []
         chunk: list[bytes] = []
         chunk_size = 0
-        start_base, start_pos = self._write_base, self._write_pos
         try:
             for data in records:
                 if self._write_pos + chunk_size + len(data) > self.segment_size and (self._write_pos + chunk_size) > 0:
@@ -168,6 +180,8 @@ class CommitLog:
         return offsets
 
     def _write(self, chunk: list[bytes]) -> None:
+        if not chunk:
+            return
         data = chunk[0] if len(chunk) == 1 else b"".join(chunk)
         view = memoryview(data)
         while view:
