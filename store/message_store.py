@@ -366,6 +366,7 @@ class MessageStore:
         try:
             self._append_batch(batch)
         finally:
+            del batch  # its messages die here, before the collector's turn
             if self.after_drain is not None:
                 self.after_drain()  # the batch's objects are dead now (cluster/heap.py's TickCollector)
 
