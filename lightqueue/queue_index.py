@@ -27,7 +27,9 @@ that has been read keeps its newest entries (its tail, bounded per queue and in
 the number of queues) as they are dispatched, so the subscriber's reads of
 what just arrived cost no RocksDB lookup. RocksDB stays the truth; the tail is
 a copy of its newest keys, dropped whenever the index changes other than by
-appending (replay, retention, garbage collection, reset).
+appending (replay, retention, garbage collection, reset). A tail holds each
+entry as the packed value its run in RocksDB got (the same bytes object): no
+Python object per entry for the collector to walk while it waits to be read.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import os
 import shutil
 import struct
 from array import array
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
@@ -191,7 +193,7 @@ class LightQueueIndex(DispatcherBase):
             cap = max(TAIL_ENTRIES, TAIL_BUDGET // len(tails))
             for qid in touched:
                 tail = tails.get(qid)
-                if tail is not None and len(tail.entries) > cap:
+                if tail is not None and len(tail.values) > cap:
                     tail.trim(cap // 2)
         for qid in touched:
             wb.put(b"q" + _U64.pack(qid),
@@ -213,8 +215,7 @@ class LightQueueIndex(DispatcherBase):
         """
         mx, last_ts = self._max, self._last_ts
         pack_value = _VALUE.pack
-        new = tuple.__new__
-        plans: dict[tuple[str, ...], list] = {}  # queues -> [(run values, tail entries or None, first offset)]
+        plans: dict[tuple[str, ...], list] = {}  # queues -> [(run values, tail values or None, first offset)]
         runs: dict[int, tuple[int, list[bytes]]] = {}  # qid -> (queue offset of its run's first entry, values)
         newest: dict[tuple[str, ...], int] = {}  # queues -> store_ts of the newest record sent to them
         for req in requests:
@@ -227,7 +228,7 @@ class LightQueueIndex(DispatcherBase):
             for run, tail, first in plan:
                 run.append(value)
                 if tail is not None:
-                    tail.append(new(QueueEntry, (first + len(run) - 1, req.offset, req.size, req.store_ts)))
+                    tail.append(value)
         put, pack_key = wb.put, _KEY.pack
         for qid, (first, run) in runs.items():
             for i in range(0, len(run), RUN_ENTRIES):
@@ -255,7 +256,7 @@ class LightQueueIndex(DispatcherBase):
             if run is None:
                 run = runs[qid] = (self._max[qid], [])
             tail = tails.get(qid)
-            plan.append((run[1], None if tail is None else tail.entries, run[0]))
+            plan.append((run[1], None if tail is None else tail.values, run[0]))
         return plan
 
     def _index_replayed(self, requests: Sequence[DispatchRequest], wb: WriteBatch) -> dict[int, str]:
@@ -265,7 +266,6 @@ class LightQueueIndex(DispatcherBase):
         pack_key, pack_value = _KEY.pack, _VALUE.pack
         bound = self._replay_bound
         tails = self._tails
-        new = tuple.__new__
         for req in requests:
             value = pack_value(req.offset, req.size, req.store_ts)
             for name in req.queues:
@@ -281,7 +281,7 @@ class LightQueueIndex(DispatcherBase):
                 touched[qid] = name
                 tail = tails.get(qid)
                 if tail is not None:
-                    tail.entries.append(new(QueueEntry, (off, req.offset, req.size, req.store_ts)))
+                    tail.values.append(value)
         return touched
 
     def _already_indexed(self, qid: int, cl_offset: int) -> bool:
@@ -357,10 +357,29 @@ class LightQueueIndex(DispatcherBase):
         stop = min(hi, start + max_count)
         if tail is not None and stop > tail.base:
             if start >= tail.base:
-                return tail.entries[start - tail.base:stop - tail.base]
+                return _unpacked(start, tail.values[start - tail.base:stop - tail.base])
             # The part below the tail from RocksDB, the rest from memory.
-            return self._read_entries(qid, start, tail.base) + tail.entries[:stop - tail.base]
+            return self._read_entries(qid, start, tail.base) + _unpacked(tail.base, tail.values[:stop - tail.base])
         return self._read_entries(qid, start, stop)
+
+    def tail_entries(self, queue: str, offset: int, max_count: int) -> tuple[int, Iterator[tuple[int, int, int]]] | None:
+        """Up to ``max_count`` entries of ``queue`` from ``offset`` when its tail holds them all, else None.
+
+        As ``(queue offset of the first, an iterator of each one's (commit-log
+        offset, size, store time))``: a live reader's read, with no object per
+        entry made to be thrown away.
+        """
+        qid = self._ids.get(queue)
+        if qid is None:
+            return None
+        tail = self._tails.get(qid)
+        if tail is None:
+            return None
+        start = max(offset, self._min[qid])
+        if start < tail.base:
+            return None
+        stop = min(self._max[qid], start + max_count)
+        return start, _VALUE.iter_unpack(b"".join(tail.values[start - tail.base:stop - tail.base]))
 
     def _start_tail(self, qid: int, hi: int) -> None:
         """Keep ``qid``'s entries from ``hi`` on in memory as they are dispatched."""
@@ -521,19 +540,25 @@ def _run_key(key: bytes) -> tuple[int, int]:
 
 
 class _Tail:
-    """The newest entries of one queue: ``entries[i]`` is the entry at queue offset ``base + i``."""
+    """The newest entries of one queue: ``values[i]`` is the packed entry at queue offset ``base + i``."""
 
-    __slots__ = ("base", "entries")
+    __slots__ = ("base", "values")
 
     def __init__(self, base: int) -> None:
         self.base = base
-        self.entries: list[QueueEntry] = []
+        self.values: list[bytes] = []  # VALUE-packed (commit-log offset, size, store time), as in RocksDB
 
     def trim(self, keep: int) -> None:
         """Keep the newest ``keep`` entries (half the cap: amortised, one slice per ``keep`` appends)."""
-        drop = len(self.entries) - keep
-        del self.entries[:drop]
+        drop = len(self.values) - keep
+        del self.values[:drop]
         self.base += drop
+
+
+def _unpacked(first: int, values: list[bytes]) -> list[QueueEntry]:
+    """QueueEntries of consecutive packed ``values``, the first at queue offset ``first``."""
+    new = tuple.__new__
+    return [new(QueueEntry, (qoff, *v)) for qoff, v in enumerate(_VALUE.iter_unpack(b"".join(values)), first)]
 
 
 def attach(store: MessageStore, data_dir: str | None = None) -> LightQueueIndex:

@@ -16,7 +16,7 @@ import fcntl
 import logging
 import os
 from collections import deque
-from typing import Callable, Iterable, NamedTuple, Protocol, Sequence
+from typing import Callable, Iterable, Iterator, NamedTuple, Protocol, Sequence
 
 from twisted.internet import defer, task
 
@@ -144,6 +144,10 @@ class QueueIndex(Dispatcher, Protocol):
     def resolve(self, message: rec.Message) -> tuple[str, ...]: ...
 
     def entries(self, queue: str, offset: int, max_count: int) -> list[QueueEntry]: ...
+
+    def tail_entries(self, queue: str, offset: int,
+                     max_count: int) -> tuple[int, Iterator[tuple[int, int, int]]] | None:
+        """``entries`` when they are all in memory, as (first queue offset, (cl_offset, size, store_ts) each)."""
 
     def min_offset(self, queue: str) -> int: ...
 
@@ -516,23 +520,28 @@ class MessageStore:
 
     def _get(self, queue: str, offset: int, max_count: int) -> list[QueueMessage]:
         index = self._require_index()
-        entries = index.entries(queue, offset, min(max_count, MAX_GET_COUNT))
+        count = min(max_count, MAX_GET_COUNT)
+        tail = index.tail_entries(queue, offset, count)  # a live reader: the queue's newest entries, in memory
+        if tail is None:
+            found = [(e.queue_offset, (e.cl_offset, e.size, e.store_ts)) for e in index.entries(queue, offset, count)]
+        else:
+            found = enumerate(tail[1], tail[0])
         out: list[QueueMessage] = []
         budget = MAX_GET_BYTES
         log_min = self.commit_log.min_offset
         todo: list = []  # entries whose records are not in memory: read in contiguous runs
         new = tuple.__new__
         recent = self._recent
-        for e in entries:
-            if e.cl_offset < log_min:
+        for queue_offset, (cl_offset, size, store_ts) in found:
+            if cl_offset < log_min:
                 continue
-            record = recent.get(e.cl_offset)
+            record = recent.get(cl_offset)
             if record is None:
-                todo.append((len(out), e))
+                todo.append((len(out), new(QueueEntry, (queue_offset, cl_offset, size, store_ts))))
                 out.append(None)  # filled by _read_runs
             else:
-                out.append(new(QueueMessage, (e.queue_offset, record)))
-            budget -= e.size
+                out.append(new(QueueMessage, (queue_offset, record)))
+            budget -= size
             if budget <= 0:
                 break
         if todo:

@@ -8,6 +8,7 @@ import pytest
 from twisted.internet import task
 
 import lightqueue
+import lightqueue.queue_index  # monkeypatched below: imported here, not only through attach()
 from store.config import StoreConfig
 from store.executor import DeferredExecutor, SynchronousExecutor
 from store import message_store
@@ -363,13 +364,13 @@ def test_tails_share_one_budget_so_a_lone_read_queue_keeps_a_long_tail(tmp_path,
     index.entries(a, 0, 100)  # a reader at the end: its tail starts
     for _ in range(5):
         _put_all(store, clock, [Message(topic="a/1", body=b"x")] * 6)
-    assert len(index._tails[index._ids[a]].entries) == 30, "under the budget nothing is dropped"
+    assert len(index._tails[index._ids[a]].values) == 30, "under the budget nothing is dropped"
     b = store.queue_index.add_filter("b/+")
     index.entries(b, 0, 100)
     for _ in range(2):
         _put_all(store, clock, [Message(topic="a/1", body=b"x")] * 6 + [Message(topic="b/1", body=b"y")] * 6)
     tail_a = index._tails[index._ids[a]]
-    assert len(tail_a.entries) <= 20, "two tails: each within half the budget"
+    assert len(tail_a.values) <= 20, "two tails: each within half the budget"
     assert index.entries(a, tail_a.base, 100) == _entries_from_rocksdb(index, a, tail_a.base, 100)
 
 
@@ -386,3 +387,19 @@ def test_after_drain_runs_once_per_drain_after_the_batch(tmp_path):
     store.put(Message(topic="a", body=b"3"))
     clock.advance(0)
     assert calls == [2, 2]
+
+
+def test_tail_entries_match_rocksdb_and_stop_at_the_tail(tmp_path):
+    """tail_entries gives what RocksDB holds for a read inside the tail, and None for one reaching below it."""
+    store, index, clock = _store(tmp_path)
+    queue = store.queue_index.add_filter("t/+")
+    _put_all(store, clock, [Message(topic="t/1", body=b"%d" % i) for i in range(5)])
+    assert index.tail_entries(queue, 0, 100) is None, "nobody read it yet: no tail"
+    index.entries(queue, 0, 100)  # a reader near the end: the tail starts at 5
+    _put_all(store, clock, [Message(topic="t/1", body=b"%d" % i) for i in range(5, 12)])
+    first, values = index.tail_entries(queue, 6, 4)
+    assert [(first + i, *v) for i, v in enumerate(values)] == [tuple(e) for e in _entries_from_rocksdb(index, queue, 6, 4)]
+    assert index.tail_entries(queue, 4, 100) is None, "offset 4 is below the tail"
+    first, values = index.tail_entries(queue, 12, 100)
+    assert (first, list(values)) == (12, [])
+    assert [m.record.body for m in _got(store, queue, 5)] == [b"%d" % i for i in range(5, 12)]
