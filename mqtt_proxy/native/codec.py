@@ -101,15 +101,17 @@ def _echo_of(obj: dict) -> dict:
 
 
 def _has_float(obj: dict) -> bool:
-    """Whether a value the validation reads is a float (orjson turns integers past 64 bits into floats)."""
-    for value in obj.values():
+    """Whether any value, at any depth, is a float (orjson turns integers past 64 bits into floats)."""
+    todo = [obj]  # a stack, not recursion: orjson reads deeper nesting than Python's recursion limit
+    while todo:
+        value = todo.pop()
         t = type(value)
         if t is float:
             return True
-        if t is list:  # batch entries
-            for entry in value:
-                if type(entry) is float or (type(entry) is dict and any(type(v) is float for v in entry.values())):
-                    return True
+        if t is dict:
+            todo.extend(value.values())
+        elif t is list:
+            todo.extend(value)
     return False
 
 

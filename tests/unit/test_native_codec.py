@@ -223,6 +223,7 @@ def test_fast_decoder_agrees_with_the_stdlib(raw):
     b'{"action":1,"queue":"q","data":"x","ttl":' + b"9" * 30 + b"}",  # past 64 bits: a float in orjson
     b'{"action":1,"queue":"q","batch":[{"data":"x","delay":' + b"9" * 25 + b"}]}",
     b'{"action":1,"queue":"q","data":"\\ud800"}',  # lone surrogate: orjson refuses, the stdlib reads it
+    b'{"action":1,"queue":"","batch":[[-9223372036854775809]]}',  # past 64 bits, nested in a list (hypothesis)
     b'{"action":1,"queue":"q","data":"x","delay":1e400}',
 ])
 def test_what_orjson_reads_differently_goes_the_stdlib_way(raw):
