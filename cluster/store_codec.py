@@ -1,7 +1,7 @@
 """The msgpack mapping of ``store.api``: how store calls, results and errors cross a process boundary.
 
 Schema-directed, no type tags on the wire: a value is packed as plain msgpack
-(a dataclass as the list of its fields in declaration order, tuples and
+(a dataclass or a named tuple as the list of its fields in declaration order, tuples and
 frozensets as arrays, enums as their values, ``Message``/``Record`` like any
 dataclass) and the receiver rebuilds it from the type the interface declares
 for that argument or result: the ``store.api`` Protocols' annotations are the
@@ -220,6 +220,24 @@ def _dataclass(cls: type) -> tuple[Callable, Callable]:
     return enc, dec
 
 
+def _named_tuple(cls: type) -> tuple[Callable, Callable]:
+    hints = typing.get_type_hints(cls)
+    names = cls._fields
+    convs = [_converter(hints[n]) for n in names]
+
+    def enc(value):
+        if not isinstance(value, cls):
+            raise _fail(cls, value)
+        return [e(v) for (e, _d), v in zip(convs, value)]
+
+    def dec(value):
+        if type(value) is not list or len(value) != len(names):
+            raise CodecError(f"expected {cls.__name__} as {len(names)} fields, got {type(value).__name__}")
+        return cls(*[d(v) for (_e, d), v in zip(convs, value)])
+
+    return enc, dec
+
+
 @functools.cache
 def _converter(hint: Any) -> tuple[Callable, Callable]:
     """(encode, decode) for values of ``hint``; CodecError for a type the wire cannot carry."""
@@ -235,6 +253,8 @@ def _converter(hint: Any) -> tuple[Callable, Callable]:
         return _enum(hint)
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return _dataclass(hint)
+    if isinstance(hint, type) and issubclass(hint, tuple) and hasattr(hint, "_fields"):
+        return _named_tuple(hint)
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (types.UnionType, typing.Union):
         rest = [a for a in args if a is not _NONE]

@@ -122,9 +122,12 @@ class AppendStatus(enum.Enum):
     SERVICE_NOT_AVAILABLE = "SERVICE_NOT_AVAILABLE"  # the store is not open
 
 
-@dataclass(frozen=True, slots=True)
-class AppendResult:
-    """What an append resolves to."""
+class AppendResult(NamedTuple):
+    """What an append resolves to.
+
+    A named tuple rather than a frozen dataclass: the store answers every
+    message with one, and a tuple is built in one call (``tuple.__new__``).
+    """
 
     status: AppendStatus
     offset: int = -1

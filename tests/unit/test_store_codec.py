@@ -35,6 +35,9 @@ def strategy(hint) -> st.SearchStrategy:
     if dataclasses.is_dataclass(hint):
         hints = typing.get_type_hints(hint)
         return st.builds(hint, *[strategy(hints[f.name]) for f in dataclasses.fields(hint)])
+    if isinstance(hint, type) and issubclass(hint, tuple) and hasattr(hint, "_fields"):  # a named tuple
+        hints = typing.get_type_hints(hint)
+        return st.builds(hint, *[strategy(hints[f]) for f in hint._fields])
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is tuple:
         if args[1:] == (Ellipsis,):
