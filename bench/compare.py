@@ -66,6 +66,12 @@ COMMON_SETTINGS = [
 ]
 
 
+def _base_interpreter() -> str:
+    """The interpreter the venv was made from (its build decides much of twistmq's speed)."""
+    base = getattr(sys, "_base_executable", sys.executable)
+    return os.path.realpath(base)
+
+
 def scenario_notes(scale):
     """One line per scenario describing exactly what runs at ``scale``."""
     p = {n: params_for(n, scale) for n in range(1, 9)}
@@ -115,7 +121,7 @@ def machine_info(brokers, available):
         "CPU": f"{cpu}, nproc {os.cpu_count()}",
         "memory": mem,
         "kernel": platform.release(),
-        "Python": sys.version.split()[0],
+        "Python": f"{sys.version.split()[0]} ({_base_interpreter()})",
     }
     for b in brokers:
         info[b.label] = b.version() if available.get(b.name) else "unavailable"
