@@ -165,6 +165,22 @@ class LightQueueIndex(DispatcherBase):
             return (native_queue_name(message.topic),)
         return ()
 
+    def resolve_many(self, messages: Sequence[rec.Message]) -> list[tuple[str, ...]]:
+        """``resolve`` of each message: a run of publishes to one topic object is resolved once."""
+        out: list[tuple[str, ...]] = []
+        append = out.append
+        publish = rec.RecordKind.MQTT_PUBLISH
+        topic = queues = None
+        for m in messages:
+            if m.topic is topic and m.kind is publish:
+                append(queues)
+                continue
+            resolved = self.resolve(m)
+            if m.kind is publish:
+                topic, queues = m.topic, resolved
+            append(resolved)
+        return out
+
     # -- dispatch -----------------------------------------------------------------------
 
     def _create(self, name: str) -> int:

@@ -47,7 +47,9 @@ class Publisher:
         self.limits = limits
         self.stats = stats
         self.clock = clock
-        self.valid_topics: set[str] = set()  # topic names that passed validation
+        # Topic names that passed validation, each mapped to one string object for all its messages: the
+        # store's per-topic caches then find it by identity.
+        self.valid_topics: dict[str, str] = {}
         self._acks: dict | None = None  # conn -> packet ids to PUBACK, while a batch's answers run
         inbound.listener = self
 
@@ -84,8 +86,8 @@ class Publisher:
             packet = packets[i]
             if type(packet) is not Publish:
                 break
-            topic, payload, qos = packet.topic, packet.payload, packet.qos
-            if (packet.properties is not NO_PROPERTIES or topic not in valid or packet.retain or qos > 1
+            topic, payload, qos = valid.get(packet.topic), packet.payload, packet.qos
+            if (topic is None or packet.properties is not NO_PROPERTIES or packet.retain or qos > 1
                     or len(payload) > max_payload or topic[0] == "$"):
                 break
             if qos:
@@ -191,7 +193,7 @@ class Publisher:
                 return
             if len(self.valid_topics) >= VALID_TOPICS_CACHE:
                 self.valid_topics.clear()
-            self.valid_topics.add(topic)
+            self.valid_topics[topic] = topic
         if len(packet.payload) > limits.max_payload:
             conn.protocol_violation(ReasonCode.PACKET_TOO_LARGE,
                                     f"payload of {len(packet.payload)} bytes exceeds max_payload {limits.max_payload}")

@@ -128,6 +128,8 @@ class QueueIndex(Dispatcher, Protocol):
 
     def resolve(self, message: rec.Message) -> tuple[str, ...]: ...
 
+    def resolve_many(self, messages: Sequence[rec.Message]) -> list[tuple[str, ...]]: ...
+
     def entries(self, queue: str, offset: int, max_count: int) -> list[QueueEntry]: ...
 
     def tail_entries(self, queue: str, offset: int,
@@ -362,7 +364,9 @@ class MessageStore:
     def _append_batch(self, batch: list) -> None:
         started = self._clock.seconds()
         now = int(started * 1000)
-        resolve = self._index.resolve if self._index is not None else (lambda m: ())
+        index = self._index
+        resolve = index.resolve if index is not None else (lambda m: ())
+        resolve_many = index.resolve_many if index is not None else (lambda ms: [() for _ in ms])
         encode = rec.encode
         encoded: list[bytes] = []
         accepted: list[rec.Message] = []
@@ -373,7 +377,7 @@ class MessageStore:
             first = len(accepted)
             refused = None
             try:  # the whole submission at once; one refused message sends it through the loop below
-                queue_sets = [resolve(m) for m in messages]
+                queue_sets = resolve_many(messages)
                 encoded += encode_many(messages, now, queue_sets)
             except (rec.RecordError, ValueError):
                 pass
@@ -424,12 +428,15 @@ class MessageStore:
         wanted = self.read_soon
         keep: dict[tuple[str, ...], bool] = {}  # asked once per distinct queue set in the tick
         kept_bytes = 0
+        last_queues, k = None, False  # a topic's records come in runs with the very same queues tuple
         for r, m in zip(requests, accepted):
             if r.size <= RECENT_MAX_RECORD:
                 queues = r.queues
-                k = keep.get(queues)
-                if k is None:
-                    k = keep[queues] = wanted is None or wanted(queues)
+                if queues is not last_queues:
+                    last_queues = queues
+                    k = keep.get(queues)
+                    if k is None:
+                        k = keep[queues] = wanted is None or wanted(queues)
                 if k:
                     # The Record readers get, built now: one long-lived object per kept append (the request and
                     # the message die with the tick), so the collector's full passes walk a third as many. The
@@ -442,7 +449,7 @@ class MessageStore:
         if len(recent) > RECENT_RECORDS or self._recent_bytes > RECENT_BYTES:
             self._trim_recent()
         self.puts += len(requests)
-        self.bytes_in += sum(r.size for r in requests)
+        self.bytes_in += sum(map(len, encoded))
         flushed = self.flush_policy.written(self.commit_log.max_offset)
 
         def acknowledge(_):

@@ -256,15 +256,21 @@ def encode_many(messages: Sequence[Message], store_ts: int, queue_sets: Sequence
     append = out.append
     middles = _MIDDLES
     body_head, u32, header = _BODY_HEAD.pack, _U32.pack, HEADER.pack
+    key = middle = None  # a publisher's records come in runs with the same topic, client id and queues
     for message, queues in zip(messages, queue_sets):
         qos = message.qos
         if message.properties or not 0 <= qos <= 2:
             append(encode(message, store_ts, queues))
             continue
-        middle = middles.get((message.topic, message.client_id, queues))
-        if middle is None:
-            append(encode(message, store_ts, queues))  # fills the cache
-            continue
+        topic, client_id = message.topic, message.client_id
+        # By identity: the front end hands one string object per topic, and the resolver one tuple per topic.
+        if key is None or topic is not key[0] or client_id is not key[1] or queues is not key[2]:
+            key = (topic, client_id, queues)
+            middle = middles.get(key)
+            if middle is None:
+                key = None
+                append(encode(message, store_ts, queues))  # fills the cache
+                continue
         body = message.body
         payload = b"".join((body_head(message.kind, qos | 4 if message.retain else qos, store_ts,
                                       message.born_ts or store_ts), middle, u32(len(body)), body))

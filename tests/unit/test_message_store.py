@@ -403,3 +403,15 @@ def test_tail_entries_match_rocksdb_and_stop_at_the_tail(tmp_path):
     first, values = index.tail_entries(queue, 12, 100)
     assert (first, list(values)) == (12, [])
     assert [m.record.body for m in _got(store, queue, 5)] == [b"%d" % i for i in range(5, 12)]
+
+
+def test_resolve_many_is_resolve_of_each(tmp_path):
+    """resolve_many answers what resolve answers per message, across runs of a topic, other topics and kinds."""
+    store, index, clock = _store(tmp_path)
+    store.add_filter("a/+")
+    topic = "a/1"
+    messages = [Message(topic=topic, body=b"1"), Message(topic=topic, body=b"2"), Message(topic="b", body=b"3"),
+                Message(topic="".join(["a", "/1"]), body=b"4"), Message(topic=topic, body=b"5"),
+                Message(topic="q1", body=b"6", kind=RecordKind.NATIVE_MESSAGE), Message(topic=topic, body=b"7")]
+    assert index.resolve_many(messages) == [index.resolve(m) for m in messages]
+    assert index.resolve_many(messages)[0] == ("%TOPIC%a", "%LMQ%a/+")

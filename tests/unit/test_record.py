@@ -97,3 +97,17 @@ def test_encode_many_is_encode_of_each_and_refuses_like_it():
         rec.encode(m, 1_700_000_000_000, q) for m, q in zip(messages, queue_sets)]
     with pytest.raises(rec.RecordError, match="qos"):
         rec.encode_many(messages + [rec.Message("a/b", b"4", qos=7)], 1, queue_sets + [("%TOPIC%a",)])
+
+
+def test_encode_many_runs_of_one_topic_object_keep_each_messages_own_fields():
+    """A run sharing topic, client id and queues objects reuses one cached middle, and a change in any ends the run."""
+    rec._MIDDLES.clear()
+    topic, qs = "dev/1/t", ("%TOPIC%dev", "%LMQ%dev/+/t")
+    messages = [rec.Message(topic, b"%d" % i, qos=i % 2, client_id="c1") for i in range(4)]
+    messages += [rec.Message(topic, b"4", client_id="c2"), rec.Message("dev/2/t", b"5", client_id="c2"),
+                 rec.Message("dev/2/t", b"6", client_id="c2")]
+    queue_sets = [qs] * 5 + [("%TOPIC%dev",)] * 2
+    rec.encode_many(messages, 7, queue_sets)  # fills the middle cache
+    got = [rec.decode(b) for b in rec.encode_many(messages, 8, queue_sets)]
+    assert [(r.topic, r.client_id, r.queues, r.body, r.qos, r.store_ts) for r in got] == [
+        (m.topic, m.client_id, q, m.body, m.qos, 8) for m, q in zip(messages, queue_sets)]
