@@ -102,10 +102,6 @@ class MQTTServerProtocol:
         self.front.connections.add(self)
         if hasattr(self.transport, "bufferSize"):
             self.transport.bufferSize = self.front.limits.max_queued_bytes
-            # One send may empty what the pause threshold lets queue: with Twisted's 128 KiB a fan-in's
-            # subscriber got 128 KiB out per reactor pass while its publishers' reads brought 1 MiB each in,
-            # fell behind and was served from the commit log instead of memory (bench scenario 1: 0.96x CPU).
-            self.transport.SEND_LIMIT = self.front.limits.max_queued_bytes
         self.transport.registerProducer(self, True)
         self.last_rx = self.clock.seconds()
         self.front.deadlines.schedule(self, self.last_rx + CONNECT_TIMEOUT_S)
@@ -351,6 +347,15 @@ class MQTTServerProtocol:
 
     def pauseProducing(self) -> None:
         self.paused = True
+        transport = self.transport
+        size = getattr(transport, "bufferSize", 0)  # a TCP transport (TLS and WebSocket ones have their own)
+        if getattr(transport, "SEND_LIMIT", size) < size:
+            # One send may empty what the pause threshold lets queue: with Twisted's 128 KiB a fan-in's
+            # subscriber got 128 KiB out per reactor pass while its publishers' reads brought 1 MiB each in,
+            # fell behind and was served from the commit log instead of memory (bench scenario 1: 0.96x CPU).
+            # Set on the first pause, not at connect: an attribute more on every idle connection's transport
+            # cost its share of the per-connection memory.
+            transport.SEND_LIMIT = size
 
     def resumeProducing(self) -> None:
         self.paused = False

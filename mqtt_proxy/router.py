@@ -16,6 +16,7 @@ from mqtt_proxy.auth.acl import ACL
 from mqtt_proxy.config import LimitsConfig
 from mqtt_proxy.delivery import SessionContext
 from mqtt_proxy.session import Session, Subscription
+from mqtt_proxy.session_state import NO_ENTRIES
 from mqtt_proxy.shared import SharedGroup
 from store.api import Owed, Store, SubscriptionState
 
@@ -83,7 +84,7 @@ class SubscriptionRouter:
             self.remove_filter(sub.topic_filter)
             if sub.share is not None:
                 self.drop_group_member(sub)
-        session.subs = {}
+        session.subs = NO_ENTRIES
 
     def owed(self):
         """Retention holder part: per shared group and broker group, its committed position."""

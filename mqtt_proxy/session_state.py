@@ -26,6 +26,22 @@ from mqtt_proxy.codec.wire import PacketType
 
 NEVER_EXPIRES = 0xFFFFFFFF
 NO_PACKET_IDS: Mapping[int, None] = MappingProxyType({})  # shared by every session until it holds one
+
+
+class _NoEntries(dict):
+    """The empty dict idle sessions share for their subscriptions and in-flight messages (64 bytes each saved
+    per connection): it takes no entries, a session takes a dict of its own first (``own_subs``,
+    ``own_outbound``)."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args, **kwargs):
+        raise TypeError("the shared empty mapping takes no entries: use the session's own dict")
+
+    __setitem__ = setdefault = update = _refuse
+
+
+NO_ENTRIES: dict = _NoEntries()
 MAX_PACKET_ID = 65535
 
 
@@ -166,8 +182,8 @@ class SessionState:
         self.expiry = expiry
         self.max_inflight = max_inflight  # the server's cap
         self.connected = False
-        self.subs: dict[str, object] = {}
-        self.outbound: dict[int, Outbound] = {}
+        self.subs: dict[str, object] = NO_ENTRIES  # own_subs() before adding one
+        self.outbound: dict[int, Outbound] = NO_ENTRIES  # own_outbound() before adding one
         self.inbound_qos2: Mapping[int, None] = NO_PACKET_IDS  # QoS 2 ids received, not released yet
         self.receive_maximum = 65535  # the client's, v5
         self.max_packet_size = 0  # the client's, 0 = no limit
@@ -176,6 +192,18 @@ class SessionState:
         self.will = None
         self.pending_will = None  # a will waiting on its delay
         self._next_pid = 1
+
+    def own_subs(self) -> dict:
+        """The session's own subscriptions dict (made on first use: an idle session shares an empty one)."""
+        if self.subs is NO_ENTRIES:
+            self.subs = {}
+        return self.subs
+
+    def own_outbound(self) -> dict:
+        """The session's own in-flight dict (made on first use: an idle session shares an empty one)."""
+        if self.outbound is NO_ENTRIES:
+            self.outbound = {}
+        return self.outbound
 
     @property
     def persistent(self) -> bool:
@@ -241,7 +269,7 @@ class SessionState:
         if not qos:
             return None, []
         pid = self._allocate_pid()
-        self.outbound[pid] = Outbound(sub.key, position, qos)
+        self.own_outbound()[pid] = Outbound(sub.key, position, qos)
         if self.persistent:
             return pid, [SaveOutbound(pid, sub.key, position, qos)]
         return pid, []
@@ -251,7 +279,7 @@ class SessionState:
         if not qos:
             return None
         pid = self._allocate_pid()
-        self.outbound[pid] = Outbound(None, None, qos)
+        self.own_outbound()[pid] = Outbound(None, None, qos)
         return pid
 
     def offer_group(self, sub, position, qos: int, group) -> int | None:
@@ -259,7 +287,7 @@ class SessionState:
         if not qos:
             return None
         pid = self._allocate_pid()
-        self.outbound[pid] = Outbound(sub.key, position, qos, group=group)
+        self.own_outbound()[pid] = Outbound(sub.key, position, qos, group=group)
         return pid
 
     def messages_read(self, sub, messages, next_position, client_id: str, now_ms: int) -> Delivery:
@@ -281,7 +309,7 @@ class SessionState:
         granted = sub.qos
         no_local = sub.no_local
         as_published = sub.retain_as_published
-        outbound = self.outbound
+        outbound = self.own_outbound()
         save = self.persistent
         for m in messages:
             record = m.record

@@ -24,7 +24,7 @@ from mqtt_proxy.delivery import SessionContext
 from mqtt_proxy.inbound import InboundBatcher
 from mqtt_proxy.router import SubscriptionRouter
 from mqtt_proxy.session import Session
-from mqtt_proxy.session_state import NEVER_EXPIRES, Outbound, ScheduleWill
+from mqtt_proxy.session_state import NEVER_EXPIRES, NO_ENTRIES, Outbound, ScheduleWill
 from store import record as rec
 from store.api import Owed, SessionMeta, SessionState, Sessions, StoreError
 
@@ -88,11 +88,12 @@ class SessionRegistry:
         meta = state.meta
         session = self._new_session(meta.client_id, meta.protocol_level, meta.expiry_s, state.epoch)
         for ss in state.subscriptions:
-            session.subs[ss.key] = yield self.router.restore_subscription(session, ss)
+            sub = yield self.router.restore_subscription(session, ss)
+            session.state.own_subs()[ss.key] = sub
         for o in state.outbound:
-            session.outbound[o.packet_id] = Outbound(o.subscription_key, o.position, o.qos)
+            session.state.own_outbound()[o.packet_id] = Outbound(o.subscription_key, o.position, o.qos)
         for pid in state.released:
-            session.outbound[pid] = Outbound(None, None, 2, released=True)
+            session.state.own_outbound()[pid] = Outbound(None, None, 2, released=True)
         for pid in state.inbound_qos2:
             session.state.hold_inbound_qos2(pid)
         session.stored = True
@@ -383,7 +384,7 @@ class SessionRegistry:
         if session.expiry_call is not None and session.expiry_call.active():
             session.expiry_call.cancel()
         self.router.release(session)
-        session.outbound = {}
+        session.outbound = NO_ENTRIES
         if not session.stored or session.fenced:
             self._release(session.client_id, session.epoch)
             return defer.succeed(None)

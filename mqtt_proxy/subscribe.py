@@ -73,7 +73,7 @@ def handle_subscribe(router, conn, packet):
                     return
                 sub = session.subs[topic_filter]
             else:
-                session.subs[topic_filter] = sub
+                session.state.own_subs()[topic_filter] = sub
             is_new = True
         if session.persistent:
             writes.append(session.write("put_subscription", sub.state()))

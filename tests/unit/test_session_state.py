@@ -51,7 +51,7 @@ def connected(expiry: int = 0, max_inflight: int = 100, receive_maximum: int = 6
     state = SessionState(5, expiry, max_inflight)
     state.receive_maximum = receive_maximum
     sub = Sub("t/#")
-    state.subs[sub.key] = sub
+    state.own_subs()[sub.key] = sub
     state.attach(5)
     return state, sub
 
@@ -433,3 +433,15 @@ def test_share_cursor_takes_back_what_a_leaving_member_had_in_flight():
     assert cursor.take_back("gone") == 2
     assert cursor.redeliver == [p[0], p[2]] and cursor.inflight == {p[1]: "stays"}
     assert cursor.commit() is None  # p[0] is owed again: the committed position holds
+
+
+def test_idle_sessions_share_one_empty_mapping_until_they_hold_something():
+    """A new session owns no subscription or in-flight dict; adding to the shared one is refused, own_* makes one."""
+    a, b = SessionState(5, 0, 100), SessionState(5, 0, 100)
+    assert a.subs is b.subs and a.outbound is b.outbound and not a.subs
+    with pytest.raises(TypeError):
+        a.subs["t/#"] = Sub("t/#")
+    a.own_subs()["t/#"] = Sub("t/#")
+    assert list(a.subs) == ["t/#"] and not b.subs
+    a.own_outbound()[1] = "x"
+    assert a.outbound == {1: "x"} and not b.outbound
