@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 from twisted.internet import defer, task
 
 from mqtt_proxy import inbound
@@ -10,7 +9,7 @@ from mqtt_proxy.codec import Properties, PubAck, Publish, Subscribe, Subscriptio
 from mqtt_proxy.inbound import InboundBatcher
 from store.api import AppendResult, AppendStatus
 from store.record import Message
-from tests.unit.test_mqtt_broker import Harness, published
+from tests.unit.test_mqtt_broker import Harness, h, published  # noqa: F401 (h: the broker harness fixture)
 
 
 class RecordingLog:
@@ -40,13 +39,6 @@ def test_submit_many_keeps_order_and_the_batch_bound():
     bodies = [m.body for b in log.batches for m in b]
     assert bodies == [b"first"] + [b"%d" % i for i in range(total)] + [b"last"]
     assert len(answered) == total + 2
-
-
-@pytest.fixture
-def h(tmp_path):
-    harness = Harness(tmp_path)
-    yield harness
-    harness.close()
 
 
 def test_a_mixed_read_keeps_publish_order(h):
