@@ -47,7 +47,6 @@ PutStatus = AppendStatus  # the outcome of a put is the store interface's (store
 PutResult = AppendResult  # what a put resolves to: the store interface's result (store.api)
 
 
-
 class DispatchRequest(NamedTuple):
     """One appended record as dispatchers see it (no body)."""
 
