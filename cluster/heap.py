@@ -46,8 +46,8 @@ class TickCollector:
 
     def start(self) -> None:
         """Freeze what start-up built, then take the collector's timing over."""
-        gc.freeze()
-        gc.set_threshold(*self.thresholds)  # still read by anything that asks; the passes are made here
+        settle()  # the thresholds are still read by anything that asks; the passes are made here
+        gc.set_threshold(*self.thresholds)
         self._enabled_before = gc.isenabled()
         gc.disable()
         self._loop.start(self.interval, now=False)
