@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -34,7 +33,7 @@ from pathlib import Path
 
 from bench import engine_rows
 from bench.brokers import BROKERS
-from cluster import launcher
+from cluster.tools import launcher
 
 SCENARIOS = {2: "fan-in QoS 1, msg/s", 3: "fan-out 1 -> 500, deliveries/s", 4: "QoS 1 latency at 1k msg/s, ms"}
 BASE_CONFIG = "[mqtt]\nallow_anonymous = true\n"

@@ -49,7 +49,7 @@ def _percentile(values: list[float], p: float) -> float:
 def serve(data_dir: str, port: int) -> None:
     """Run a native server on 127.0.0.1:port until killed (prints 'ready').
 
-    The node's own store parts (``cluster.store_parts.StoreParts``) with the
+    The node's own store parts (``cluster.local.parts.StoreParts``) with the
     shipped defaults (``conf/twistmq.toml``), started in the node's order, and
     ``gc.freeze()`` as the node does once started: what a new user's node runs,
     less the MQTT and HTTP listeners.
@@ -58,8 +58,8 @@ def serve(data_dir: str, port: int) -> None:
 
     from twisted.internet import reactor
 
-    from cluster.config import load_config, with_flags
-    from cluster.store_parts import StoreParts
+    from cluster.local.parts import StoreParts
+    from cluster.runtime.config import load_config, with_flags
 
     parts = StoreParts(reactor, with_flags(load_config(None), {"data_dir": data_dir}))
     for part in parts.tree_parts():

@@ -19,9 +19,8 @@ import time
 
 from twisted.internet import defer, endpoints
 
-from cluster.broker import RPC_VERSION
-from cluster.remote_store import RemoteStore
-from cluster.rpc.frames import Hello
+from cluster.remote.store import RemoteStore
+from cluster.rpc.frames import RPC_VERSION, Hello
 from cluster.rpc.peer import PeerClient
 from cluster.rpc.protocol import RpcSettings
 from store.record import Message, RecordKind

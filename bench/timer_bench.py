@@ -5,7 +5,7 @@
 
 Runs in a child process (its own reactor): a real ``MessageStore`` with light
 queues, one subscription (``timer/+``) and a ``TimerService`` on the real
-reactor with the store's thread pool, as ``cluster/store_parts.py`` composes
+reactor with the store's thread pool, as ``cluster/local/parts.py`` composes
 them in a node. It schedules ``count`` messages due at random times over
 ``window`` seconds, starting after the scheduling is done, and reports the
 lateness of each, as a user sees it: the time its real message became
@@ -69,7 +69,7 @@ def bench_timer(count: int, window_s: float) -> dict:
     store.open()
     store.add_filter("timer/+")  # a subscriber: every message is indexed into its light queue too
     timers.start()
-    gc.freeze()  # as a node does once started (cluster/node.py): modules and start-up state out of full passes
+    gc.freeze()  # as a node does once started (cluster/roles/node.py): modules and start-up state out of full passes
     # arrays, not lists: a million ints the collector would otherwise walk on every full pass
     lateness = array.array("q")
     due_at = array.array("q")

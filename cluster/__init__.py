@@ -1,6 +1,32 @@
-"""The composition root: roles, and the implementations of the store interface (``store.api``).
+"""The composition root: the roles, and everything they are composed of, in rooms.
 
-Today: ``local_store.LocalStore`` (the store in-process), ``loopback_store.LoopbackStore``
-(any store behind the RPC codec, for the contract tests) and ``store_codec`` (the
-msgpack mapping of the interface's types, the payload codec of the store RPC).
+Rooms (sub-packages), read as the architecture:
+
+- ``roles``: one module per role (``node``, ``broker``, ``proxy``), each building its
+  ``MultiService`` from options; ``common`` holds what roles share (the client-serving
+  options and listeners, member ids) and ``table`` is the roles table ``tap`` reads.
+- ``runtime``: the process around a role: config loading and the documented defaults,
+  service-tree building blocks, listener descriptions and their exposure check,
+  ``SO_REUSEPORT``, the HTTP site (health, metrics), the log, the collector, the version.
+- ``local``: the store interface in-process (``LocalStore`` over the store parts a node
+  or broker builds: commit log, light queues, sessions, native engine, notifier).
+- ``remote``: the store interface over RPC (``RemoteStore``), its broker-side server
+  (``StoreServer``) and codec, the routed store over several groups, and the proxy's
+  native forwarding.
+- ``rpc``: frames, connection state machine and Twisted protocol between nodes.
+- ``admin``: the admin HTTP API, the dashboard and ``twistmq-admin``.
+- ``tools``: developer tools (the local-cluster launcher, test certificates, the
+  password-file editor behind ``twistmq-admin``).
+- Directly here: ``tap`` (twistd's entry point) and ``routing`` (the hash-slot table, pure).
+
+Rooms still to come: ``controller`` (Raft metadata through pysyncobj), ``discovery``
+(member records, heartbeats and leases on a hashed-wheel timer) and ``replication``
+(the Twisted adapters of the store's sans-IO HA logic).
+
+Rules between the rooms (``.importlinter`` checks them in ``./dev test``): roles may import
+every room, but no role module imports another; ``runtime`` imports no other room (its
+config gathers ``admin.config``); ``local`` never imports ``remote`` and ``remote`` never
+imports ``local``; ``rpc`` imports neither store implementation, nor ``runtime``; ``admin``
+and ``tools`` import no role, store implementation or ``rpc``; ``routing`` imports no room.
+The rules between top-level packages are DESIGN.md's package table.
 """

@@ -1,6 +1,6 @@
 """``twistd twistmq ROLE [options]``: the plugin's Options and makeService (see ``twisted/plugins/``).
 
-Each role of ``cluster.roles.ROLES`` is a subcommand. This is the one place that
+Each role of ``cluster.roles.table.ROLES`` is a subcommand. This is the one place that
 takes the global reactor and hands it to the role it builds. A bad configuration
 found while building is one line on stderr and exit code 2, no traceback.
 """
@@ -11,8 +11,8 @@ import sys
 
 from twisted.python import usage
 
-from cluster.roles import ROLES, role
-from cluster.version import print_version
+from cluster.roles.table import ROLES, role
+from cluster.runtime.version import print_version
 
 
 class Options(usage.Options):
@@ -32,7 +32,9 @@ class Options(usage.Options):
 def makeService(options: Options, reactor=None):  # noqa: N802 - twistd's interface
     """Build the role named on the command line; a bad config or a locked data dir exits with one line."""
     if reactor is None:
-        from twisted.internet import reactor  # the composition root is where the global reactor is used
+        from twisted.internet import (
+            reactor,  # the composition root is where the global reactor is used
+        )
     row = role(options.subCommand)
     try:
         return row.build(options.subOptions, reactor)

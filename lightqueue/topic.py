@@ -138,6 +138,13 @@ def parse_shared(
     return group, real_filter
 
 
+def filter_of(key: str) -> str:
+    """The topic filter of a subscription key (``filter`` or ``$share/<group>/<filter>``)."""
+    if key.startswith(SHARE_PREFIX):
+        return key[len(SHARE_PREFIX):].partition("/")[2]
+    return key
+
+
 def first_level(topic: str) -> str:
     """Return the first level of a topic (the text before the first ``/``, maybe empty).
 

@@ -1,9 +1,9 @@
 """The store interface: what a proxy, the native protocol server and Spark's broker mode need from a broker.
 
 Typed ``Protocol``s and frozen, slotted data types only; no implementation.
-``cluster.local_store.LocalStore`` serves it in-process and
-``cluster.loopback_store.LoopbackStore`` proves that every call and result
-survives the RPC codec (``cluster.store_codec``); the remote implementation
+``cluster.local.store.LocalStore`` serves it in-process and
+``tests.contract.loopback_store.LoopbackStore`` proves that every call and result
+survives the RPC codec (``cluster.remote.codec``); the remote implementation
 of the clustered roles plugs in beside them.
 
 Rules every implementation keeps (``tests/contract`` checks them on each):
@@ -29,7 +29,9 @@ from typing import Callable, NamedTuple, Protocol, runtime_checkable
 
 from twisted.internet import defer
 
-from store import native_types  # re-exported: the native request vocabulary the queue engine serves
+from store import (
+    native_types,  # re-exported: the native request vocabulary the queue engine serves
+)
 from store.record import Message, Record
 
 __all__ = [

@@ -358,7 +358,7 @@ class MessageStore:
         finally:
             del batch  # its messages die here, before the collector's turn
             if self.after_drain is not None:
-                self.after_drain()  # the batch's objects are dead now (cluster/heap.py's TickCollector)
+                self.after_drain()  # the batch's objects are dead now (cluster/runtime/heap.py's TickCollector)
 
     def _append_batch(self, batch: list) -> None:
         started = self._clock.seconds()

@@ -1,1 +1,1 @@
-"""The ``twistmq-admin`` command: operator tools (dev certificates, password file, ...)."""
+"""The admin HTTP API (`/api/v1/`), the dashboard, the node figures behind both, and the ``twistmq-admin`` command."""

@@ -16,9 +16,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cluster.admin import certs, commands, passwd
+from cluster.admin import commands
 from cluster.admin.errors import AdminError
-from cluster.version import twistmq_version
+from cluster.runtime.version import twistmq_version
+from cluster.tools import certs, passwd
 
 __all__ = ["AdminError", "SUBCOMMANDS", "build_parser", "main"]
 

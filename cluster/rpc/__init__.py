@@ -6,8 +6,8 @@ Layers, bottom up: ``frames`` (the wire vocabulary, sans-IO), ``connection``
 transport, Deferreds, timers), ``dispatch`` (the server's table of request
 types), ``server`` (the listener's factory), ``peer`` (the client side: a
 reconnecting connection per peer, ``call_any``), ``health`` and ``metrics``.
-What travels in the bodies is the callers' business: ``cluster.store_server``
-serves the store interface over it and ``cluster.remote_store`` calls it.
+What travels in the bodies is the callers' business: ``cluster.remote.server``
+serves the store interface over it and ``cluster.remote.store`` calls it.
 """
 
 from cluster.rpc.dispatch import Dispatcher
@@ -15,7 +15,13 @@ from cluster.rpc.frames import Hello
 from cluster.rpc.health import HealthLimits, HealthProbe
 from cluster.rpc.metrics import RpcMetrics
 from cluster.rpc.peer import PeerClient, Peers
-from cluster.rpc.protocol import CallTimeout, NotConnected, RemoteError, RpcProtocol, RpcSettings
+from cluster.rpc.protocol import (
+           CallTimeout,
+           NotConnected,
+           RemoteError,
+           RpcProtocol,
+           RpcSettings,
+)
 from cluster.rpc.server import RpcServerFactory
 
 __all__ = ["CallTimeout", "Dispatcher", "HealthLimits", "HealthProbe", "Hello", "NotConnected", "PeerClient", "Peers",

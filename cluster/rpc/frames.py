@@ -32,6 +32,9 @@ __all__ = ["Call", "Error", "Event", "FrameDecoder", "FrameError", "FrameType", 
 
 MAX_VARINT_BYTES = 5  # 35 bits: any length a sane cap allows
 
+RPC_VERSION = 1
+"""The RPC protocol version (frames and the store codec's schema): peers must speak the same."""
+
 
 class FrameError(Exception):
     """The peer sent bytes that are not a frame of this protocol (or one over the size cap)."""

@@ -26,22 +26,21 @@ from twisted.internet import defer, endpoints, task
 from twisted.python.failure import Failure
 
 import lightqueue
-from cluster.broker import RPC_VERSION
-from cluster.local_store import LocalStore
-from cluster.loopback_store import LoopbackStore
-from cluster.remote_store import RemoteStore
-from cluster.rpc.frames import Hello
+from cluster.local.store import LocalStore
+from cluster.remote.store import RemoteStore
+from cluster.rpc.frames import RPC_VERSION, Hello
 from cluster.rpc.peer import PeerClient
 from cluster.rpc.protocol import RpcSettings
 from lightqueue.native_engine import NativeEngine
 from lightqueue.retained_index import RetainedIndex
-from cluster.session_store import SessionStore
 from push.notifier import Notifier
 from store.config import NativeConfig, StoreConfig
 from store.executor import SynchronousExecutor
 from store.kv import DurableKV
 from store.message_store import MessageStore
+from store.session_store import SessionStore
 from store.timer_service import TimerService
+from tests.contract.loopback_store import LoopbackStore
 from tests.integration.node import NodeProcess
 
 T0 = 1_800_000_000.0
@@ -139,7 +138,9 @@ class BrokerHarness:
     """``RemoteStore`` over RPC to a real broker process, on the real reactor (see the module doc)."""
 
     def __init__(self, path: str) -> None:
-        from twisted.internet import reactor  # the real one: this harness exists to use it
+        from twisted.internet import (
+            reactor,  # the real one: this harness exists to use it
+        )
 
         self.reactor = self.clock = reactor
         self.parts = None

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from twisted.internet import defer
 
-from cluster.loopback_store import LoopbackStore
 from store import api
 from store.record import Message
+from tests.contract.loopback_store import LoopbackStore
 
 
 def fired_now(d: defer.Deferred) -> list:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cluster import store_codec
+from cluster.remote import codec as store_codec
 from store import api
 from store.record import Message, RecordKind
 from tests.contract.conftest import GROUP, RETAINED_LIMIT

@@ -24,9 +24,7 @@ sys.path.insert(0, ROOT)
 from twisted.internet import reactor  # noqa: E402
 
 import lightqueue  # noqa: E402
-from cluster.local_store import LocalStore  # noqa: E402
-from cluster.loopback_store import LoopbackStore  # noqa: E402
-from cluster.session_store import SessionStore  # noqa: E402
+from cluster.local.store import LocalStore  # noqa: E402
 from lightqueue.native_engine import NativeEngine  # noqa: E402
 from lightqueue.retained_index import RetainedIndex  # noqa: E402
 from mqtt_proxy.config import LimitsConfig, MQTTConfig  # noqa: E402
@@ -37,7 +35,9 @@ from store.config import NativeConfig, StoreConfig  # noqa: E402
 from store.executor import SynchronousExecutor  # noqa: E402
 from store.kv import DurableKV  # noqa: E402
 from store.message_store import MessageStore  # noqa: E402
+from store.session_store import SessionStore  # noqa: E402
 from store.timer_service import TimerService  # noqa: E402
+from tests.contract.loopback_store import LoopbackStore  # noqa: E402
 
 
 def main(data_dir: str, proxies: int, events: bool) -> None:

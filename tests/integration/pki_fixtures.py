@@ -9,8 +9,14 @@ import tempfile
 
 from twisted.internet import ssl
 
-from cluster.admin.certs import (Issued, make_ca, make_client_cert, make_self_signed, make_server_cert,
-                                    write_issued)
+from cluster.tools.certs import (
+    Issued,
+    make_ca,
+    make_client_cert,
+    make_self_signed,
+    make_server_cert,
+    write_issued,
+)
 
 
 def temp_dir(test) -> str:

@@ -1,6 +1,6 @@
 """The native protocol against a real ``twistd -n twistmq node`` process: produce/consume, SIGKILL, restart.
 
-Skipped until the node role wires the NativeService (``cluster/node.py``).
+Skipped until the node role wires the NativeService (``cluster/roles/node.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ _TAP = os.path.join(ROOT, "cluster", "node.py")
 _WIRED = os.path.exists(_TAP) and "NativeService" in open(_TAP).read()
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not _WIRED, reason="cluster/node.py does not wire the NativeService yet")]
+              pytest.mark.skipif(not _WIRED, reason="cluster/roles/node.py does not wire the NativeService yet")]
 
 
 def _udp(port: int, obj: dict) -> dict:

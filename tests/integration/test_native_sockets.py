@@ -15,9 +15,9 @@ from twisted.internet import defer, protocol, reactor, task
 from twisted.trial import unittest
 
 import lightqueue
+from cluster.local.native_service import NativeService
 from mqtt_proxy.native import protocol as proto_mod
 from mqtt_proxy.native.client import connect
-from cluster.native_service import NativeService
 from store.config import NativeConfig, StoreConfig
 from store.executor import SynchronousExecutor
 from store.message_store import MessageStore

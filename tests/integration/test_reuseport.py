@@ -7,7 +7,7 @@ import urllib.request
 
 import pytest
 
-from cluster.listeners import parse_listener
+from cluster.runtime.listeners import parse_listener
 from store.config import ConfigError
 from tests.integration.mqtt_raw import RawClient
 from tests.integration.node import NodeProcess

@@ -8,7 +8,6 @@ cluster, a frame over the size cap, a request type the broker does not know.
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 import urllib.request
@@ -16,11 +15,10 @@ import urllib.request
 import msgpack
 import pytest
 
-from cluster import store_codec
-from cluster.broker import RPC_VERSION
+from cluster.remote import codec as store_codec
 from cluster.rpc import frames
 from cluster.rpc.connection import Closed, Connection, Opened
-from cluster.rpc.frames import Error, Event, Hello, Result
+from cluster.rpc.frames import RPC_VERSION, Error, Event, Hello, Result
 from tests.integration.node import NodeProcess
 
 WAIT = 15.0

@@ -21,11 +21,17 @@ import time
 import pytest
 from cryptography import x509
 
-from cluster.admin.certs import make_server_cert, write_issued
+from cluster.tools.certs import make_server_cert, write_issued
 from mqtt_proxy.auth.passwords import hash_password
 from tests.integration.node import TWISTD, NodeProcess
 from tests.integration.pki_fixtures import PKI
-from tests.integration.security_support import Paho, node_logs, toml_str, unique, write_config
+from tests.integration.security_support import (
+    Paho,
+    node_logs,
+    toml_str,
+    unique,
+    write_config,
+)
 
 LOG_N = 10  # scrypt cost of the test users: quick, still real scrypt
 ALICE_PW = "alice-Reload-pw-31c7"

@@ -22,11 +22,19 @@ import time
 
 import pytest
 
-from cluster.admin.certs import make_ca, make_client_cert, write_issued
+from cluster.tools.certs import make_ca, make_client_cert, write_issued
 from tests.integration.node import NodeProcess
 from tests.integration.pki_fixtures import PKI
-from tests.integration.security_support import (Paho, add_user, node_logs, paho_round_trip, raw, toml_str, unique,
-                                                write_config)
+from tests.integration.security_support import (
+    Paho,
+    add_user,
+    node_logs,
+    paho_round_trip,
+    raw,
+    toml_str,
+    unique,
+    write_config,
+)
 
 PASSWORD = "tls-Pa55word-7f3a9c"  # the known password whose absence from the logs we check
 WRONG_PASSWORD = "tls-Wr0ng-guess-41be"

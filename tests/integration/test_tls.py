@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 from OpenSSL import SSL
-from zope.interface import implementer
 from twisted.internet import defer, endpoints, protocol, reactor, task
-from twisted.internet.interfaces import IHandshakeListener, IOpenSSLContextFactory
 from twisted.internet.endpoints import SSL4ClientEndpoint
+from twisted.internet.interfaces import IHandshakeListener, IOpenSSLContextFactory
 from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial import unittest
+from zope.interface import implementer
 
-from cluster.admin.certs import make_server_cert, write_issued
-from mqtt_proxy.tls import (TLSConfigError, certificate_identity, parse_description, peer_identity,
-                            server_endpoint, tls_server_endpoint)
+from cluster.tools.certs import make_server_cert, write_issued
+from mqtt_proxy.tls import (
+    TLSConfigError,
+    certificate_identity,
+    parse_description,
+    peer_identity,
+    server_endpoint,
+    tls_server_endpoint,
+)
 from tests.integration.pki_fixtures import PKI, temp_dir
 
 

@@ -8,11 +8,15 @@ import threading
 import paho.mqtt.client as mqtt
 from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientProtocol
 from twisted.internet import defer, protocol, reactor, threads
+from twisted.internet.endpoints import (
+    SSL4ClientEndpoint,
+    TCP4ClientEndpoint,
+    serverFromString,
+)
 from twisted.internet.error import ConnectionDone
-from twisted.internet.endpoints import SSL4ClientEndpoint, TCP4ClientEndpoint, serverFromString
 from twisted.trial import unittest
 
-from cluster.admin.certs import write_issued
+from cluster.tools.certs import write_issued
 from mqtt_proxy.tls import peer_identity, tls_server_endpoint
 from mqtt_proxy.websocket import websocket_factory
 from tests.integration.pki_fixtures import PKI, temp_dir

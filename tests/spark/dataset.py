@@ -12,7 +12,7 @@ ground truth.
   ground truth uses what it stored; the published content is checked first.
 
 ``node_available()`` says whether the node role exists in this checkout
-(``cluster/node.py``); the ``published`` fixture in ``conftest.py`` picks the
+(``cluster/roles/node.py``); the ``published`` fixture in ``conftest.py`` picks the
 node when it does (``TWISTMQ_SPARK_DATASET=store`` forces the store).
 """
 

@@ -9,7 +9,7 @@ from store import record as rec
 from tests.spark.dataset import Node, mqtt_publish, node_available, telemetry
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not node_available(), reason="no node role (cluster/node.py) in this checkout")]
+              pytest.mark.skipif(not node_available(), reason="no node role (cluster/roles/node.py) in this checkout")]
 
 
 def _broker_read(spark, node, **options):

@@ -8,9 +8,9 @@ import sys
 import pytest
 from cryptography import x509
 
-from cluster.admin import passwd
 from cluster.admin.errors import AdminError
 from cluster.admin.main import main
+from cluster.tools import passwd
 from mqtt_proxy.auth.passwords import PasswordFile
 
 

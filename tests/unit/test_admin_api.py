@@ -17,7 +17,7 @@ from cluster.admin.handlers import Handlers
 from cluster.admin.main import build_parser
 from cluster.admin.metrics import Histogram, RateHistory
 from cluster.admin.routes import load_spec, match, routes
-from cluster.http import http_site
+from cluster.runtime.http import http_site
 
 
 def _public_methods(cls) -> set[str]:

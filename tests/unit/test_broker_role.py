@@ -7,14 +7,14 @@ import subprocess
 import pytest
 from twisted.internet import task
 
-from cluster.broker import BrokerOptions, broker_config
-from cluster.config import load_config
-from cluster.roles import role
+from cluster.local.parts import stored_sessions_owed
+from cluster.roles.broker import BrokerOptions, broker_config
+from cluster.roles.table import role
 from cluster.rpc.health import HealthLimits, HealthProbe
-from cluster.store_parts import stored_sessions_owed
-from cluster.session_store import SessionStore
+from cluster.runtime.config import load_config
 from store import api
 from store.config import ConfigError
+from store.session_store import SessionStore
 from tests.contract.conftest import T0, Parts
 from tests.integration.node import TWISTD
 

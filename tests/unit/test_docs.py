@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import os
 
-from cluster.config_doc import markdown_table, toml_text
-from cluster.config import DEFAULT_CONFIG, load_config
+from cluster.runtime.config import DEFAULT_CONFIG, load_config
+from cluster.runtime.config_doc import markdown_table, toml_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_conf_file_documents_every_key_with_its_default():
-    """conf/twistmq.toml is exactly what the generator prints (python -m cluster.config_doc toml)."""
+    """conf/twistmq.toml is exactly what the generator prints (python -m cluster.runtime.config_doc toml)."""
     with open(DEFAULT_CONFIG) as f:
         assert f.read().strip() == toml_text().strip()
 
@@ -22,7 +22,7 @@ def test_conf_file_loads():
 
 
 def test_readme_lists_every_config_key():
-    """The README's key table is the generated one (python -m cluster.config_doc markdown)."""
+    """The README's key table is the generated one (python -m cluster.runtime.config_doc markdown)."""
     with open(os.path.join(ROOT, "README.md")) as f:
         readme = f.read()
     start = readme.index("<!-- config:start -->") + len("<!-- config:start -->")

@@ -5,7 +5,7 @@ import gc
 import pytest
 from twisted.internet import task
 
-from cluster import heap
+from cluster.runtime import heap
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import tomllib
 
 import pytest
 
-from cluster import launcher
+from cluster.tools import launcher
 
 
 def test_plan_gives_every_process_fixed_ports_and_brokers_come_first(tmp_path):

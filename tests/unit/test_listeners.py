@@ -6,7 +6,12 @@ import os
 
 import pytest
 
-from cluster.listeners import check_exposure, is_loopback, parse_listener, unparse
+from cluster.runtime.listeners import (
+    check_exposure,
+    is_loopback,
+    parse_listener,
+    unparse,
+)
 from mqtt_proxy.tls import parse_description
 from store.config import ConfigError
 

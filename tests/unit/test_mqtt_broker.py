@@ -7,24 +7,33 @@ from twisted.internet import task
 from twisted.internet.address import IPv4Address
 from twisted.internet.testing import StringTransport
 
+from cluster.local.store import LocalStore
 from lightqueue import attach
+from lightqueue.native_engine import NativeEngine
 from lightqueue.retained_index import RetainedIndex
-from mqtt_proxy.front_end import build_front_end
 from mqtt_proxy.codec import (
-    Connect, Disconnect, MQTTParser, Properties, PubAck, Publish, ReasonCode, Subscribe, Subscription,
-    SubscriptionOptions, encode,
+    Connect,
+    Disconnect,
+    MQTTParser,
+    Properties,
+    PubAck,
+    Publish,
+    ReasonCode,
+    Subscribe,
+    Subscription,
+    SubscriptionOptions,
+    encode,
 )
 from mqtt_proxy.codec.packets import ConnAck, SubAck, Will
 from mqtt_proxy.config import LimitsConfig, MQTTConfig
+from mqtt_proxy.front_end import build_front_end
 from mqtt_proxy.protocol import MQTTServerFactory
-from cluster.session_store import SessionStore
-from cluster.local_store import LocalStore
-from lightqueue.native_engine import NativeEngine
 from push.notifier import Notifier
 from store.config import NativeConfig, StoreConfig
 from store.executor import DeferredExecutor, SynchronousExecutor
 from store.kv import DurableKV
 from store.message_store import MessageStore
+from store.session_store import SessionStore
 from store.timer_service import TimerService
 
 
@@ -43,7 +52,7 @@ class Harness:
         self.kv = DurableKV(str(path / "sessions"), self.clock)
         self.native_kv = DurableKV(str(path / "native"), self.clock)
         self.notifier = Notifier(self.clock)
-        self.store.add_listener(self.notifier.notify_now)  # as cluster/store_parts.py wires it
+        self.store.add_listener(self.notifier.notify_now)  # as cluster/local/parts.py wires it
         self.store.open()
         self.timers.start()
         engine = NativeEngine(self.store, self.native_kv, NativeConfig(), self.clock, self.timers)

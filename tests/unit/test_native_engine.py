@@ -10,8 +10,8 @@ import pytest
 from twisted.internet import task
 
 import lightqueue
+from cluster.local.native_service import NativeService
 from mqtt_proxy.native import codec
-from cluster.native_service import NativeService
 from store.config import NativeConfig, StoreConfig
 from store.executor import SynchronousExecutor
 from store.record import Message, RecordKind

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.config import load_config, settle, with_flags
+from cluster.runtime.config import load_config, settle, with_flags
 from store.config import ConfigError
 
 

@@ -10,8 +10,8 @@ import pytest
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from cluster.config import LogConfig
-from cluster.node_log import FORMAT, configure
+from cluster.runtime.config import LogConfig
+from cluster.runtime.node_log import FORMAT, configure
 from store.config import ConfigError
 
 LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) \S+ \S")

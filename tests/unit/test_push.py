@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from twisted.internet import defer, task
 
-from mqtt_proxy.codec import Publish, Subscribe, Subscription, SubscriptionOptions, encode
+from mqtt_proxy.codec import (
+    Publish,
+    Subscribe,
+    Subscription,
+    SubscriptionOptions,
+    encode,
+)
 from push.notifier import Notifier
 from push.read_cache import ReadCache
 from store.api import QueuedMessage, QueuePosition, ReadResult
@@ -175,8 +181,8 @@ def test_qos0_publish_to_many_sessions_is_encoded_once(tmp_path):
 
 def _loopback(tmp_path):
     """A LoopbackStore (answers a tick late, through the codec) over a real in-process store, and its harness."""
-    from cluster.loopback_store import LoopbackStore
     from tests.contract.conftest import _harness
+    from tests.contract.loopback_store import LoopbackStore
     gen = _harness(str(tmp_path), "local")
     h = next(gen)
     return LoopbackStore(h.store, h.clock), h, gen

@@ -19,22 +19,31 @@ from twisted.internet import task
 from twisted.internet.address import IPv4Address
 from twisted.internet.testing import StringTransport
 
+from cluster.local.native_service import NativeService
+from cluster.local.store import LocalStore
 from lightqueue import attach
 from lightqueue.retained_index import RetainedIndex
-from mqtt_proxy.front_end import build_front_end
-from mqtt_proxy.codec import Connect, MQTTParser, Properties, PubAck, Publish, Subscribe, Subscription, encode
-from mqtt_proxy.codec import SubscriptionOptions
+from mqtt_proxy.codec import (
+    Connect,
+    MQTTParser,
+    Properties,
+    PubAck,
+    Publish,
+    Subscribe,
+    Subscription,
+    SubscriptionOptions,
+    encode,
+)
 from mqtt_proxy.config import LimitsConfig, MQTTConfig
+from mqtt_proxy.front_end import build_front_end
 from mqtt_proxy.native import codec as native_codec
-from cluster.native_service import NativeService
 from mqtt_proxy.protocol import MQTTServerFactory
-from cluster.local_store import LocalStore
-from cluster.session_store import SessionStore
 from push.notifier import Notifier
 from store.config import NativeConfig, StoreConfig
 from store.executor import SynchronousExecutor
 from store.kv import DurableKV
 from store.message_store import MessageStore
+from store.session_store import SessionStore
 from store.timer_service import TimerService
 
 RETENTION_S = 10.0

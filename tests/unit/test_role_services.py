@@ -1,4 +1,4 @@
-"""The role service tree (cluster/services.py) and the roles table (cluster/roles.py), without sockets."""
+"""The role service tree (cluster/runtime/services.py) and the roles table (cluster/roles/table.py), without sockets."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from twisted.internet import defer, endpoints, protocol
 from twisted.internet.testing import MemoryReactor
 from twisted.python import usage
 
-from cluster.listeners import parse_listener
-from cluster.roles import ROLES, role
-from cluster.services import ListenerService, OrderedServices, Part
+from cluster.roles.table import ROLES, role
+from cluster.runtime.listeners import parse_listener
+from cluster.runtime.services import ListenerService, OrderedServices, Part
 from cluster.tap import Options
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 from twisted.internet import task
 
-from cluster.local_store import LocalStore
-from cluster.routed_store import RoutedStore
+from cluster.local.store import LocalStore
+from cluster.remote.routed_store import RoutedStore
 from cluster.routing import SlotTable
-from cluster.session_store import SessionStore
 from store import api
-from store.record import Message, RecordKind
 from store.reader import iter_records
+from store.record import Message, RecordKind
+from store.session_store import SessionStore
 from tests.contract.conftest import T0, Harness, Parts
 
 
@@ -136,7 +136,7 @@ def test_outbound_goes_to_its_positions_group_and_its_ack_finds_it(cluster):
 def test_a_takeover_fences_the_old_holder_in_every_group(cluster):
     """After another proxy claims the session, the old holder's writes fail with Fenced in each group."""
     old_epoch, positions = _subscribed(cluster, "sub-3", "+/chk/#", holder="proxy-1")
-    from cluster.routed_store import RoutedStore
+    from cluster.remote.routed_store import RoutedStore
     other_proxy = RoutedStore(cluster.table, cluster.store.groups)
     cluster.wait(other_proxy.claim_session("sub-3", "proxy-2"))
     for p in positions:

@@ -10,15 +10,21 @@ from __future__ import annotations
 import pytest
 from twisted.internet import task
 
-from cluster import local_sessions
-from cluster.local_store import LocalStore
-from cluster.routed_store import RoutedStore
+from cluster.local import sessions as local_sessions
+from cluster.remote.routed_store import RoutedStore
 from cluster.routing import SlotTable
-from cluster.session_store import SessionStore
-from mqtt_proxy.codec import ConnAck, Disconnect, Properties, ReasonCode, Subscribe, Subscription
+from mqtt_proxy.codec import (
+    ConnAck,
+    Disconnect,
+    Properties,
+    ReasonCode,
+    Subscribe,
+    Subscription,
+)
 from mqtt_proxy.codec.packets import SubAck
 from store import api
 from store.kv import DurableKV
+from store.session_store import SessionStore
 from tests.contract.conftest import T0, Harness, Parts
 from tests.unit.test_mqtt_broker import Harness as FrontEnd
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from twisted.internet import task
 
-from cluster.session_store import SessionStore, StoredSubscription
 from store.kv import DurableKV
+from store.session_store import SessionStore, StoredSubscription
 
 
 def test_load_reads_one_session_like_load_all(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cluster import store_codec as codec
+from cluster.remote import codec
 from store import api
 from store.record import Message, Record, RecordKind
 

@@ -7,13 +7,13 @@ import pytest
 from twisted.internet import task
 from twisted.test import iosim
 
-from cluster.remote_store import RemoteStore
+from cluster.remote.server import StoreServer
+from cluster.remote.store import RemoteStore
 from cluster.rpc.dispatch import Dispatcher
 from cluster.rpc.frames import Hello
 from cluster.rpc.peer import PeerClient
 from cluster.rpc.protocol import RpcProtocol, RpcSettings
 from cluster.rpc.server import RpcServerFactory
-from cluster.store_server import StoreServer
 from store import api
 from store.config import NativeConfig
 from store.record import Message, RecordKind
@@ -170,8 +170,8 @@ def test_filter_interest_goes_with_its_connection(rig):
 def test_the_broker_holds_interest_for_stored_sessions(rig, tmp_path):
     """SessionInterest takes interest per stored subscription (also after a restart, from the KV) and drops
     it with the subscription or the session, so persistent sessions miss nothing while no proxy holds it."""
-    from cluster.session_interest import SessionInterest
-    from cluster.session_store import SessionStore
+    from cluster.local.session_interest import SessionInterest
+    from store.session_store import SessionStore
 
     local = rig.parts.local()
     held = SessionInterest(local, SessionStore(rig.parts.kv))

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
+from cluster.runtime.version import twistmq_version
 from mqtt_proxy.codec import Subscribe, Subscription, SubscriptionOptions
 from mqtt_proxy.sys_topics import LoadAverage, SysPublisher
-from cluster.version import twistmq_version
 from tests.unit.test_mqtt_broker import Harness
 
 

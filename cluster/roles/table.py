@@ -1,10 +1,10 @@
 """The roles table: which service tree each ``twistd twistmq ROLE`` runs.
 
 One row per role: its subcommand, its options, and the function that builds
-its ``MultiService`` (a ``cluster.services.RoleService``) from those options
+its ``MultiService`` (a ``cluster.runtime.services.RoleService``) from those options
 and the reactor. ``cluster.tap`` turns the rows into subcommands; adding a
 role (``proxy``, ``broker``, ...) is a row here plus its composition module,
-as ``node`` is a row plus ``cluster.node``.
+as ``node`` is a row plus ``cluster.roles.node``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Callable
 from twisted.application import service
 from twisted.python import usage
 
-from cluster import broker, node, proxy
+from cluster.roles import broker, node, proxy
 
 
 @dataclass(frozen=True)

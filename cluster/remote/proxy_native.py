@@ -1,7 +1,7 @@
 """The native protocol on a proxy: the same TCP and UDP adapters, each request forwarded whole to its group.
 
 A request goes to the broker group of its queue (by name) or topic (by first
-level), as the ``native.request`` RPC (``cluster.store_server``), and its reply
+level), as the ``native.request`` RPC (``cluster.remote.server``), and its reply
 comes back as the engine there wrote it. Requests naming no queue
 (``queue_list``, ``node_monitor``, ...) are answered by every group and the
 lists merged. A group that cannot be reached answers ``{"code": -1, "reason":

@@ -4,10 +4,10 @@ Builds the store, the light-queue and retained indexes, the timers, the session
 store, the notifier, the native engine, the MQTT front end, $SYS and the listeners, from
 ``conf/twistmq.toml`` (or ``--config``) plus command-line flags. If any listener
 flag is given, exactly the listeners given open; otherwise those of the config
-file. Every listener is checked before anything opens (``cluster.listeners``).
+file. Every listener is checked before anything opens (``cluster.runtime.listeners``).
 The tree (``node_tree``) starts the parts in order, recovery before any listener
 binds, then prints one ``twistmq ready`` line naming every bound address; it
-stops in reverse. The log (``cluster.node_log``) goes to stderr or ``[log] file``.
+stops in reverse. The log (``cluster.runtime.node_log``) goes to stderr or ``[log] file``.
 A configuration error, or a port that cannot be bound, is one line on stderr and
 exit code 2.
 """
@@ -20,111 +20,42 @@ import signal
 import socket
 from itertools import chain
 
-from twisted.internet import endpoints
-from twisted.python import usage
-
-from cluster import node_log
 from cluster.admin.api import AdminAPI
 from cluster.admin.handlers import Handlers
 from cluster.admin.metrics import NodeFigures, RateHistory
 from cluster.admin.overview import overview
 from cluster.admin.routes import routes
 from cluster.admin.view import NodeView
-from cluster.config import load_config, settle, with_flags
-from cluster.http import http_site
-from cluster.reuseport import server_endpoint
-from cluster.store_parts import StoreParts
-from cluster.services import (DatagramListenerService, ListenerService, Part, ReadyLine, RoleService,
-                              SignalService)
-from cluster.version import print_version, twistmq_version
+from cluster.local.parts import StoreParts
+from cluster.roles.common import (
+    NodeOptions,
+    client_listeners,
+    node_config,
+    security_reloader,
+)
+from cluster.runtime import node_log
+from cluster.runtime.http import http_site
+from cluster.runtime.services import Part, ReadyLine, RoleService, SignalService
+from cluster.runtime.version import twistmq_version
 from mqtt_proxy import tls
 from mqtt_proxy.auth.acl import ACLError, load_acl
 from mqtt_proxy.auth.authenticator import Authenticator
 from mqtt_proxy.auth.passwords import PasswordFile, PasswordFileError
-from mqtt_proxy.auth.reload import Reloader, security_targets
+from mqtt_proxy.auth.reload import Reloader
 from mqtt_proxy.front_end import build_front_end
-from mqtt_proxy.protocol import MQTTServerFactory
 from mqtt_proxy.reactor_lag import ReactorLagProbe
 from mqtt_proxy.sys_topics import SysPublisher
-from mqtt_proxy.websocket import websocket_factory
 from store.config import ConfigError
 from store.executor import ThreadPoolExecutor
 from store.message_store import StoreLockedError
 
 log = logging.getLogger("twistmq.node")
 
-DASHBOARD_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "admin", "dashboard")
-LISTEN_BACKLOG = 4096
-LISTENER_FLAGS = ("mqtt", "mqtt-tls", "mqtt-ws", "native", "native-udp", "http")
+DASHBOARD_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "admin", "dashboard")
 NODE_HOLDER = "node"
 """Who holds the sessions of a node's clients (``Sessions.claim_session``): the one front end there is."""
 START_ERRORS = (ConfigError, StoreLockedError, tls.TLSConfigError, PasswordFileError, ACLError, OSError)
 """What a bad configuration raises while the node is built or started: one line, exit code 2."""
-
-
-class NodeOptions(usage.Options):
-    """Options of ``twistmq node``."""
-
-    optParameters = [
-        ["config", "c", None, "TOML config file (default: conf/twistmq.toml of the checkout)"],
-        ["data-dir", "d", None, "data directory (overrides node.data_dir)"],
-        ["mqtt-tls-ca", None, None, "CA file: TLS clients must present a certificate it signed"],
-        ["ws-path", None, None, "URL path of the WebSocket endpoint (default /mqtt)"],
-    ]
-    optFlags = [["use-identity-as-username", None, "with mutual TLS, the certificate identity is the username"]]
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.listeners: dict[str, list[str]] = {}
-
-    def _listener(self, kind: str, value: str) -> None:
-        self.listeners.setdefault(kind.replace("-", "_"), []).append(value)
-
-    def opt_mqtt(self, value):
-        """MQTT over TCP listener, a Twisted endpoint description (repeatable), e.g. tcp:1883:interface=127.0.0.1"""
-        self._listener("mqtt", value)
-
-    def opt_mqtt_tls(self, value):
-        """MQTT over TLS listener, e.g. ssl:8883:privateKey=KEY:certKey=CERT (repeatable)"""
-        self._listener("mqtt-tls", value)
-
-    def opt_mqtt_ws(self, value):
-        """MQTT over WebSocket listener: tcp:8083, or ssl:... for secure WebSocket (repeatable)"""
-        self._listener("mqtt-ws", value)
-
-    def opt_native(self, value):
-        """native JSON protocol over TCP, e.g. tcp:9876:interface=127.0.0.1 (repeatable)"""
-        self._listener("native", value)
-
-    def opt_native_udp(self, value):
-        """native JSON protocol over UDP, [HOST:]PORT (repeatable)"""
-        self._listener("native-udp", value)
-
-    def opt_http(self, value):
-        """HTTP listener for /health and /metrics, e.g. tcp:8080:interface=127.0.0.1 (repeatable)"""
-        self._listener("http", value)
-
-    def opt_version(self):
-        """print twistmq's version and exit"""
-        print_version()
-
-
-def node_config(options: NodeOptions):
-    """The config file with the command line applied on top, checked (see ``cluster.config.settle``)."""
-    cfg = load_config(options["config"])
-    changes = {}
-    if options.listeners:
-        for kind in LISTENER_FLAGS:
-            changes[kind.replace("-", "_")] = tuple(options.listeners.get(kind.replace("-", "_"), ()))
-    if options["data-dir"]:
-        changes["data_dir"] = options["data-dir"]
-    if options["mqtt-tls-ca"]:
-        changes["mqtt_tls_ca"] = options["mqtt-tls-ca"]
-    if options["ws-path"]:
-        changes["ws_path"] = options["ws-path"]
-    if options["use-identity-as-username"]:
-        changes["use_identity_as_username"] = True
-    return settle(with_flags(cfg, changes), set(changes))
 
 
 class NodeParts:
@@ -225,7 +156,7 @@ def node_tree(parts: NodeParts) -> RoleService:
         Part("sys", start=parts.sys.start, stop=parts.sys.stop),
         Part("admin-history", start=parts.history.start, stop=parts.history.stop),
         *listeners,
-        # The collector takes over once everything alive now is built (cluster/heap.py). The lag probe starts
+        # The collector takes over once everything alive now is built (cluster/runtime/heap.py). The lag probe starts
         # after recovery, which blocks by design.
         Part("collector", start=parts.state.collector.start, stop=parts.state.collector.stop),
         Part("lag-probe", start=parts.lag.start, stop=parts.lag.stop),
@@ -245,42 +176,3 @@ def build_node(options: NodeOptions, reactor) -> RoleService:
     return node
 
 
-def client_listeners(reactor, cfg, front, native, http):
-    """The listeners of a role that serves clients (``node``, ``proxy``): ``(streams, datagrams)`` in flag
-    order, MQTT (TCP, TLS, WebSocket) on ``front``, native TCP and UDP on ``native``, HTTP on ``http``."""
-    ca = cfg.node.mqtt_tls_ca or None
-    mqtt_factory = MQTTServerFactory(front, reactor, cert_identity=tls.peer_identity)
-    ws_factory = websocket_factory(mqtt_factory, cfg.node.ws_path, reactor, cfg.limits.max_packet_size)
-    build = {
-        "mqtt": lambda d: (server_endpoint(reactor, _backlog(d)), mqtt_factory),
-        "mqtt_tls": lambda d: (tls.tls_server_endpoint(reactor, _backlog(d), ca), mqtt_factory),
-        "mqtt_ws": lambda d: (tls.server_endpoint(reactor, d, ca), ws_factory),
-        "http": lambda d: (endpoints.serverFromString(reactor, d), http),
-        "native": lambda d: (server_endpoint(reactor, d), native.tcp_factory()),
-    }
-    streams, datagrams = [], []
-    for listener in cfg.listeners:
-        if listener.key == "native_udp":
-            datagrams.append(DatagramListenerService(listener, native.udp_protocol(), reactor))
-            continue
-        try:
-            endpoint, factory = build[listener.key](listener.description)
-        except tls.TLSConfigError as exc:
-            raise ConfigError(f"{listener.where}: {exc}") from None
-        streams.append(ListenerService(listener, endpoint, factory))
-    return streams, datagrams
-
-
-def security_reloader(front, streams) -> Reloader:
-    """SIGHUP's work: re-read the password file, the ACL and the TLS listeners' certificates."""
-    contexts = [(svc.listener.key.replace("_", "-"), svc.endpoint.context_factory)
-                for svc in streams if isinstance(svc.endpoint, tls.TLSServerEndpoint)]
-    return Reloader(security_targets(front.auth.password_file, front.acl, contexts))
-
-
-def _backlog(description: str) -> str:
-    """Twisted listens with a backlog of 50: a burst of device reconnects overflows it and each
-    dropped SYN costs the device a one-second retry, so MQTT listeners ask for more unless told."""
-    if description.split(":", 1)[0] in ("tcp", "ssl") and "backlog=" not in description:
-        return description + ":backlog=" + str(LISTEN_BACKLOG)
-    return description

@@ -23,7 +23,7 @@ import sys
 from twisted.logger import ILogObserver, LogLevel, formatEvent
 from zope.interface import implementer
 
-from cluster.config import LogConfig
+from cluster.runtime.config import LogConfig
 from store.config import ConfigError
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"

@@ -129,7 +129,7 @@ class Part(service.Service):
 class ListenerService(internet.StreamServerEndpointService):
     """One stream listener: binds when the tree starts it (not in privilegedStartService), and keeps its port.
 
-    A port that cannot be bound is a ConfigError naming *listener* (a ``cluster.listeners.Listener``).
+    A port that cannot be bound is a ConfigError naming *listener* (a ``cluster.runtime.listeners.Listener``).
     """
 
     def __init__(self, listener, endpoint, factory) -> None:

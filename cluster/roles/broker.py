@@ -2,10 +2,10 @@
 
 ``twistd -n twistmq broker --data-dir D --rpc tcp:P:interface=127.0.0.1
 --http tcp:H:interface=127.0.0.1 [--config F] [--node-id ID] [--group G]``
-runs the store half of a node (``cluster.store_parts``: commit log, light
+runs the store half of a node (``cluster.local.parts``: commit log, light
 queues, retained index, timers, session KV, native engine, notifier,
 retention) behind ``LocalStore``, and serves it to proxies on the RPC
-listeners (``cluster.store_server``: every store operation, notify as event
+listeners (``cluster.remote.server``: every store operation, notify as event
 frames to the connections that watch a queue, native requests forwarded
 whole). ``/health`` and ``/metrics`` (with the RPC counters) are on the HTTP
 listeners. It prints ``twistmq ready rpc=HOST:PORT http=HOST:PORT`` once
@@ -19,35 +19,32 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-import socket
 
 from twisted.internet import endpoints
 from twisted.python import usage
 
-from cluster import node_log
-from cluster.config import load_config, with_flags
-from cluster.http import store_site
-from cluster.listeners import parse_listener
+from cluster.local.parts import StoreParts
+from cluster.local.session_interest import SessionInterest
+from cluster.remote.server import StoreServer
+from cluster.roles.common import default_node_id
 from cluster.rpc.dispatch import Dispatcher
-from cluster.rpc.frames import Hello
+from cluster.rpc.frames import RPC_VERSION, Hello
 from cluster.rpc.health import HealthProbe
 from cluster.rpc.metrics import RpcMetrics
 from cluster.rpc.protocol import RpcSettings
 from cluster.rpc.server import RpcServerFactory
-from cluster.services import ListenerService, Part, ReadyLine, RoleService
-from cluster.session_interest import SessionInterest
-from cluster.store_parts import StoreParts
-from cluster.store_server import StoreServer
-from cluster.version import print_version, twistmq_version
-from cluster.session_store import SessionStore
+from cluster.runtime import node_log
+from cluster.runtime.config import load_config, with_flags
+from cluster.runtime.http import store_site
+from cluster.runtime.listeners import parse_listener
+from cluster.runtime.services import ListenerService, Part, ReadyLine, RoleService
+from cluster.runtime.version import print_version, twistmq_version
 from store.config import ConfigError
 from store.message_store import StoreLockedError
+from store.session_store import SessionStore
 
 log = logging.getLogger("twistmq.broker")
 
-RPC_VERSION = 1
-"""The RPC protocol version (frames and the store codec's schema): peers must speak the same."""
 START_ERRORS = (ConfigError, StoreLockedError, OSError)
 
 
@@ -76,11 +73,6 @@ class BrokerOptions(usage.Options):
     def opt_version(self):
         """print twistmq's version and exit"""
         print_version()
-
-
-def default_node_id(data_dir: str) -> str:
-    """A member id when none is configured: the data directory's name, else the host name."""
-    return os.path.basename(os.path.normpath(data_dir)) or socket.gethostname()
 
 
 def broker_config(options: BrokerOptions):

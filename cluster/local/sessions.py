@@ -31,21 +31,15 @@ from typing import Callable
 from twisted.internet import defer
 
 from lightqueue.names import QueueNameError, lmq_name
-from cluster.session_store import SessionStore, StoredSession, StoredSubscription
+from lightqueue.topic import filter_of
 from store import api
+from store.session_store import SessionStore, StoredSession, StoredSubscription
 
 MAX_PACKET_ID = 0xFFFF
 EPOCH_BLOCK = 1024
 """Claim epochs reserved per write of the high-water mark (a restart skips what is left of a block)."""
 
 log = logging.getLogger("twistmq.cluster.sessions")
-
-
-def filter_of(key: str) -> str:
-    """The topic filter of a subscription key (``filter`` or ``$share/<group>/<filter>``)."""
-    if key.startswith("$share/"):
-        return key[len("$share/"):].partition("/")[2]
-    return key
 
 
 def queue_of(topic_filter: str) -> str:

@@ -8,7 +8,7 @@ sent; ``CallTimeout`` when the broker did not answer in time: it may have
 been served).
 
 Filter interest and watches live with the connection on the broker's side
-(``cluster.store_server``), so this store remembers what it holds and, after a
+(``cluster.remote.server``), so this store remembers what it holds and, after a
 reconnect, takes the interest again first, then the watches.
 
 ``watch_queue``'s callback stays here: the broker sends an event frame naming
@@ -24,17 +24,16 @@ import itertools
 import logging
 from typing import Any, Callable
 
+import msgpack
 from twisted.internet import defer
 
-from cluster import store_codec
+from cluster.remote import codec as store_codec
+from cluster.remote.server import NATIVE_REQUEST, QUEUE_EVENT, request_type
 from cluster.rpc.peer import PeerClient
 from cluster.rpc.protocol import RemoteError
-from cluster.store_server import NATIVE_REQUEST, QUEUE_EVENT, request_type
 from store import api
 
-import msgpack
-
-log = logging.getLogger("twistmq.cluster.remote_store")
+log = logging.getLogger("twistmq.cluster.remote.store")
 
 
 def _as_store_error(failure):

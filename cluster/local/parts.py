@@ -12,22 +12,21 @@ from __future__ import annotations
 
 import os
 
-from cluster.heap import TickCollector
-from cluster.local_store import LocalStore
-from cluster.native_service import NativeService
+from cluster.local.native_service import NativeService
+from cluster.local.store import LocalStore
+from cluster.runtime.heap import TickCollector
+from cluster.runtime.services import Part
 from lightqueue import attach as attach_lightqueue
 from lightqueue.names import lmq_name
 from lightqueue.retained_index import RetainedIndex
-from cluster.session_store import SessionStore
-from store.api import Owed
 from push.notifier import Notifier
+from store.api import Owed
 from store.config import NativeConfig, from_mapping
 from store.executor import ThreadPoolExecutor
 from store.kv import DurableKV
 from store.message_store import MessageStore
+from store.session_store import SessionStore
 from store.timer_service import TimerService
-
-from cluster.services import Part
 
 
 class StoreParts:
@@ -57,7 +56,7 @@ class StoreParts:
         watched, native_reads = self.notifier.watched, self.native.engine.reads_soon
         self.store.read_soon = lambda queues: watched(queues) or native_reads(queues)
         self.store.retention.add_carrier(self.retained.records_to_carry)
-        # The collector's passes come after each drain (cluster/heap.py); the role starts it once recovery is done.
+        # The collector's passes come after each drain (cluster/runtime/heap.py); the role starts it once recovery is done.
         self.collector = TickCollector(reactor)
         self.store.after_drain = self.collector.collect_due
 

@@ -23,12 +23,12 @@ from typing import Callable
 
 from twisted.internet import defer
 
-from cluster.local_sessions import filter_of
 from cluster.routing import SlotTable
+from lightqueue.topic import filter_of
 from store import api
 from store.record import Message
 
-log = logging.getLogger("twistmq.cluster.routed_store")
+log = logging.getLogger("twistmq.cluster.remote.routed_store")
 
 
 def _concat(results) -> tuple:

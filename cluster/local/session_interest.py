@@ -2,7 +2,7 @@
 
 On a node the MQTT front end holds filter interest for every session it has,
 connected or restored. On a broker the proxies hold it, per connection
-(``cluster.store_server``), and a proxy that dies takes its interest along:
+(``cluster.remote.server``), and a proxy that dies takes its interest along:
 a persistent session whose client has not yet reconnected elsewhere would then
 miss what is published meanwhile. So the broker holds one reference of its own
 per stored subscription: taken for every subscription in the session KV when
@@ -17,11 +17,11 @@ import logging
 
 from twisted.internet import defer
 
-from cluster.local_sessions import filter_of
-from cluster.session_store import SessionStore
+from lightqueue.topic import filter_of
 from store import api
+from store.session_store import SessionStore
 
-log = logging.getLogger("twistmq.cluster.session_interest")
+log = logging.getLogger("twistmq.cluster.local.session_interest")
 
 
 class SessionInterest:

@@ -10,7 +10,7 @@ in its groups on CONNECT; when another proxy claims it, the broker tells this
 one (an RPC event) and the client is disconnected (v5: 0x8E), and a proxy that
 was merely stopped finds its writes refused (``Fenced``) when it wakes.
 Native requests are forwarded whole to the group of their queue
-(``cluster.proxy_native``). ``/health`` and ``/metrics`` are on ``--http``.
+(``cluster.remote.proxy_native``). ``/health`` and ``/metrics`` are on ``--http``.
 
 A group that cannot be reached holds the client's acknowledgement for up to
 ``[cluster] call_timeout`` (the RPC waits for the broker to come back); then
@@ -28,21 +28,26 @@ import signal
 import msgpack
 from twisted.internet import defer, endpoints
 
-from cluster import heap, node_log
-from cluster.broker import RPC_VERSION, default_node_id
-from cluster.http import proxy_site
-from cluster.node import NodeOptions, client_listeners, node_config, security_reloader
-from cluster.proxy_native import ForwardingEngine, ProxyNativeService
-from cluster.remote_store import RemoteStore
-from cluster.routed_store import RoutedStore
+from cluster.remote.proxy_native import ForwardingEngine, ProxyNativeService
+from cluster.remote.routed_store import RoutedStore
+from cluster.remote.server import SESSION_EVENT
+from cluster.remote.store import RemoteStore
+from cluster.roles.common import (
+    NodeOptions,
+    client_listeners,
+    default_node_id,
+    node_config,
+    security_reloader,
+)
 from cluster.routing import RoutingError, SlotTable
-from cluster.rpc.frames import Hello
+from cluster.rpc.frames import RPC_VERSION, Hello
 from cluster.rpc.health import HealthProbe
 from cluster.rpc.peer import PeerClient
 from cluster.rpc.protocol import RpcSettings
-from cluster.services import Part, ReadyLine, RoleService, SignalService
-from cluster.store_server import SESSION_EVENT
-from cluster.version import twistmq_version
+from cluster.runtime import heap, node_log
+from cluster.runtime.http import proxy_site
+from cluster.runtime.services import Part, ReadyLine, RoleService, SignalService
+from cluster.runtime.version import twistmq_version
 from mqtt_proxy import tls
 from mqtt_proxy.auth.acl import ACLError, load_acl
 from mqtt_proxy.auth.authenticator import Authenticator

@@ -15,8 +15,8 @@ from typing import Any
 
 from twisted.internet import defer
 
-from mqtt_proxy.native import codec
 from lightqueue.native_engine import NativeEngine
+from mqtt_proxy.native import codec
 from store import api
 
 

@@ -3,7 +3,7 @@
 Request types (``Dispatcher`` rows):
 
 - ``store.<operation>`` for every operation of the interface: the body is the
-  store codec's call frame (``cluster.store_codec``), the answer its result
+  store codec's call frame (``cluster.remote.codec``), the answer its result
   frame, a failure the ``StoreError``'s code and message;
 - ``native.request``: the body is ``[request, max_data_bytes]``: one native
   protocol request as a msgpack map (the JSON object a native client sent) and
@@ -14,7 +14,7 @@ Request types (``Dispatcher`` rows):
 Filter interest (``add_filter``/``remove_filter``) and watches belong to the
 connection that took them, and go with it: a proxy that dies stops costing
 indexing for its sessions (the broker itself holds interest for the stored
-persistent sessions, ``cluster.session_interest``, so they miss nothing), and
+persistent sessions, ``cluster.local.session_interest``, so they miss nothing), and
 a proxy that reconnects registers its interest and watches again
 (``RemoteStore`` does). A connection cannot drop interest it does not hold
 (``NotFound``).
@@ -34,12 +34,12 @@ import logging
 import msgpack
 from twisted.internet import defer
 
-from cluster import store_codec
+from cluster.remote import codec as store_codec
 from cluster.rpc.dispatch import Dispatcher
 from mqtt_proxy.native import codec as native_codec
 from store import api
 
-log = logging.getLogger("twistmq.cluster.store_server")
+log = logging.getLogger("twistmq.cluster.remote.server")
 
 QUEUE_EVENT = "queue"
 """Topic of the event frame that carries a watched queue's news."""

@@ -9,7 +9,7 @@ their owner. A local store is one broker group, named by ``group``: every
 position it hands out carries it, and positions of other groups are refused.
 
 Every failure reaches the caller as a ``store.api.StoreError`` subclass, as it
-would through the RPC (``cluster.store_codec``); anything unexpected is logged
+would through the RPC (``cluster.remote.codec``); anything unexpected is logged
 here and reported as ``InternalError``.
 """
 
@@ -21,20 +21,20 @@ from typing import Callable
 
 from twisted.internet import defer
 
-from cluster.local_native import LocalNative
-from cluster.local_sessions import LocalSessions, position_offset
+from cluster.local.native import LocalNative
+from cluster.local.sessions import LocalSessions, position_offset
 from lightqueue.names import QueueNameError
+from lightqueue.native_engine import NativeEngine
 from lightqueue.retained_index import RetainedIndex
 from lightqueue.topic import TopicError, validate_topic_filter, validate_topic_name
-from lightqueue.native_engine import NativeEngine
-from cluster.session_store import SessionStore
 from push.notifier import Notifier
 from store import api
 from store import record as rec
 from store.message_store import MAX_GET_COUNT, MessageStore
+from store.session_store import SessionStore
 from store.timer_service import TimerNotFound, TimerService
 
-log = logging.getLogger("twistmq.cluster.local_store")
+log = logging.getLogger("twistmq.cluster.local.store")
 
 DEFAULT_GROUP = "local"
 

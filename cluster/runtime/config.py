@@ -10,7 +10,7 @@ Paths: relative paths in the file (``data_dir``, ``mqtt_tls_ca``,
 listeners) start at the file's directory; command-line values start at the
 working directory. ``settle`` makes every path absolute, checks that the files
 exist (the message names the key and the path it looked at), parses the
-listeners and applies the exposure rule of ``cluster.listeners``.
+listeners and applies the exposure rule of ``cluster.runtime.listeners``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,13 @@ import tomllib
 from dataclasses import dataclass
 
 from cluster.admin.config import AdminConfig
-from cluster.listeners import FLAGS, Listener, check_exposure, parse_listener, resolve_path
+from cluster.runtime.listeners import (
+    FLAGS,
+    Listener,
+    check_exposure,
+    parse_listener,
+    resolve_path,
+)
 from mqtt_proxy.config import LimitsConfig, MQTTConfig
 from store.config import ConfigError, StoreConfig, from_mapping
 
@@ -144,7 +150,9 @@ class ClusterConfig:
 
     def slot_assignment(self) -> dict:
         """``slots`` parsed into ranges per group (empty: the default even split)."""
-        from cluster.routing import parse_ranges  # routing is pure; imported here to keep config light
+        from cluster.routing import (
+            parse_ranges,  # routing is pure; imported here to keep config light
+        )
         return {group: parse_ranges(text) for group, text in self.slots.items()}
 
 
@@ -162,7 +170,8 @@ def _cluster_values(values: dict) -> dict:
     return values
 
 
-DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf", "twistmq.toml")
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_CONFIG = os.path.join(CHECKOUT, "conf", "twistmq.toml")
 
 
 @dataclass(frozen=True)

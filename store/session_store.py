@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass, field
-
 from typing import TYPE_CHECKING
 
 from twisted.internet import defer

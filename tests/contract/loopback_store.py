@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from twisted.internet import defer
 
-from cluster import store_codec
+from cluster.remote import codec as store_codec
 from store import api
 
 
