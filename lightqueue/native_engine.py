@@ -111,8 +111,12 @@ def _expire_at(record: rec.Record) -> int:
 class NativeEngine:
     """Serves validated requests; ``handle`` never fails (errors become ``code: -1`` replies)."""
 
-    def __init__(self, store: MessageStore, kv: DurableKV, config: NativeConfig, clock, timers=None) -> None:
+    def __init__(self, store: MessageStore, kv: DurableKV, config: NativeConfig, clock, timers=None,
+                 retained_quota: Callable[[str, int], bool] | None = None) -> None:
         self.store = store
+        # (topic, payload size) -> would retaining it break the retained limits? (RetainedIndex.would_exceed):
+        # a produce to a topic with retain meets the quota an MQTT retained PUBLISH meets.
+        self.retained_quota = retained_quota
         self.kv = kv
         self.config = config
         self._clock = clock
@@ -319,6 +323,11 @@ class NativeEngine:
                 self._unindexed[t] += n
         else:
             targets, waits = (), []
+            quota = self.retained_quota
+            if quota is not None and any(item.retain and item.data and quota(req.topic, len(item.data))
+                                         for item in req.items):
+                raise EngineError(f"retaining a message on {req.topic!r} exceeds the retained quota "
+                                  "(max_retained_messages, max_retained_bytes)")
             messages = [self._topic_message(req.topic, item, now) for item in req.items]
         puts = []
         for item, m in zip(req.items, messages):

@@ -127,5 +127,6 @@ def build_front_end(store: Store, clock, config: MQTTConfig, limits: LimitsConfi
     ctx = SessionContext(pump, store, config.max_inflight)
     inbound = InboundBatcher(store, clock)
     router = SubscriptionRouter(store, ctx, acl, limits)
-    registry = SessionRegistry(ctx, router, inbound, auth or AllowAll(), acl, config, limits, holder)
-    return MQTTFrontEnd(registry, router, Publisher(inbound, store, acl, config, limits, stats, clock))
+    publisher = Publisher(inbound, store, acl, config, limits, stats, clock)
+    registry = SessionRegistry(ctx, router, inbound, auth or AllowAll(), acl, config, limits, holder, publisher)
+    return MQTTFrontEnd(registry, router, publisher)

@@ -16,20 +16,28 @@ from __future__ import annotations
 
 import logging
 
-from lightqueue.topic import TopicError, validate_topic_name
+from twisted.internet import defer
+
 from mqtt_proxy import message_props
 from mqtt_proxy.auth.acl import ACL
 from mqtt_proxy.codec import MQTT_5, NO_PROPERTIES, PubAck, PubComp, Publish, PubRec, ReasonCode, encode_pubacks
 from mqtt_proxy.config import LimitsConfig, MQTTConfig
 from mqtt_proxy.inbound import InboundBatcher
+from mqtt_proxy.publish_rules import Origin, PublishRules, Refuse, Route, decide
 from mqtt_proxy.stats import BrokerStats
 from store import record as rec
 from store.api import AppendStatus, QuotaExceeded, Retained, Timers, Unavailable
 
 log = logging.getLogger("twistmq.mqtt.publish")
 
-DELAYED_PREFIX = "$delayed/"
-MAX_DELAY_S = 40 * 24 * 3600
+
+class PublishRefused(Exception):
+    """The publish decision refused a publish that has no MQTT connection to answer (an admin publish)."""
+
+    def __init__(self, verdict: Refuse) -> None:
+        super().__init__(verdict.why)
+        self.verdict = verdict
+
 VALID_TOPICS_CACHE = 100_000
 MQTT_PUBLISH = rec.RecordKind.MQTT_PUBLISH
 PUT_OK = AppendStatus.PUT_OK
@@ -51,6 +59,8 @@ class Publisher:
         # store's per-topic caches then find it by identity.
         self.valid_topics: dict[str, str] = {}
         self._acks: dict | None = None  # conn -> packet ids to PUBACK, while a batch's answers run
+        self._rules_key: tuple | None = None
+        self._rules: PublishRules | None = None
         inbound.listener = self
 
     def now_ms(self) -> int:
@@ -153,28 +163,20 @@ class Publisher:
         else:
             packet_ids.append(packet_id)
 
+    @property
+    def rules(self) -> PublishRules:
+        """The rules ``decide`` checks against, remade when the config, limits or ACL object change."""
+        key = (self.config, self.limits, self.acl)
+        if self._rules_key != key:
+            self._rules_key, self._rules = key, PublishRules.of(self.acl, self.config, self.limits)
+        return self._rules
+
     def _checked_publish(self, conn, packet) -> None:
         session = conn.session
         level = conn.level
         props = packet.properties
         qos = packet.qos
-        topic = packet.topic
         self.stats.received(len(packet.payload))
-
-        if level == MQTT_5 and props.topic_alias is not None:
-            alias = props.topic_alias
-            if alias == 0 or alias > self.config.topic_alias_maximum:
-                conn.protocol_violation(ReasonCode.TOPIC_ALIAS_INVALID, f"topic alias {alias} is out of range")
-                return
-            if topic:
-                if conn.inbound_aliases is None:
-                    conn.inbound_aliases = {}
-                conn.inbound_aliases[alias] = topic
-            else:
-                topic = conn.inbound_aliases.get(alias) if conn.inbound_aliases is not None else None
-                if topic is None:
-                    conn.protocol_violation(ReasonCode.PROTOCOL_ERROR, f"topic alias {alias} is not set")
-                    return
         if qos:
             if packet.packet_id in session.inbound_qos2 and qos == 2:
                 # A resend of a QoS 2 message already stored: acknowledge, do not store again.
@@ -184,51 +186,30 @@ class Publisher:
                 conn.protocol_violation(ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
                                         f"more than {self.config.receive_maximum} unacknowledged QoS 1/2 PUBLISHes")
                 return
-        limits = self.limits
-        if topic not in self.valid_topics:  # devices publish to the same topics again and again
-            try:
-                validate_topic_name(topic, limits.max_topic_length, limits.max_topic_levels)
-            except TopicError as exc:
-                conn.protocol_violation(ReasonCode.TOPIC_NAME_INVALID, str(exc))
+        now = self.now_ms()
+        topic = packet.topic
+        verdict = decide(self.rules, Origin.CLIENT, topic, len(packet.payload), packet.retain,
+                         username=conn.acl_username, client_id=session.client_id, now_ms=now,
+                         alias=props.topic_alias if level == MQTT_5 else None, aliases=conn.inbound_aliases,
+                         topic_checked=topic in self.valid_topics)
+        if type(verdict) is Refuse:
+            if verdict.peer_error:
+                conn.protocol_violation(verdict.reason, verdict.why)
                 return
+            log.info("publish_denied client=%s user=%s topic=%s reason=%s", session.client_id, conn.username,
+                     topic, verdict.why)
+            self._refuse(conn, qos, packet.packet_id, verdict.reason)
+            return
+        if verdict.bind_alias is not None:
+            if conn.inbound_aliases is None:
+                conn.inbound_aliases = {}
+            alias, bound = verdict.bind_alias
+            conn.inbound_aliases[alias] = bound
+        if topic == verdict.topic and topic not in self.valid_topics:  # devices publish to the same topics
             if len(self.valid_topics) >= VALID_TOPICS_CACHE:
                 self.valid_topics.clear()
             self.valid_topics[topic] = topic
-        if len(packet.payload) > limits.max_payload:
-            conn.protocol_violation(ReasonCode.PACKET_TOO_LARGE,
-                                    f"payload of {len(packet.payload)} bytes exceeds max_payload {limits.max_payload}")
-            return
-        if packet.retain and not self.config.retain_available:
-            conn.protocol_violation(ReasonCode.RETAIN_NOT_SUPPORTED, "retained messages are not available")
-            return
-
-        now = self.now_ms()
-        deliver_at = None
-        if topic.startswith(DELAYED_PREFIX):
-            # The ACL and limits apply to the topic the message will really be published on.
-            seconds, _, real_topic = topic[len(DELAYED_PREFIX):].partition("/")
-            try:
-                delay = int(seconds)
-                if not 0 <= delay <= MAX_DELAY_S or not real_topic:
-                    raise ValueError(seconds)
-                validate_topic_name(real_topic, limits.max_topic_length, limits.max_topic_levels)
-            except (ValueError, TopicError):
-                conn.protocol_violation(ReasonCode.TOPIC_NAME_INVALID,
-                                        f"{topic!r} is not $delayed/{{seconds}}/{{topic}}")
-                return
-            topic, deliver_at = real_topic, now + delay * 1000
-
-        refusal = None
-        if topic.startswith("$"):
-            # $SYS/... and other $ topics belong to the broker: a client may not publish fake values there.
-            refusal = ReasonCode.NOT_AUTHORIZED
-            log.info("publish_denied client=%s topic=%s reason=reserved", session.client_id, topic)
-        elif self.acl.configured and not self.acl.allowed(conn.acl_username, session.client_id, topic, "write"):
-            refusal = ReasonCode.NOT_AUTHORIZED
-            log.info("publish_denied client=%s user=%s topic=%s", session.client_id, conn.username, topic)
-        if refusal is not None:
-            self._refuse(conn, qos, packet.packet_id, refusal)
-            return
+        topic = self.valid_topics.get(verdict.topic, verdict.topic)  # the one string object of a known topic
 
         record_props = message_props.to_record(props, now) if level == MQTT_5 else {}
         message = rec.Message(topic, packet.payload, MQTT_PUBLISH, qos, packet.retain,
@@ -237,10 +218,11 @@ class Publisher:
             conn.inbound_inflight += 1
         conn.put_started()
         packet_id = packet.packet_id
-        if deliver_at is not None:
+        route = verdict.route
+        if route is Route.DELAYED:
             self.inbound.flush()  # what the client published before it goes first
-            d = self.store.schedule_timer(message, deliver_at)
-        elif packet.retain and packet.payload:
+            d = self.store.schedule_timer(message, verdict.deliver_at_ms)
+        elif route is Route.RETAINED:
             self.inbound.flush()
             d = self.store.put_retained(message)
         elif qos == 0:
@@ -251,6 +233,49 @@ class Publisher:
             return
         d.addCallback(self._stored, conn, session, qos, packet_id)
         d.addErrback(self._put_failed, conn, session, qos, packet_id)
+
+    def publish_will(self, client_id: str, will, username: str | None) -> None:
+        """Publish a client's will (its connection ended without DISCONNECT, or its will delay ran out), if the
+        publish decision allows it as it would the same PUBLISH from that client; a refusal is logged."""
+        now = self.now_ms()
+        verdict = decide(self.rules, Origin.WILL, will.topic, len(will.payload), will.retain, username=username,
+                         client_id=client_id, now_ms=now)
+        if type(verdict) is Refuse:
+            self.stats.messages_dropped += 1
+            log.info("will_denied client=%s topic=%s reason=%s", client_id, will.topic, verdict.why)
+            return
+        message = rec.Message(verdict.topic, will.payload, MQTT_PUBLISH, will.qos, will.retain, client_id, now,
+                              message_props.to_record(will.properties, now))
+
+        def published(result):
+            log.info("will_published client=%s topic=%s status=%s", client_id, will.topic, result.status.name)
+
+        def failed(failure):
+            self.stats.messages_dropped += 1
+            reason = "retained quota" if failure.check(QuotaExceeded) else "store"
+            log.info("will_denied client=%s topic=%s reason=%s: %s", client_id, will.topic, reason,
+                     failure.getErrorMessage())
+
+        if verdict.route is Route.RETAINED:
+            self.inbound.flush()  # after what its client published
+            self.store.put_retained(message).addCallbacks(published, failed)
+        else:
+            self.inbound.submit(message, published)
+
+    def publish_as_operator(self, topic: str, payload: bytes, qos: int, retain: bool):
+        """An admin publish: the same decision (the ACL aside: the operator is not a client) and the same store
+        interface as a client's; fires with the store's AppendResult, or fails with ``PublishRefused`` or the
+        store's ``QuotaExceeded``."""
+        now = self.now_ms()
+        verdict = decide(self.rules, Origin.ADMIN, topic, len(payload), retain, now_ms=now)
+        if type(verdict) is Refuse:
+            self.stats.messages_dropped += 1
+            return defer.fail(PublishRefused(verdict))
+        message = rec.Message(verdict.topic, payload, MQTT_PUBLISH, qos, retain, "", now, {})
+        self.inbound.flush()  # after what clients published before it
+        if verdict.route is Route.RETAINED:
+            return self.store.put_retained(message)
+        return self.store.append(message)
 
     def _refuse(self, conn, qos: int, packet_id, refusal: int) -> None:
         self.stats.messages_dropped += 1

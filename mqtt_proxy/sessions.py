@@ -16,7 +16,6 @@ import uuid
 
 from twisted.internet import defer
 
-from mqtt_proxy import message_props
 from mqtt_proxy.auth.acl import ACL
 from mqtt_proxy.codec import MQTT_5, ConnAck, Properties, ReasonCode
 from mqtt_proxy.config import LimitsConfig, MQTTConfig
@@ -25,7 +24,6 @@ from mqtt_proxy.inbound import InboundBatcher
 from mqtt_proxy.router import SubscriptionRouter
 from mqtt_proxy.session import Session
 from mqtt_proxy.session_state import NEVER_EXPIRES, NO_ENTRIES, Outbound, ScheduleWill
-from store import record as rec
 from store.api import Owed, SessionMeta, SessionState, Sessions, StoreError
 
 log = logging.getLogger("twistmq.mqtt.broker")  # the logger name is a stable, greppable part of the log lines
@@ -35,11 +33,12 @@ class SessionRegistry:
     """Sessions by client id, connected or not, and the timers of their expiry and delayed wills."""
 
     def __init__(self, ctx: SessionContext, router: SubscriptionRouter, inbound: InboundBatcher, auth, acl: ACL,
-                 config: MQTTConfig, limits: LimitsConfig, holder: str = "node") -> None:
+                 config: MQTTConfig, limits: LimitsConfig, holder: str = "node", publisher=None) -> None:
         self.ctx = ctx
         self.router = router
         self.store: Sessions = ctx.sessions  # claims, session state
-        self.inbound = inbound  # wills are published through it, after what their client published
+        self.inbound = inbound  # a session's writes wait for what its client published (flush)
+        self.publisher = publisher  # wills are decided and published by it, like a client's PUBLISH
         self.auth = auth
         self.acl = acl
         self.config = config
@@ -396,15 +395,8 @@ class SessionRegistry:
     # -- will ---------------------------------------------------------------------------------
 
     def _publish_will(self, client_id: str, will, acl_username: str | None = None) -> None:
-        if will is None:
-            return
-        if not self.acl.allowed(acl_username, client_id, will.topic, "write"):
-            log.info("will_denied client=%s topic=%s", client_id, will.topic)
-            return
-        message = rec.Message(will.topic, will.payload, rec.RecordKind.MQTT_PUBLISH, will.qos, will.retain,
-                              client_id, self.now_ms(), message_props.to_record(will.properties, self.now_ms()))
-        self.inbound.submit(message, lambda r: log.info("will_published client=%s topic=%s status=%s",
-                                                        client_id, will.topic, r.status.name))
+        if will is not None:
+            self.publisher.publish_will(client_id, will, acl_username)  # the one publish decision
 
     # -- retention ---------------------------------------------------------------------------
 

@@ -487,7 +487,9 @@ class Timers(Protocol):
 
         The result's ``offset`` is the timer's id (``cancel_timer``; the
         ``msg_id`` a delayed native produce reports). A message that cannot be
-        scheduled gets ``MESSAGE_ILLEGAL``.
+        scheduled gets ``MESSAGE_ILLEGAL``. A retained MQTT publish with a
+        payload meets the retained limits when it is scheduled, as
+        ``put_retained``: ``QuotaExceeded`` if they would be broken now.
         """
 
     def cancel_timer(self, timer_id: int) -> defer.Deferred[bool]:

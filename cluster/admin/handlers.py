@@ -16,8 +16,9 @@ import binascii
 from twisted.internet import defer
 
 from cluster.admin.api import ApiError, not_found
-from lightqueue.topic import TopicError, validate_topic_name
-from store.api import native_types
+from mqtt_proxy.codec import ReasonCode
+from mqtt_proxy.publish import PublishRefused
+from store.api import QuotaExceeded, native_types
 from store.timer_service import TimerNotFound
 
 
@@ -31,9 +32,6 @@ class Handlers:
         self.timers = timers  # store.timer_service.TimerService
         self.native = native  # lightqueue.native_engine.NativeEngine
         self.history = history  # cluster.admin.metrics.RateHistory: topic rates
-
-    def _now_ms(self) -> int:
-        return int(self.clock.seconds() * 1000)
 
     def _session(self, client_id: str):
         session = self.view.session(client_id)
@@ -118,17 +116,13 @@ class Handlers:
         topic = params["topic"]
         if not any(r["topic"] == topic for r in self.view.retained()):
             raise not_found(f"no retained message on {topic!r}")
-        d = self.view.publish(topic, b"", 0, True, self._now_ms())
+        d = self.view.delete_retained(topic)
         return d.addCallback(lambda r: _stored(r, {"topic": topic, "deleted": True}))
 
     def publish(self, params, query, body):
         topic = body.get("topic")
         if not isinstance(topic, str) or not topic:
             raise ApiError(400, "bad_request", "topic must be a non-empty string")
-        try:
-            validate_topic_name(topic)
-        except TopicError as exc:
-            raise ApiError(400, "bad_request", f"bad topic: {exc}") from None
         qos, retain = body.get("qos", 0), body.get("retain", False)
         if qos not in (0, 1, 2) or isinstance(qos, bool):
             raise ApiError(400, "bad_request", "qos must be 0, 1 or 2")
@@ -144,7 +138,8 @@ class Handlers:
                 raise ApiError(400, "bad_request", "payload is not base64") from None
         else:
             data = payload.encode("utf-8")
-        d = self.view.publish(topic, data, qos, retain, self._now_ms())
+        d = self.view.publish(topic, data, qos, retain)
+        d.addErrback(_refused)
         return d.addCallback(lambda r: _stored(r, {"topic": topic, "offset": r.offset, "status": r.status.name}))
 
     # -- native queues and timers -----------------------------------------------------------------------
@@ -190,6 +185,18 @@ class Handlers:
 
         d = self.timers.cancel(timer_id)
         return d.addCallbacks(lambda done: {"timer_id": timer_id, "cancelled": bool(done)}, missing)
+
+
+def _refused(failure):
+    """The publish decision's refusal, or the retained quota's, as an API error."""
+    if failure.check(PublishRefused):
+        verdict = failure.value.verdict
+        if verdict.reason == ReasonCode.NOT_AUTHORIZED:
+            raise ApiError(403, "forbidden", verdict.why)
+        raise ApiError(400, "bad_request", verdict.why)
+    if failure.check(QuotaExceeded):
+        raise ApiError(507, "quota_exceeded", failure.getErrorMessage())
+    return failure
 
 
 def _stored(result, answer: dict) -> dict:

@@ -13,7 +13,6 @@ Everything here is synchronous and reads the reactor thread's state.
 from __future__ import annotations
 
 from mqtt_proxy.codec import ReasonCode
-from store import record as rec
 
 LMQ_PREFIX, TOPIC_PREFIX, QUEUE_PREFIX = "%LMQ%", "%TOPIC%", "%QUEUE%"
 
@@ -183,9 +182,14 @@ class NodeView:
         found = index.lookup("#") + index.lookup("$SYS/#")
         return [{"topic": t, "offset": off, "size": size} for t, off, size in found]
 
-    def publish(self, topic: str, payload: bytes, qos: int, retain: bool, now_ms: int):
-        """Store a message as if an MQTT client published it; fires with the store's PutResult."""
-        return self.store.put(rec.Message(topic, payload, rec.RecordKind.MQTT_PUBLISH, qos, retain, "", now_ms))
+    def publish(self, topic: str, payload: bytes, qos: int, retain: bool):
+        """Publish as the operator through the front end's publish decision and store interface; fires with the
+        store's AppendResult, or fails with ``PublishRefused`` or ``QuotaExceeded``."""
+        return self.front.publisher.publish_as_operator(topic, payload, qos, retain)
+
+    def delete_retained(self, topic: str):
+        """Clear a topic's retained message through the store interface; fires with the AppendResult."""
+        return self.front.publisher.store.delete_retained(topic)
 
 
 def next_offset(sub) -> int:

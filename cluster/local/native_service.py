@@ -21,14 +21,15 @@ class NativeService:
     ``executor`` runs the KV's WAL fsyncs (``kv_sync``) off the reactor thread; without one they run inline.
     """
 
-    def __init__(self, store, data_dir: str, config: NativeConfig, clock, timers=None, executor=None) -> None:
+    def __init__(self, store, data_dir: str, config: NativeConfig, clock, timers=None, executor=None,
+                 retained_quota=None) -> None:
         self.store = store
         self.config = config
         self.clock = clock
         self.timers = timers
         sync = bool(getattr(getattr(store, "config", None), "kv_sync", False))
         self.kv = DurableKV(os.path.join(data_dir, STATE_DIR), clock, sync=sync, executor=executor)
-        self.engine = NativeEngine(store, self.kv, config, clock, timers)
+        self.engine = NativeEngine(store, self.kv, config, clock, timers, retained_quota)
         self.counters = self.engine.counters
         self.connections: set = set()
         self._udp: list[NativeUDPProtocol] = []

@@ -50,7 +50,7 @@ class StoreParts:
         self.store.add_listener(self.notifier.notify_now)  # the store's news comes merged per batch
         self.native_config = from_mapping(NativeConfig, "native", cfg.native)
         self.native = NativeService(self.store, data_dir, self.native_config, reactor, self.timers,
-                                    executor=self.executor)
+                                    executor=self.executor, retained_quota=self.retained.would_exceed)
         self.store.retention.add_holder(self.native.engine.owed)
         # Appends stay in memory for MQTT watchers and for native consumers near the tail alike.
         watched, native_reads = self.notifier.watched, self.native.engine.reads_soon

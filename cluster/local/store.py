@@ -282,11 +282,14 @@ class LocalStore:
             raise api.InvalidArgument("put_retained takes an MQTT publish with the retain flag and a payload "
                                       "(delete_retained clears a topic)")
         self._check_topic(m.topic)
+        self._check_retained_quota(m)
+        return self.append(m)
+
+    def _check_retained_quota(self, m: rec.Message) -> None:
         if self._retained.would_exceed(m.topic, len(m.body)):
             raise api.QuotaExceeded(f"retaining {len(m.body)} bytes on {m.topic!r} exceeds the retained limits "
                                     f"(max_messages {self._retained.max_messages}, "
                                     f"max_bytes {self._retained.max_bytes})")
-        return self.append(m)
 
     @_typed
     def delete_retained(self, topic: str) -> defer.Deferred:
@@ -304,7 +307,10 @@ class LocalStore:
 
     @_typed
     def schedule_timer(self, message: rec.Message, deliver_at_ms: int) -> defer.Deferred:
-        return self._timers.schedule(_check_message(message), deliver_at_ms)
+        m = _check_message(message)
+        if m.retain and m.body and m.kind == rec.RecordKind.MQTT_PUBLISH:
+            self._check_retained_quota(m)  # a delayed retained message meets the quota when it is accepted
+        return self._timers.schedule(m, deliver_at_ms)
 
     @_typed
     def cancel_timer(self, timer_id: int) -> defer.Deferred:

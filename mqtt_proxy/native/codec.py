@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from lightqueue.topic import TopicError, validate_topic_name
+from mqtt_proxy.publish_rules import Origin, PublishRules, Refuse, decide
 from store.api import native_types
 from store.config import NativeConfig, check_queue_name
 
@@ -38,6 +39,11 @@ MAX_GROUP_BYTES = 255
 MAX_MSG_ID = (1 << 63) - 1
 ENCODINGS = ("utf-8", "base64")
 _QUEUE_ACTIONS = (PRODUCE, CONSUME, CONFIRM, MONITOR, POP, ACK, CHANGE_INVISIBLE_TIME)
+
+
+NATIVE_RULES = PublishRules()
+"""The publish decision's rules for a native produce to a topic: no ACL (the native listener has no users), the
+topic rules of the codec; payload sizes are ``max_data_bytes``'s."""
 
 
 class RequestError(ValueError):
@@ -265,6 +271,11 @@ def _validate(obj: dict, echo: dict, cfg: NativeConfig) -> Request:
     if action == PRODUCE:
         if topic is not None and group is not None:
             raise RequestError("group is not used by produce")
+        if topic is not None:
+            # The one publish decision (the ``$`` reservation above all); the retained quota is the engine's.
+            verdict = decide(NATIVE_RULES, Origin.NATIVE, topic, 0, False)
+            if type(verdict) is Refuse:
+                raise RequestError(verdict.why)
         if "batch" in obj and obj["batch"] is not None:
             if "data" in obj:
                 raise RequestError("give either data or batch, not both")

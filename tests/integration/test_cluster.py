@@ -206,7 +206,7 @@ def timed_connect(port: int, client_id: str, v5: bool = False, results: dict | N
 
 def group_topics(cluster: Cluster, group: str) -> set[str]:
     """First levels of the MQTT publishes in a group's commit log."""
-    directory = os.path.join(cluster.roles.broker(group)["data_dir"], "commitlog")
+    directory = os.path.join(cluster.broker(group)["data_dir"], "commitlog")
     return {r.topic.partition("/")[0] for r in iter_records(directory)
             if r.kind is RecordKind.MQTT_PUBLISH and not r.topic.startswith("$")}
 
@@ -215,8 +215,8 @@ def test_each_group_log_holds_only_the_topics_its_slots_own(cluster):
     """Publishes through either proxy land in the group owning their first level, and only there."""
     table = cluster.table
     messages = [(f"{lv}/own/{i}", f"own-{lv}-{i}".encode()) for lv in levels(table) for i in range(3)]
-    acked = publish_all(cluster.roles.proxy(0)["ports"]["mqtt"], messages[::2], "own-a")
-    acked |= publish_all(cluster.roles.proxy(1)["ports"]["mqtt"], messages[1::2], "own-b")
+    acked = publish_all(cluster.proxy(0)["ports"]["mqtt"], messages[::2], "own-a")
+    acked |= publish_all(cluster.proxy(1)["ports"]["mqtt"], messages[1::2], "own-b")
     assert len(acked) == len(messages)
     for group in ("g1", "g2"):
         held = group_topics(cluster, group)
@@ -225,7 +225,7 @@ def test_each_group_log_holds_only_the_topics_its_slots_own(cluster):
 
 def test_notify_goes_only_to_the_proxy_holding_a_matching_filter(cluster):
     """A subscriber on proxy 1 only: proxy 2, holding no filter, receives 0 queue news events."""
-    p1, p2 = cluster.roles.proxy(0), cluster.roles.proxy(1)
+    p1, p2 = cluster.proxy(0), cluster.proxy(1)
     before = cluster.metric(p2, "twistmq_notify_events_received_total")
     sink = Sink("notify-sub", p1["ports"]["mqtt"])
     try:
@@ -241,7 +241,7 @@ def test_notify_goes_only_to_the_proxy_holding_a_matching_filter(cluster):
 
 def test_a_connect_on_the_other_proxy_takes_the_session_over(cluster):
     """MQTT-3.1.4-3 across proxies: the first proxy disconnects its client with 0x8E; the session moves."""
-    p1, p2 = cluster.roles.proxy(0), cluster.roles.proxy(1)
+    p1, p2 = cluster.proxy(0), cluster.proxy(1)
     first = Sink("roamer", p1["ports"]["mqtt"], clean=False, v5=True)
     first.subscribe("+/roam/#")
     second = Sink("roamer", p2["ports"]["mqtt"], clean=False, v5=True)
@@ -258,7 +258,7 @@ def test_a_connect_on_the_other_proxy_takes_the_session_over(cluster):
 
 def test_a_stopped_proxy_cannot_corrupt_a_session_taken_from_it(cluster):
     """SIGSTOP the holder, take the session over on the other proxy, SIGCONT: the old holder lets go."""
-    p1, p2 = cluster.roles.proxy(0), cluster.roles.proxy(1)
+    p1, p2 = cluster.proxy(0), cluster.proxy(1)
     old = Sink("sleeper", p1["ports"]["mqtt"], clean=False, v5=True)
     old.subscribe("+/sleep/#")
     os.kill(p1["pid"], signal.SIGSTOP)
@@ -283,7 +283,7 @@ def test_a_stopped_proxy_cannot_corrupt_a_session_taken_from_it(cluster):
 def test_retention_in_every_group_keeps_what_an_offline_session_owes(cluster):
     """An offline persistent '+/ret/#' session (held in one group) owes messages in both groups' logs:
     neither group's retention (2 s, 64 KiB segments) drops them; on return it gets all 1,600."""
-    p1, p2 = cluster.roles.proxy(0), cluster.roles.proxy(1)
+    p1, p2 = cluster.proxy(0), cluster.proxy(1)
     sub = Sink("ret-sub", p1["ports"]["mqtt"], clean=False)
     sub.subscribe("+/ret/#")
     sub.stop()
@@ -302,7 +302,7 @@ def test_retention_in_every_group_keeps_what_an_offline_session_owes(cluster):
 
 def test_native_queues_route_by_name_through_either_proxy(cluster):
     """A native produce on proxy 1 and consume on proxy 2 meet in the queue's group."""
-    p1, p2 = cluster.roles.proxy(0), cluster.roles.proxy(1)
+    p1, p2 = cluster.proxy(0), cluster.proxy(1)
     with BlockingClient("127.0.0.1", p1["ports"]["native"]) as a, \
             BlockingClient("127.0.0.1", p2["ports"]["native"]) as b:
         for n in range(8):
@@ -316,7 +316,7 @@ def test_native_queues_route_by_name_through_either_proxy(cluster):
 def test_persistent_subscriber_resumes_on_the_other_proxy_after_sigkill(cluster):
     """QoS 1 '+/chk/#' on proxy 1, publisher on proxy 2 over 16 topics; SIGKILL proxy 1 midway: the
     subscriber reconnects to proxy 2 and gets every acknowledged message."""
-    p1, p2 = cluster.roles.proxy(0), cluster.roles.proxy(1)
+    p1, p2 = cluster.proxy(0), cluster.proxy(1)
     sub = Sink("chk-sub", p1["ports"]["mqtt"], clean=False)
     sub.subscribe("+/chk/#")
     lvls = levels(cluster.table)
@@ -339,12 +339,12 @@ def test_a_broker_killed_and_restarted_loses_nothing_acknowledged(cluster):
     """SIGKILL broker g1 while publishing; publishes to it are held, then the client is dropped (not
     acknowledged); after its restart (recovery runs) the proxies reconnect and every acknowledged message
     reaches the persistent subscriber."""
-    p1, p2 = cluster.roles.proxy(0), cluster.roles.proxy(1)
+    p1, p2 = cluster.proxy(0), cluster.proxy(1)
     sub = Sink("crash-sub", p1["ports"]["mqtt"], clean=False)
     sub.subscribe("+/crash/#")
     lvls = levels(cluster.table)
     acked = publish_all(p2["ports"]["mqtt"], [(f"{lv}/crash/a", f"a-{lv}".encode()) for lv in lvls], "crash-a")
-    broker = cluster.roles.broker("g1")
+    broker = cluster.broker("g1")
     os.kill(broker["pid"], signal.SIGKILL)
     g2_only = [lv for lv in lvls if cluster.table.group_of_topic(lv) == "g2"]
     # CONNECT with g1 down takes one call timeout (the claim there), not two: a clean and a persistent
@@ -381,8 +381,8 @@ def test_a_broker_killed_and_restarted_loses_nothing_acknowledged(cluster):
 def test_an_unreachable_group_holds_the_ack_then_disconnects_with_server_busy(cluster):
     """With broker g1 stopped, a v5 QoS 1 publish to one of its topics gets no PUBACK and, after the call
     timeout, DISCONNECT 0x89 (Server busy); nothing is acknowledged that was not stored."""
-    p1 = cluster.roles.proxy(0)
-    broker = cluster.roles.broker("g1")
+    p1 = cluster.proxy(0)
+    broker = cluster.broker("g1")
     level = [lv for lv in levels(cluster.table) if cluster.table.group_of_topic(lv) == "g1"][0]
     client = Sink("held", p1["ports"]["mqtt"], v5=True)
     os.kill(broker["pid"], signal.SIGKILL)
