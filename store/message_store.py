@@ -191,6 +191,8 @@ class MessageStore:
         # Optional hook run after every drain, when the tick's batch is dead: the collector's turn.
         self.after_drain: Callable[[], object] | None = None
         self.retention = Retention(self, clock)
+        self.visible_offset = 0
+        """Commit-log offset below which records are durable under the flush policy: reads stop there."""
 
     # -- wiring ------------------------------------------------------------------
 
@@ -213,6 +215,7 @@ class MessageStore:
         """Lock the data dir, recover the log and replay it into every dispatcher."""
         self.commit_log.open()
         self._replay()
+        self.visible_offset = self.commit_log.max_offset  # what recovery found is on disk
         self.flush_policy.start()
         for interval, fn in ((self.config.retention_check_s, self._retention_tick),
                              (self.config.index_flush_s, self._flush_index)):
@@ -465,10 +468,19 @@ class MessageStore:
                 _answer(waiter, [PutResult(PutStatus.FLUSH_DISK_FAILED, off, q, reason)
                                  for off, q in zip(offsets[first:end], targets[first:end])], refused)
 
+        end = self.commit_log.max_offset
+
+        def visible(_=None):
+            # Readers see and hear of a record only once it is durable under the policy in force: at once under
+            # async (written to the OS), after the fsync the publisher waits for under sync.
+            if end > self.visible_offset:
+                self.visible_offset = end
+            if touched:
+                for listener in self._listeners:
+                    listener(touched)
+
         flushed.addCallbacks(acknowledge, fsync_failed)
-        if touched:
-            for listener in self._listeners:
-                listener(touched)
+        flushed.addBoth(visible)  # a failed fsync: its records are refused, but written; later ones need them
 
     def _trim_recent(self) -> None:
         """Drop the oldest kept appends until both bounds hold again.
@@ -520,13 +532,15 @@ class MessageStore:
             found = enumerate(tail[1], tail[0])
         out: list[QueueMessage] = []
         budget = MAX_GET_BYTES
-        log_min = self.commit_log.min_offset
+        log_min, visible = self.commit_log.min_offset, self.visible_offset
         todo: list = []  # entries whose records are not in memory: read in contiguous runs
         new = tuple.__new__
         recent = self._recent
         for queue_offset, (cl_offset, size, store_ts) in found:
             if cl_offset < log_min:
                 continue
+            if cl_offset >= visible:
+                break  # not durable yet under flush = sync: its notify comes after the fsync
             record = recent.get(cl_offset)
             if record is None:
                 todo.append((len(out), new(QueueEntry, (queue_offset, cl_offset, size, store_ts))))

@@ -415,3 +415,20 @@ def test_resolve_many_is_resolve_of_each(tmp_path):
                 Message(topic="q1", body=b"6", kind=RecordKind.NATIVE_MESSAGE), Message(topic=topic, body=b"7")]
     assert index.resolve_many(messages) == [index.resolve(m) for m in messages]
     assert index.resolve_many(messages)[0] == ("%TOPIC%a", "%LMQ%a/+")
+
+
+def test_sync_flush_shows_nothing_before_the_fsync(tmp_path):
+    """Under flush = sync no reader is notified of, or reads, a message before the fsync its publisher waits for."""
+    executor = DeferredExecutor()
+    store, index, clock = _store(tmp_path, executor, flush="sync")
+    executor.run_pending()  # whatever opening the store submitted
+    store.add_filter("dev/#")
+    events, acked = [], []
+    store.add_listener(events.append)
+    store.put(Message(topic="dev/1", body=b"x")).addCallback(acked.append)
+    clock.advance(0)  # the tick's drain: written, not yet fsynced
+    assert (acked, events, _got(store, "%LMQ%dev/#")) == ([], [], [])
+    executor.run_pending()  # the fsync
+    assert [r.status for r in acked] == [PutStatus.PUT_OK]
+    assert events == [{"%TOPIC%dev", "%LMQ%dev/#"}]
+    assert [m.record.body for m in _got(store, "%LMQ%dev/#")] == [b"x"]
