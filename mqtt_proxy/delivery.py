@@ -27,12 +27,12 @@ ENCODE_CACHE_MAX_PACKET = 16384  # bigger PUBLISHes are encoded per subscriber r
 class DeliveryPump:
     """Reads through the read cache, watches queues through the proxy's watches, encodes once per message."""
 
-    def __init__(self, read_cache, watches, clock, stats: BrokerStats) -> None:
+    def __init__(self, read_cache, watches, clock, stats: BrokerStats, deliver_latency=None) -> None:
         self.read_cache = read_cache
         self.watches = watches
         self.clock = clock
         self.stats = stats
-        self.deliver_latency = None  # an object with observe(seconds), set by the composition root (metrics)
+        self.deliver_latency = deliver_latency  # an object with observe(seconds) (metrics), or None
         self._encoded: OrderedDict[tuple, bytes] = OrderedDict()
         self._encoded_bytes = 0
 

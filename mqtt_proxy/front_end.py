@@ -118,12 +118,13 @@ class MQTTFrontEnd:
 
 
 def build_front_end(store: Store, clock, config: MQTTConfig, limits: LimitsConfig, auth=None, acl=None,
-                    holder: str = "node", read_cache: ReadCache | None = None) -> MQTTFrontEnd:
-    """Delivery pump, router, registry, publisher and front end over ``store``; ``holder`` claims sessions."""
+                    holder: str = "node", read_cache: ReadCache | None = None, deliver_latency=None) -> MQTTFrontEnd:
+    """Delivery pump, router, registry, publisher and front end over ``store``; ``holder`` claims sessions;
+    ``deliver_latency`` (an object with ``observe(seconds)``) hears publish-to-deliver times."""
     acl = acl or ACL.allow_all()
     stats = BrokerStats()
     read_cache = read_cache or ReadCache(store)
-    pump = DeliveryPump(read_cache, QueueWatches(store, before_news=read_cache.news), clock, stats)
+    pump = DeliveryPump(read_cache, QueueWatches(store, before_news=read_cache.news), clock, stats, deliver_latency)
     ctx = SessionContext(pump, store, config.max_inflight)
     inbound = InboundBatcher(store, clock)
     router = SubscriptionRouter(store, ctx, acl, limits)

@@ -157,10 +157,26 @@ class StoreLockedError(RuntimeError):
     """Another process holds the data directory."""
 
 
+class StoreObserver:
+    """What a ``MessageStore`` tells the one who composed it, passed in at construction; the defaults do nothing."""
+
+    def read_soon(self, queues: tuple[str, ...]) -> bool:
+        """Keep a new append to ``queues`` in memory, because a reader waits on one of them? (An offline
+        subscriber's backlog then costs disk, not memory.)"""
+        return True
+
+    def appended(self, seconds: float) -> None:
+        """A batch was acknowledged ``seconds`` after the store took it (the append latency)."""
+
+    def drained(self) -> None:
+        """A tick's drain is done and its batch is dead: the collector's turn."""
+
+
 class MessageStore:
     """Commit log + dispatchers + flush policy + retention, driven by one clock."""
 
-    def __init__(self, data_dir: str, config: StoreConfig, clock, executor) -> None:
+    def __init__(self, data_dir: str, config: StoreConfig, clock, executor,
+                 observer: StoreObserver | None = None) -> None:
         self.data_dir = data_dir
         self.config = config
         self._clock = clock
@@ -171,7 +187,7 @@ class MessageStore:
         self._dispatchers: list[Dispatcher] = []
         self._index: QueueIndex | None = None
         self._listeners: list[Callable[[set[str]], None]] = []
-        self.append_latency = None  # an object with observe(seconds), set by the composition root (metrics)
+        self._observer = observer or StoreObserver()
         self._pending: list[tuple[Sequence[rec.Message], object]] = []  # (messages, whom to answer)
         self._drain_call = None
         self._loops: list[task.LoopingCall] = []
@@ -185,11 +201,6 @@ class MessageStore:
         self._recent: dict[int, rec.Record] = {}  # commit-log offset -> the Record of a recent append
         self._recent_order: deque[int] = deque()  # the offsets kept in _recent, oldest first
         self._recent_bytes = 0
-        # Optional ``read_soon(queues) -> bool``: keep an append in memory only if a reader waits on
-        # one of its queues (an offline subscriber's backlog then costs disk, not memory).
-        self.read_soon: Callable[[tuple[str, ...]], bool] | None = None
-        # Optional hook run after every drain, when the tick's batch is dead: the collector's turn.
-        self.after_drain: Callable[[], object] | None = None
         self.retention = Retention(self, clock)
         self.visible_offset = 0
         """Commit-log offset below which records are durable under the flush policy: reads stop there."""
@@ -360,8 +371,7 @@ class MessageStore:
             self._append_batch(batch)
         finally:
             del batch  # its messages die here, before the collector's turn
-            if self.after_drain is not None:
-                self.after_drain()  # the batch's objects are dead now (cluster/runtime/heap.py's TickCollector)
+            self._observer.drained()  # the batch's objects are dead now (cluster/runtime/heap.py's TickCollector)
 
     def _append_batch(self, batch: list) -> None:
         started = self._clock.seconds()
@@ -427,7 +437,7 @@ class MessageStore:
         recent = self._recent
         order_append = self._recent_order.append
         Record = rec.Record
-        wanted = self.read_soon
+        wanted = self._observer.read_soon
         keep: dict[tuple[str, ...], bool] = {}  # asked once per distinct queue set in the tick
         kept_bytes = 0
         last_queues, k = None, False  # a topic's records come in runs with the very same queues tuple
@@ -438,7 +448,7 @@ class MessageStore:
                     last_queues = queues
                     k = keep.get(queues)
                     if k is None:
-                        k = keep[queues] = wanted is None or wanted(queues)
+                        k = keep[queues] = wanted(queues)
                 if k:
                     # The Record readers get, built now: one long-lived object per kept append (the request and
                     # the message die with the tick), so the collector's full passes walk a third as many. The
@@ -455,8 +465,7 @@ class MessageStore:
         flushed = self.flush_policy.written(self.commit_log.max_offset)
 
         def acknowledge(_):
-            if self.append_latency is not None:
-                self.append_latency.observe(self._clock.seconds() - started)
+            self._observer.appended(self._clock.seconds() - started)
             new, ok = tuple.__new__, PutStatus.PUT_OK  # one result per message: built in one call each
             results = [new(PutResult, (ok, offset, queues, "")) for offset, queues in zip(offsets, targets)]
             for waiter, first, end, refused in waiters:

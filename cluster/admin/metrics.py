@@ -1,63 +1,19 @@
-"""The node's own figures beyond the front end's counters: latency histograms, process CPU and RSS,
-per-listener connections, light-queue lag, and the msg/s history the dashboard draws.
-
-Histograms sit on hot paths, so they are fed once per batch, not per message
-(the store observes each commit-log batch, a session each batch of messages it
-read and sent to one subscription: the newest message of the batch), and
-``observe`` only bisects a fixed tuple of bounds and bumps a preallocated
-count: no allocation, no lock (the reactor thread is the only writer).
-"""
+"""The node's own figures beyond the front end's counters: latency histograms (``cluster.runtime.histogram``,
+fed by the store and the delivery pump), process CPU and RSS, per-listener connections, light-queue lag, and
+the msg/s history the dashboard draws."""
 
 from __future__ import annotations
 
 import collections
 import os
 import resource
-from bisect import bisect_left
 
 from twisted.internet import task
 
-LATENCY_BOUNDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-"""Upper bounds (seconds) of the latency buckets; one more bucket holds everything slower."""
+from cluster.runtime.histogram import LATENCY_BOUNDS, Histogram  # noqa: F401 (LATENCY_BOUNDS: re-exported)
 
 HISTORY_POINTS = 300
 """Seconds of msg/s history kept for the dashboard's chart (one point a second: five minutes)."""
-
-
-class Histogram:
-    """Counts of observations per fixed bucket, their sum and count (Prometheus' histogram, cumulated on read)."""
-
-    __slots__ = ("bounds", "counts", "sum", "count")
-
-    def __init__(self, bounds=LATENCY_BOUNDS) -> None:
-        self.bounds = tuple(bounds)
-        self.counts = [0] * (len(self.bounds) + 1)
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.sum += value
-        self.count += 1
-
-    def cumulative(self) -> list[tuple[str, int]]:
-        """(upper bound as text, observations at or below it), ending with ``+Inf``: Prometheus' buckets."""
-        out, total = [], 0
-        for bound, n in zip(self.bounds + (float("inf"),), self.counts):
-            total += n
-            out.append(("+Inf" if bound == float("inf") else repr(bound), total))
-        return out
-
-    def quantile(self, q: float) -> float:
-        """The upper bound of the bucket holding quantile ``q`` (0 with no observations; the last bound past it)."""
-        if not self.count:
-            return 0.0
-        rank, seen = q * self.count, 0
-        for bound, n in zip(self.bounds, self.counts):
-            seen += n
-            if seen >= rank:
-                return bound
-        return self.bounds[-1]
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -164,9 +120,9 @@ class NodeFigures:
     """
 
     def __init__(self, clock, lag=None, listeners=lambda: (), connections=lambda: (),
-                 queue_lag=lambda: (0, 0)) -> None:
-        self.deliver = Histogram()  # publish-to-deliver: one observation per session batch
-        self.append = Histogram()
+                 queue_lag=lambda: (0, 0), deliver: Histogram | None = None, append: Histogram | None = None) -> None:
+        self.deliver = deliver or Histogram()  # publish-to-deliver: one observation per session batch (the pump's)
+        self.append = append or Histogram()  # commit-log batch write to acknowledgement (the store's)
         self.lag = lag
         self._listeners = listeners
         self._connections = connections

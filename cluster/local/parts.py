@@ -15,6 +15,7 @@ import os
 from cluster.local.native_service import NativeService
 from cluster.local.store import LocalStore
 from cluster.runtime.heap import TickCollector
+from cluster.runtime.histogram import Histogram
 from cluster.runtime.services import Part
 from lightqueue import attach as attach_lightqueue
 from lightqueue.names import lmq_name
@@ -24,20 +25,27 @@ from store.api import Owed
 from store.config import NativeConfig, from_mapping
 from store.executor import ThreadPoolExecutor
 from store.kv import DurableKV
-from store.message_store import MessageStore
+from store.message_store import MessageStore, StoreObserver
 from store.session_store import SessionStore
 from store.timer_service import TimerService
 
 
-class StoreParts:
-    """``StoreParts(reactor, cfg)``: every stateful part of one broker group on ``cfg.node.data_dir``."""
+class StoreParts(StoreObserver):
+    """``StoreParts(reactor, cfg)``: every stateful part of one broker group on ``cfg.node.data_dir``.
+
+    It is its store's observer (``StoreObserver``): the parts that care about
+    appends (the notifier's and native readers' watches, the collector, the
+    append-latency histogram) are its own, so the store is handed them whole at
+    construction instead of hooks set on it afterwards.
+    """
 
     def __init__(self, reactor, cfg) -> None:
         data_dir = cfg.node.data_dir
         # fsyncs and RocksDB flushes run here: the commit log, both KVs' WAL syncs, the index flush and the
         # timer checkpoint can each have one in flight, so none waits for a thread behind another.
         self.executor = ThreadPoolExecutor(reactor, max_threads=6)
-        self.store = MessageStore(data_dir, cfg.store, reactor, self.executor)  # locks the data dir
+        self.append_latency = Histogram()  # from the start of a commit-log batch write to its acknowledgement
+        self.store = MessageStore(data_dir, cfg.store, reactor, self.executor, observer=self)  # locks the data dir
         self.index = attach_lightqueue(self.store)
         self.retained = RetainedIndex(os.path.join(data_dir, "retained"), cfg.limits.max_retained_messages,
                                       cfg.limits.max_retained_bytes)
@@ -52,13 +60,21 @@ class StoreParts:
         self.native = NativeService(self.store, data_dir, self.native_config, reactor, self.timers,
                                     executor=self.executor, retained_quota=self.retained.would_exceed)
         self.store.retention.add_holder(self.native.engine.owed)
-        # Appends stay in memory for MQTT watchers and for native consumers near the tail alike.
-        watched, native_reads = self.notifier.watched, self.native.engine.reads_soon
-        self.store.read_soon = lambda queues: watched(queues) or native_reads(queues)
         self.store.retention.add_carrier(self.retained.records_to_carry)
         # The collector's passes come after each drain (cluster/runtime/heap.py); the role starts it once recovery is done.
         self.collector = TickCollector(reactor)
-        self.store.after_drain = self.collector.collect_due
+
+    # -- the store's observer --------------------------------------------------------------------
+
+    def read_soon(self, queues: tuple[str, ...]) -> bool:
+        """Appends stay in memory for MQTT watchers and for native consumers near the tail alike."""
+        return self.notifier.watched(queues) or self.native.engine.reads_soon(queues)
+
+    def appended(self, seconds: float) -> None:
+        self.append_latency.observe(seconds)
+
+    def drained(self) -> None:
+        self.collector.collect_due()
 
     def hold_stored_sessions(self) -> None:
         """Make retention keep what the sessions in the session KV owe (a broker: its proxies' sessions live

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Any, Callable
+from typing import Callable
 
 import msgpack
 from twisted.internet import defer
@@ -160,6 +160,111 @@ class RemoteStore:
         self._watches[local_id] = (queue, callback, remote)
         callback(queue)  # news may have come while disconnected
 
+    # -- the interface's other operations: each one call to the broker (``_call``) -------------------
+
+    def append(self, message: api.Message) -> defer.Deferred[api.AppendResult]:
+        return self._call("append", (message,), {})
+
+    def append_batch(self, messages: tuple[api.Message, ...]) -> defer.Deferred[tuple[api.AppendResult, ...]]:
+        return self._call("append_batch", (messages,), {})
+
+    def first_positions(self, queue: str) -> defer.Deferred[tuple[api.QueuePosition, ...]]:
+        return self._call("first_positions", (queue,), {})
+
+    def end_positions(self, queue: str) -> defer.Deferred[tuple[api.QueuePosition, ...]]:
+        return self._call("end_positions", (queue,), {})
+
+    def read_queue(self, position: api.QueuePosition, max_count: int) -> defer.Deferred[api.ReadResult]:
+        return self._call("read_queue", (position, max_count), {})
+
+    def claim_session(self, client_id: str, holder: str) -> defer.Deferred[int]:
+        return self._call("claim_session", (client_id, holder), {})
+
+    def release_session(self, client_id: str, epoch: int) -> defer.Deferred[None]:
+        return self._call("release_session", (client_id, epoch), {})
+
+    def get_session(self, client_id: str) -> defer.Deferred[api.SessionState | None]:
+        return self._call("get_session", (client_id,), {})
+
+    def list_sessions(self) -> defer.Deferred[tuple[api.SessionState, ...]]:
+        return self._call("list_sessions", (), {})
+
+    def put_session(self, meta: api.SessionMeta, epoch: int) -> defer.Deferred[None]:
+        return self._call("put_session", (meta, epoch), {})
+
+    def delete_session(self, client_id: str, epoch: int) -> defer.Deferred[None]:
+        return self._call("delete_session", (client_id, epoch), {})
+
+    def put_subscription(self, client_id: str, subscription: api.SubscriptionState,
+                         epoch: int) -> defer.Deferred[None]:
+        return self._call("put_subscription", (client_id, subscription, epoch), {})
+
+    def delete_subscription(self, client_id: str, key: str, epoch: int) -> defer.Deferred[None]:
+        return self._call("delete_subscription", (client_id, key, epoch), {})
+
+    def put_outbound(self, client_id: str, outbound: api.OutboundState, epoch: int) -> defer.Deferred[None]:
+        return self._call("put_outbound", (client_id, outbound, epoch), {})
+
+    def delete_outbound(self, client_id: str, packet_id: int, epoch: int) -> defer.Deferred[None]:
+        return self._call("delete_outbound", (client_id, packet_id, epoch), {})
+
+    def put_released(self, client_id: str, packet_id: int, epoch: int) -> defer.Deferred[None]:
+        return self._call("put_released", (client_id, packet_id, epoch), {})
+
+    def delete_released(self, client_id: str, packet_id: int, epoch: int) -> defer.Deferred[None]:
+        return self._call("delete_released", (client_id, packet_id, epoch), {})
+
+    def put_inbound_qos2(self, client_id: str, packet_id: int, epoch: int) -> defer.Deferred[None]:
+        return self._call("put_inbound_qos2", (client_id, packet_id, epoch), {})
+
+    def delete_inbound_qos2(self, client_id: str, packet_id: int, epoch: int) -> defer.Deferred[None]:
+        return self._call("delete_inbound_qos2", (client_id, packet_id, epoch), {})
+
+    def get_share_positions(self, share_group: str,
+                            topic_filter: str) -> defer.Deferred[tuple[api.QueuePosition, ...]]:
+        return self._call("get_share_positions", (share_group, topic_filter), {})
+
+    def put_share_position(self, share_group: str, topic_filter: str,
+                           position: api.QueuePosition) -> defer.Deferred[None]:
+        return self._call("put_share_position", (share_group, topic_filter, position), {})
+
+    def get_retained(self, topic_filter: str) -> defer.Deferred[tuple[api.RetainedMessage, ...]]:
+        return self._call("get_retained", (topic_filter,), {})
+
+    def put_retained(self, message: api.Message) -> defer.Deferred[api.AppendResult]:
+        return self._call("put_retained", (message,), {})
+
+    def delete_retained(self, topic: str) -> defer.Deferred[api.AppendResult]:
+        return self._call("delete_retained", (topic,), {})
+
+    def schedule_timer(self, message: api.Message, deliver_at_ms: int) -> defer.Deferred[api.AppendResult]:
+        return self._call("schedule_timer", (message, deliver_at_ms), {})
+
+    def cancel_timer(self, timer_id: int) -> defer.Deferred[bool]:
+        return self._call("cancel_timer", (timer_id,), {})
+
+    def native_produce(self, address: api.NativeAddress, items: tuple[api.NativeItem,
+                       ...]) -> defer.Deferred[api.NativeProduced]:
+        return self._call("native_produce", (address, items), {})
+
+    def native_consume(self, address: api.NativeAddress,
+                       max_data_bytes: int | None = None) -> defer.Deferred[api.NativeDelivery | None]:
+        return self._call("native_consume", (address, max_data_bytes), {})
+
+    def native_confirm(self, address: api.NativeAddress, msg_id: int) -> defer.Deferred[None]:
+        return self._call("native_confirm", (address, msg_id), {})
+
+    def native_pop(self, address: api.NativeAddress, invisible_time_s: int | None = None,
+                   max_data_bytes: int | None = None) -> defer.Deferred[api.NativeDelivery | None]:
+        return self._call("native_pop", (address, invisible_time_s, max_data_bytes), {})
+
+    def native_ack(self, address: api.NativeAddress, msg_id: int) -> defer.Deferred[None]:
+        return self._call("native_ack", (address, msg_id), {})
+
+    def native_change_invisible_time(self, address: api.NativeAddress, msg_id: int,
+                                     invisible_time_s: int) -> defer.Deferred[int]:
+        return self._call("native_change_invisible_time", (address, msg_id, invisible_time_s), {})
+
     # -- native forwarding ------------------------------------------------------------------------------
 
     def native_request(self, request: dict, max_data_bytes: int | None = None) -> defer.Deferred:
@@ -173,21 +278,3 @@ class RemoteStore:
         else:
             d = self.peer.call(NATIVE_REQUEST, body)
         return d.addCallbacks(lambda body: msgpack.unpackb(body, raw=False), _as_store_error)
-
-
-def _forwarder(name: str) -> Callable:
-    op = store_codec.OPERATIONS[name]
-
-    def call(self: RemoteStore, *args: Any, **kwargs: Any) -> defer.Deferred:
-        return self._call(name, args, kwargs)
-
-    call.__name__ = call.__qualname__ = name
-    call.__doc__ = f"As ``store.api.Store.{name}{op.signature}``, on the broker."
-    return call
-
-
-# One forwarder per interface operation, from the codec's table; only the watch pair is written out above.
-for _name in store_codec.OPERATIONS:
-    if _name not in RemoteStore.__dict__:
-        setattr(RemoteStore, _name, _forwarder(_name))
-del _name

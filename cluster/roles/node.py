@@ -34,6 +34,7 @@ from cluster.roles.common import (
     security_reloader,
 )
 from cluster.runtime import node_log
+from cluster.runtime.histogram import Histogram
 from cluster.runtime.http import http_site
 from cluster.runtime.services import Part, ReadyLine, RoleService, SignalService
 from cluster.runtime.version import twistmq_version
@@ -80,8 +81,9 @@ class NodeParts:
         # The MQTT front end reaches the parts above only through the store interface, served in-process
         # here by one broker group (a proxy runs the same front end over the remote store).
         self.local_store = self.state.local_store(cfg.cluster.group)
-        self.mqtt = build_front_end(self.local_store, reactor, mqtt, cfg.limits, auth, acl, holder=NODE_HOLDER)
-        delivery = self.mqtt.registry.ctx.delivery
+        deliver_latency = Histogram()
+        self.mqtt = build_front_end(self.local_store, reactor, mqtt, cfg.limits, auth, acl, holder=NODE_HOLDER,
+                                    deliver_latency=deliver_latency)
         # Retention keeps what sessions and shared groups still owe (native consumers and retained messages:
         # StoreParts).
         self.store.retention.add_holder(self.mqtt.owed)
@@ -91,9 +93,8 @@ class NodeParts:
                              retained=self.retained)
         self.figures = NodeFigures(reactor, self.lag, listeners=lambda: self.streams,
                                    connections=lambda: chain(self.mqtt.connections, self.native.connections),
-                                   queue_lag=self.view.lag_total)
-        self.store.append_latency = self.figures.append
-        delivery.deliver_latency = self.figures.deliver
+                                   queue_lag=self.view.lag_total, deliver=deliver_latency,
+                                   append=self.state.append_latency)
         stats = self.mqtt.stats
         self.history = RateHistory(reactor, lambda: (stats.messages_received, stats.messages_sent),
                                    self.view.topic_offsets)

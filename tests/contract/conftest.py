@@ -37,7 +37,7 @@ from push.notifier import Notifier
 from store.config import NativeConfig, StoreConfig
 from store.executor import SynchronousExecutor
 from store.kv import DurableKV
-from store.message_store import MessageStore
+from store.message_store import MessageStore, StoreObserver
 from store.session_store import SessionStore
 from store.timer_service import TimerService
 from tests.contract.loopback_store import LoopbackStore
@@ -49,11 +49,16 @@ RETAINED_LIMIT = 3
 MAX_TICKS = 50  # zero-length clock steps allowed for one result (loopback: a few per call)
 
 
-class Parts:
+class Parts(StoreObserver):
     """The in-process parts of one broker group, built and opened as the node does."""
 
+
+    def read_soon(self, queues) -> bool:
+        """The store's observer: keep appends in memory for queues a watcher reads (as the node does)."""
+        return self.notifier.watched(queues)
+
     def __init__(self, path: str, clock: task.Clock) -> None:
-        self.store = MessageStore(path, StoreConfig(segment_size=1 << 20), clock, SynchronousExecutor())
+        self.store = MessageStore(path, StoreConfig(segment_size=1 << 20), clock, SynchronousExecutor(), observer=self)
         lightqueue.attach(self.store)
         self.retained = RetainedIndex(os.path.join(path, "retained"), max_messages=RETAINED_LIMIT)
         self.store.register_dispatcher(self.retained)
@@ -61,7 +66,6 @@ class Parts:
         self.kv = DurableKV(os.path.join(path, "sessions"), clock)
         self.notifier = Notifier(clock)
         self.store.add_listener(self.notifier.notify_now)
-        self.store.read_soon = self.notifier.watched
         self.native_kv = DurableKV(os.path.join(path, "native"), clock)
         self.engine = NativeEngine(self.store, self.native_kv, NativeConfig(), clock, self.timers)
         self.store.add_listener(self.engine.note_queues)

@@ -34,15 +34,25 @@ from push.notifier import Notifier  # noqa: E402
 from store.config import NativeConfig, StoreConfig  # noqa: E402
 from store.executor import SynchronousExecutor  # noqa: E402
 from store.kv import DurableKV  # noqa: E402
-from store.message_store import MessageStore  # noqa: E402
+from store.message_store import MessageStore, StoreObserver  # noqa: E402
 from store.session_store import SessionStore  # noqa: E402
 from store.timer_service import TimerService  # noqa: E402
 from tests.contract.loopback_store import LoopbackStore  # noqa: E402
 
 
+class _Watched(StoreObserver):
+    """Keeps appends in memory for the queues the notifier's watchers read (the notifier is made after the store)."""
+
+    watched = staticmethod(lambda queues: True)
+
+    def read_soon(self, queues) -> bool:
+        return self.watched(queues)
+
+
 def main(data_dir: str, proxies: int, events: bool) -> None:
     os.makedirs(data_dir, exist_ok=True)
-    store = MessageStore(data_dir, StoreConfig(), reactor, SynchronousExecutor())
+    observer = _Watched()
+    store = MessageStore(data_dir, StoreConfig(), reactor, SynchronousExecutor(), observer)
     lightqueue.attach(store)
     retained = RetainedIndex(os.path.join(data_dir, "retained"))
     store.register_dispatcher(retained)
@@ -51,7 +61,7 @@ def main(data_dir: str, proxies: int, events: bool) -> None:
     native_kv = DurableKV(os.path.join(data_dir, "native"), reactor)
     notifier = Notifier(reactor)
     store.add_listener(notifier.notify_now)
-    store.read_soon = notifier.watched
+    observer.watched = notifier.watched
     store.open()
     timers.start()
     engine = NativeEngine(store, native_kv, NativeConfig(), reactor, timers)

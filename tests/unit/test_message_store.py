@@ -18,10 +18,11 @@ from store.record import Message, RecordKind
 T0 = 1_800_000_000.0
 
 
-def _store(path, executor=None, **cfg):
+def _store(path, executor=None, observer=None, **cfg):
     clock = task.Clock()
     clock.advance(T0)
-    store = MessageStore(str(path), StoreConfig(segment_size=64 * 1024, **cfg), clock, executor or SynchronousExecutor())
+    store = MessageStore(str(path), StoreConfig(segment_size=64 * 1024, **cfg), clock, executor or SynchronousExecutor(),
+                         observer)
     index = lightqueue.attach(store)
     store.open()
     return store, index, clock
@@ -375,10 +376,15 @@ def test_tails_share_one_budget_so_a_lone_read_queue_keeps_a_long_tail(tmp_path,
 
 
 def test_after_drain_runs_once_per_drain_after_the_batch(tmp_path):
-    """The after_drain hook runs once per drain, after its messages are stored (and once more after a failed drain)."""
-    store, index, clock = _store(tmp_path)
-    calls = []
-    store.after_drain = lambda: calls.append(store.puts)
+    """The observer's drained runs once per drain, after its messages are stored (and once more after a failed drain)."""
+    calls, stores = [], []
+
+    class Drains(message_store.StoreObserver):
+        def drained(self):
+            calls.append(stores[0].puts)
+
+    store, index, clock = _store(tmp_path, observer=Drains())
+    stores.append(store)
     _put_all(store, clock, [Message(topic="a", body=b"1"), Message(topic="a", body=b"2")])
     assert calls == [2]
     clock.advance(0)
