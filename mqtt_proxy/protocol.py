@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 
-from twisted.internet import protocol, tcp
+from twisted.internet import protocol
 from zope.interface import implementer
 from twisted.internet.interfaces import ILoggingContext, IProtocol, IPushProducer
 
@@ -26,6 +26,7 @@ from mqtt_proxy.codec.errors import UnsupportedProtocolVersion
 from mqtt_proxy.codec.reason import DISCONNECT_CODES
 from mqtt_proxy.codec.packets import PING_RESP, Auth, Properties
 from mqtt_proxy.subscribe import handle_subscribe, handle_unsubscribe
+from mqtt_proxy.twisted_internals import raise_send_limit, share_log_strings
 from store.api import AppendStatus as PutStatus
 
 log = logging.getLogger("twistmq.mqtt.protocol")
@@ -85,10 +86,8 @@ class MQTTServerProtocol:
     def makeConnection(self, transport) -> None:
         self.connected = 1
         self.transport = transport
-        if isinstance(transport, tcp.Server):
-            # Twisted formats two strings per connection for its own log lines and repr (164 bytes of an
-            # idle connection); ours name the client and peer, so a shared prefix serves Twisted's.
-            transport.logstr = transport.repstr = "MQTTServerProtocol"
+        # Ours name the client and peer, so a shared prefix serves Twisted's own log lines.
+        share_log_strings(transport, "MQTTServerProtocol")
         self.connectionMade()
 
     def logPrefix(self) -> str:
@@ -349,13 +348,11 @@ class MQTTServerProtocol:
         self.paused = True
         transport = self.transport
         size = getattr(transport, "bufferSize", 0)  # a TCP transport (TLS and WebSocket ones have their own)
-        if getattr(transport, "SEND_LIMIT", size) < size:
-            # One send may empty what the pause threshold lets queue: with Twisted's 128 KiB a fan-in's
-            # subscriber got 128 KiB out per reactor pass while its publishers' reads brought 1 MiB each in,
-            # fell behind and was served from the commit log instead of memory (bench scenario 1: 0.96x CPU).
-            # Set on the first pause, not at connect: an attribute more on every idle connection's transport
-            # cost its share of the per-connection memory.
-            transport.SEND_LIMIT = size
+        # One send may empty what the pause threshold lets queue: with Twisted's 128 KiB a fan-in's
+        # subscriber got 128 KiB out per reactor pass while its publishers' reads brought 1 MiB each in,
+        # fell behind and was served from the commit log instead of memory. Set on the first pause, not at
+        # connect: an attribute more on every idle connection's transport costs per-connection memory.
+        raise_send_limit(transport, size)
 
     def resumeProducing(self) -> None:
         self.paused = False

@@ -462,9 +462,15 @@ class MessageStore:
             self._trim_recent()
         self.puts += len(requests)
         self.bytes_in += sum(map(len, encoded))
-        flushed = self.flush_policy.written(self.commit_log.max_offset)
+        log_end = self.commit_log.max_offset
+        flushed = self.flush_policy.written(log_end)
 
         def acknowledge(_):
+            # Readers see a record only once it is durable under the policy in force: at once under async (written
+            # to the OS), after the fsync the publisher waits for under sync; before the publisher hears, so a
+            # read its answer triggers finds the record.
+            if log_end > self.visible_offset:
+                self.visible_offset = log_end
             self._observer.appended(self._clock.seconds() - started)
             new, ok = tuple.__new__, PutStatus.PUT_OK  # one result per message: built in one call each
             results = [new(PutResult, (ok, offset, queues, "")) for offset, queues in zip(offsets, targets)]
@@ -472,24 +478,20 @@ class MessageStore:
                 _answer(waiter, results[first:end], refused)
 
         def fsync_failed(f):
+            if log_end > self.visible_offset:  # refused, but written: the records after it are read past them
+                self.visible_offset = log_end
             reason = f.getErrorMessage()
             for waiter, first, end, refused in waiters:
                 _answer(waiter, [PutResult(PutStatus.FLUSH_DISK_FAILED, off, q, reason)
                                  for off, q in zip(offsets[first:end], targets[first:end])], refused)
 
-        end = self.commit_log.max_offset
-
-        def visible(_=None):
-            # Readers see and hear of a record only once it is durable under the policy in force: at once under
-            # async (written to the OS), after the fsync the publisher waits for under sync.
-            if end > self.visible_offset:
-                self.visible_offset = end
+        def notify(_=None):
             if touched:
                 for listener in self._listeners:
                     listener(touched)
 
         flushed.addCallbacks(acknowledge, fsync_failed)
-        flushed.addBoth(visible)  # a failed fsync: its records are refused, but written; later ones need them
+        flushed.addBoth(notify)  # watchers hear of new entries once they are visible
 
     def _trim_recent(self) -> None:
         """Drop the oldest kept appends until both bounds hold again.

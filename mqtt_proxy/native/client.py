@@ -27,7 +27,7 @@ import orjson
 from twisted.internet import defer, endpoints, protocol
 
 from mqtt_proxy.native.codec import LineBuffer
-from mqtt_proxy.native.send import can_send_directly, send
+from mqtt_proxy.twisted_internals import can_send_directly, send
 
 
 def encode_request(req: dict) -> bytes:

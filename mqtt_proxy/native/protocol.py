@@ -23,7 +23,7 @@ from twisted.internet import protocol
 from mqtt_proxy.native import codec
 from mqtt_proxy.native.codec import LINE_TOO_LONG, LineBuffer, RequestError
 from mqtt_proxy.native.ordering import RequestOrder
-from mqtt_proxy.native.send import can_send_directly, send
+from mqtt_proxy.twisted_internals import can_send_directly, send
 
 log = logging.getLogger("twistmq.native.protocol")
 

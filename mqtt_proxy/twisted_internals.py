@@ -1,0 +1,56 @@
+"""Every use of Twisted's transport internals, in one place (tests/integration/test_twisted_internals.py
+fails if Twisted changes them).
+
+- ``send``: a small write goes out at once when nothing is queued in the
+  transport, for both ends of the native protocol. One in-flight request per
+  connection is the common native pattern, so every request and reply is one
+  small write. Through ``transport.write`` each costs registering the socket for
+  writing, a poll round and unregistering it again (two ``epoll_ctl`` calls and
+  a wake-up), a fair share of a request. When the transport is a plain TCP
+  connection with nothing buffered (``dataBuffer``, ``_tempDataLen``),
+  ``socket.send`` goes out directly; whatever the socket does not take goes to
+  Twisted's buffer.
+- ``share_log_strings``: Twisted formats two strings per connection for its own
+  log lines and repr (``logstr``, ``repstr``: 164 bytes of an idle MQTT
+  connection); one shared string serves them.
+- ``raise_send_limit``: ``SEND_LIMIT`` (128 KiB) is what one send may take from
+  the transport's buffer per reactor pass.
+"""
+
+from __future__ import annotations
+
+from twisted.internet import tcp
+
+
+def can_send_directly(transport) -> bool:
+    """A plain TCP transport with Twisted's write buffer (not TLS, not a test double)."""
+    return isinstance(transport, tcp.Connection) and hasattr(transport, "_tempDataLen") \
+        and hasattr(transport, "socket")
+
+
+def send(transport, data: bytes, direct: bool) -> None:
+    """Write ``data``: straight to the socket when ``direct`` and nothing is queued, else ``transport.write``."""
+    t = transport
+    if direct and not t.dataBuffer and not t._tempDataLen and t.connected and not t.disconnecting and not t.TLS:
+        try:
+            sent = t.socket.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            sent = 0  # the transport finds the error itself on its next read or write
+        if sent == len(data):
+            return
+        data = data[sent:]
+    t.write(data)
+
+
+def share_log_strings(transport, name: str) -> None:
+    """Let a TCP server transport use one shared string for its log prefix and repr."""
+    if isinstance(transport, tcp.Server):
+        transport.logstr = transport.repstr = name
+
+
+def raise_send_limit(transport, size: int) -> None:
+    """Let one send of a TCP transport take up to ``size`` bytes of its buffer (no-op elsewhere)."""
+    if getattr(transport, "SEND_LIMIT", size) < size:
+        transport.SEND_LIMIT = size

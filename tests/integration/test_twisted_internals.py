@@ -1,0 +1,60 @@
+"""The Twisted transport internals mqtt_proxy/twisted_internals.py relies on: this fails if Twisted changes them.
+
+Real TCP transports over a socket pair (built, never started: nothing here runs
+a reactor), so the attributes checked are the ones a live connection has.
+"""
+
+from __future__ import annotations
+
+import socket
+from types import SimpleNamespace
+
+import pytest
+from twisted.internet import protocol, tcp
+from twisted.internet.testing import MemoryReactor
+
+from mqtt_proxy.twisted_internals import can_send_directly, raise_send_limit, send, share_log_strings
+
+
+@pytest.fixture()
+def pair():
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    yield a, b
+    a.close()
+    b.close()
+
+
+def _server(sock) -> tcp.Server:
+    port = SimpleNamespace(_realPortNumber=1883)  # what a Server reads of its listening Port
+    return tcp.Server(sock, protocol.Protocol(), ("127.0.0.1", 50000), port, 1, MemoryReactor())
+
+
+def test_tcp_transport_has_the_buffer_attributes_send_reads(pair):
+    """A TCP transport has dataBuffer, _tempDataLen, connected, disconnecting, TLS and socket: direct sends work."""
+    transport = _server(pair[0])
+    transport.connected = 1
+    for name in ("dataBuffer", "_tempDataLen", "disconnecting", "TLS", "socket", "SEND_LIMIT"):
+        assert hasattr(transport, name), name
+    assert can_send_directly(transport)
+    send(transport, b"hello", direct=True)
+    assert pair[1].recv(16) == b"hello"  # went straight to the socket, nothing queued in Twisted's buffer
+    assert not transport.dataBuffer and not transport._tempDataLen
+
+
+def test_send_limit_is_a_class_default_raised_per_transport(pair):
+    """SEND_LIMIT is Twisted's per-pass send size (a class attribute): raising it changes only this transport."""
+    transport = _server(pair[0])
+    default = tcp.Server.SEND_LIMIT
+    raise_send_limit(transport, default * 8)
+    assert transport.SEND_LIMIT == default * 8 and tcp.Server.SEND_LIMIT == default
+    raise_send_limit(transport, 1)  # never lowered
+    assert transport.SEND_LIMIT == default * 8
+
+
+def test_log_strings_are_what_twisted_formats_per_connection(pair):
+    """A TCP server transport keeps logstr and repstr, which Twisted reads for its log prefix and repr."""
+    transport = _server(pair[0])
+    assert isinstance(transport.logstr, str) and isinstance(transport.repstr, str)
+    share_log_strings(transport, "MQTTServerProtocol")
+    assert transport.logPrefix() == "MQTTServerProtocol" and repr(transport) == "MQTTServerProtocol"
