@@ -42,7 +42,7 @@ class MQTTServerProtocol:
 
     ``IProtocol`` without ``protocol.Protocol`` as base class: its instances
     carry a ``__dict__``, and an idle connection is mostly this object, so it has
-    slots only (issue 17). Rarely needed state starts as a shared None and is
+    slots only. Rarely needed state starts as a shared None and is
     made when first used.
     """
 

@@ -76,7 +76,7 @@ def _ignore_fenced(session: "Session") -> None:
 class Session:
     """State of one client id, connected or not."""
 
-    # Slots: one per client id, connected or not, so its size is the broker's size per client (issue 17).
+    # Slots: one per client id, connected or not, so its size is the broker's size per client.
     __slots__ = ("ctx", "delivery", "sessions", "client_id", "epoch", "fenced", "on_fenced", "state", "conn",
                  "will_call", "stored", "acl_username", "expiry_call", "_dirty_subs", "_pumping", "_pump_again",
                  "_pump_scheduled")

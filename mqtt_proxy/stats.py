@@ -32,6 +32,3 @@ class BrokerStats:
         """One PUBLISH of ``nbytes`` came in."""
         self.messages_received += 1
         self.bytes_received += nbytes
-
-    def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}

@@ -32,9 +32,9 @@ log = logging.getLogger("twistmq.store")
 MAX_GET_COUNT = 1000
 MAX_GET_BYTES = 4 * 1024 * 1024
 REPLAY_CHUNK = 2000
-# Appends kept in memory for readers of the log's tail (no read, no decode). A fan-in subscriber runs
-# tens of thousands of messages behind a burst of publishers (bench scenario 2, 200,000 messages: at 8 MiB
-# its reads left this cache and CPU per message rose 11 %); a full collector pass walks every kept entry.
+# Appends kept in memory for readers of the log's tail (no read, no decode). A fan-in subscriber can run tens
+# of thousands of messages behind a burst of publishers, so the cache is large; but a full collector pass walks
+# every kept entry, so it is bounded (docs/tuning.md has the measurements behind both numbers).
 RECENT_RECORDS = 262144
 RECENT_BYTES = 64 << 20  # ... and at most this much memory: record bytes plus Python's cost per entry
 RECENT_MAX_RECORD = 8192  # larger records are read back from the log: copying them dominates anyway

@@ -6,9 +6,8 @@ from twisted.internet.task import LoopingCall
 
 # Young-generation collections after this many net allocations, the middle one every 10 young ones, a full
 # pass every 10 middle ones. The default 700 runs a young pass every few dozen messages on the MQTT fan-in
-# path; at 10,000 the node's CPU per fan-in message fell by about 15 %, at 50,000 by 2-7 % more (node CPU read
-# from /proc by bench/cost_bench.py; fewer passes catch a tick's short-lived objects alive and promote them),
-# and bench/stall_bench.py's reactor lateness did not grow (max 10.9 ms against 72 ms at 10,000, one run).
+# path, catching a tick's short-lived objects alive and promoting them; fewer passes cost less CPU per message
+# without longer reactor stalls (bench/cost_bench.py, bench/stall_bench.py; figures in docs/tuning.md).
 GC_THRESHOLDS = (50_000, 10, 10)
 BACKSTOP_INTERVAL = 1.0  # seconds: a process with no store drains still collects this often when a pass is due
 

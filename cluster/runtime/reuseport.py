@@ -48,12 +48,6 @@ class ReusePortTCPEndpoint:
             sock.close()
 
 
-def wants_reuseport(description: str) -> bool:
-    """Whether a listener description asks for SO_REUSEPORT."""
-    _, _, kwargs = parse_description(description)
-    return kwargs.get("reuseport", "no").lower() in TRUE
-
-
 def server_endpoint(reactor, description: str):
     """The server endpoint of a stream listener description: ours for ``reuseport=yes``, Twisted's otherwise."""
     kind, args, kwargs = parse_description(description)

@@ -57,7 +57,7 @@ class MQTTParser:
     the first CONNECT sets it.
     """
 
-    # One per connection: slots, and no buffer list until a packet arrives in pieces (issue 17).
+    # One per connection: slots, and no buffer list until a packet arrives in pieces.
     __slots__ = ("max_packet_size", "server_side", "protocol_level", "_receives", "_pending", "_pending_len",
                  "_need", "_error")
 

@@ -55,11 +55,6 @@ class ReasonCode(enum.IntEnum):
     SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED = 0xA1
     WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED = 0xA2
 
-    @property
-    def is_error(self) -> bool:
-        """True for failure codes (0x80 and above)."""
-        return self >= 0x80
-
 
 class ConnectReturnCode(enum.IntEnum):
     """MQTT 3.1.1 CONNACK return codes (section 3.2.2.3)."""
