@@ -244,7 +244,13 @@ class Session:
         if not result.messages or result.messages[0].position != o.position:
             self.carry_out(self.state.complete(pid))  # the record is gone (retention): nothing to resend
             return
-        self._send(result.messages[0].record, o.qos, pid, sub, dup=True)
+        record = result.messages[0].record
+        reads = self.reads
+        if reads is not None and not reads.whole(sub.topic_filter) and not reads.can_read(record.topic):
+            self._denied(1, record.topic)  # the ACL changed since it was first sent
+            self.carry_out(self.state.complete(pid))
+            return
+        self._send(record, o.qos, pid, sub, dup=True)
 
     def pump_soon(self) -> None:
         """Pump once at the end of this tick: acknowledgements arrive in bursts, one read serves them all."""

@@ -195,7 +195,12 @@ class SessionRegistry:
                     self.take_over(session)
                     session = self.sessions.get(client_id)  # a non-persistent session ended with the old link
             elif assigned is None:
-                session = yield self._load(client_id, epoch, packet.clean_start)
+                session = yield self._load(client_id, epoch, packet.clean_start, identity)
+                if session is not None and not self._owned_by(session, identity):
+                    # Stored by another identity since the check before the claim: kept as it was.
+                    self._schedule_expiry(session, self.now_ms())
+                    self._refuse_foreign(conn, client_id, identity, session.owner)
+                    return
             session_present = False
             if session is not None and packet.clean_start:
                 yield self.end_session(session)
@@ -207,8 +212,7 @@ class SessionRegistry:
             if session is None:
                 session = self._new_session(client_id, level, expiry, epoch)
                 self.sessions[client_id] = session
-            elif not self._owned_by(session, identity):  # loaded from the store, made by another identity
-                self._schedule_expiry(session, self.now_ms())
+            elif not self._owned_by(session, identity):  # made by another CONNECT of the id meanwhile
                 self._refuse_foreign(conn, client_id, identity, session.owner)
                 return
             elif not packet.clean_start:
@@ -329,10 +333,10 @@ class SessionRegistry:
             lambda f: log.warning("session_release_failed client=%s error=%s", client_id, f.getErrorMessage()))
 
     @defer.inlineCallbacks
-    def _load(self, client_id: str, epoch: int, clean_start: bool):
+    def _load(self, client_id: str, epoch: int, clean_start: bool, identity: str):
         """The stored session of ``client_id`` (held elsewhere before, or by nobody since a restart), or None.
 
-        A clean start deletes what was stored instead.
+        A clean start by its owner deletes what was stored instead (another identity's is loaded and kept).
         """
         try:
             state = yield self.store.get_session(client_id)
@@ -341,7 +345,7 @@ class SessionRegistry:
             return None
         if state is None:
             return None
-        if clean_start:
+        if clean_start and state.meta.owner in (None, identity):
             try:
                 yield self.store.delete_session(client_id, epoch)
             except StoreError as exc:
