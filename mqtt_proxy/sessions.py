@@ -211,6 +211,7 @@ class SessionRegistry:
                     session.epoch, session.fenced = epoch, False
             if session is None:
                 session = self._new_session(client_id, level, expiry, epoch)
+                session.owner = identity
                 self.sessions[client_id] = session
             elif not self._owned_by(session, identity):  # made by another CONNECT of the id meanwhile
                 self._refuse_foreign(conn, client_id, identity, session.owner)

@@ -213,6 +213,9 @@ class ClientACL:
 _ALLOW_ALL = ClientACL(None)
 
 
+_NO_VERDICTS: dict[str, bool] = {}  # never written: ReadCheck replaces it at its first refresh
+
+
 class ReadCheck:
     """Whether one connected session may read what its subscriptions bring, cached until the ACL reloads.
 
@@ -230,10 +233,11 @@ class ReadCheck:
         self._acl = acl
         self._username = username
         self._client_id = client_id
-        self._generation = -1  # resolved on first use
+        # Resolved on first use (an idle connection never pays for its two tables).
+        self._generation = -1
         self._client: ClientACL = _ALLOW_ALL
-        self._filters: dict[str, bool] = {}
-        self._topics: dict[str, bool] = {}
+        self._filters: dict[str, bool] = _NO_VERDICTS
+        self._topics: dict[str, bool] = _NO_VERDICTS
 
     def _refresh(self) -> None:
         acl = self._acl
