@@ -173,6 +173,29 @@ def test_clean_start_by_another_user_leaves_the_owner_connected(node, level):
         a.close()
 
 
+def test_session_owner_survives_a_restart(tmp_path):
+    """The owner is stored with the session: after a restart bob is still refused alice's stored session."""
+    n = start_node(tmp_path)
+    cid, topic = unique("alice-restart"), "alice/" + unique("t")
+    try:
+        a = login(n, "alice", 4, cid, clean=False)
+        assert subscribe(a, topic).reason_codes == (1,)
+        a.close()
+        wait_log(n, rf"client_disconnected client={re.escape(cid)}", 1)
+    finally:
+        n.stop()
+    again = n.start()
+    try:
+        b = login(again, "bob", 4, cid, clean=False, expect_ok=False)
+        assert (b.connack.reason_code, b.connack.session_present) == (5, False)
+        b.close()
+        a = login(again, "alice", 4, cid, clean=False)
+        assert a.connack.session_present
+        a.close()
+    finally:
+        again.stop()
+
+
 def test_same_user_still_takes_over_its_own_session(node):
     """The owner reconnecting with its client id takes the session over as before (MQTT-3.1.4-3)."""
     cid = unique("alice-own")
