@@ -244,6 +244,30 @@ def test_acl_reload_applies_to_existing_subscriptions(node):
         b.close()
 
 
+def test_acl_reload_applies_to_shared_subscriptions(node):
+    """A $share subscription made before the reload delivers nothing the reloaded ACL denies; the group goes on."""
+    a = Paho(node.port(), username="alice", password=PW["alice"])
+    b = Paho(node.port(), username="bob", password=PW["bob"])
+    try:
+        assert a.connect() == 0 and b.connect() == 0
+        group = unique("g")
+        assert a.subscribe(f"$share/{group}/news/#", 1) == [1]
+        with open(node.acl, "w", encoding="utf-8") as handle:
+            handle.write(ACL.replace("topic readwrite news/#\n", "topic readwrite news/open/#\n", 1))
+        sighup(node, r"reload_ok kind=acl")
+        assert b.publish("news/closed", b"denied", 1) == 0
+        assert b.publish("news/open/x", b"allowed", 1) == 0
+        msg = a.next_message()
+        assert msg is not None and (msg.topic, msg.payload) == ("news/open/x", b"allowed")
+        assert a.next_message(timeout=0.5) is None
+    finally:
+        with open(node.acl, "w", encoding="utf-8") as handle:
+            handle.write(ACL)
+        sighup(node, r"reload_ok kind=acl")
+        a.close()
+        b.close()
+
+
 # -- rules keyed by client id -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("rules", ["client sensor-7\ntopic read sensors/7/#\n", "pattern read devices/%c/#\n"],
