@@ -9,9 +9,14 @@ from twisted.internet import task
 from cluster.local_sessions import LocalSessions
 from cluster.session_store import SessionStore
 from mqtt_proxy.auth.acl import ACL, ReadCheck
+from mqtt_proxy.codec import PubAck, Publish, Subscribe, Subscription, SubscriptionOptions
+from mqtt_proxy.config import LimitsConfig, MQTTConfig
+from mqtt_proxy.front_end import build_front_end
+from mqtt_proxy.protocol import MQTTServerFactory
 from mqtt_proxy.sessions import ANONYMOUS, identity_of
 from store import api
 from store.kv import DurableKV
+from tests.unit.test_mqtt_broker import Harness
 
 
 def test_owner_is_stored_and_old_sessions_have_none(tmp_path):
@@ -61,3 +66,34 @@ def test_read_check_topic_cache_is_bounded():
     for index in range(5000):
         assert check.can_read(f"a/{index}")
     assert len(check._topics) <= 1024
+
+
+def test_resend_and_delivery_follow_an_acl_reload(tmp_path):
+    """A message in flight when the ACL stopped granting its topic is not resent on return, nor is a new one."""
+    path = tmp_path / "acl"
+    path.write_text("topic readwrite news/#\ntopic readwrite other/#\n")  # for anonymous clients
+    acl = ACL.load(str(path))
+    h = Harness(tmp_path / "node")
+    h.broker = build_front_end(h.local, h.clock, MQTTConfig(sys_interval=0), LimitsConfig(), None, acl)
+    h.factory = MQTTServerFactory(h.broker, h.clock)
+    try:
+        reader = h.connect("reader", level=4, clean_start=False)
+        reader.send(Subscribe(1, (Subscription("news/#", SubscriptionOptions(qos=1)),
+                                  Subscription("other/#", SubscriptionOptions(qos=1)))))
+        writer = h.connect("writer", level=4)
+        writer.send(Publish("news/a", b"in flight", qos=1, packet_id=1))
+        h.tick()
+        assert [p.payload for p in reader.received() if isinstance(p, Publish)] == [b"in flight"]
+        reader.lose()  # without acknowledging it
+        path.write_text("topic write news/#\ntopic readwrite other/#\n")  # news/ no longer readable
+        acl.reload()
+        writer.send(Publish("news/b", b"after the reload", qos=1, packet_id=2))
+        writer.send(Publish("other/c", b"still readable", qos=1, packet_id=3))
+        back = h.connect("reader", level=4, clean_start=False)
+        h.tick()
+        got = [p.payload for p in back.received() if isinstance(p, Publish)]
+        assert got == [b"still readable"]
+        assert h.broker.stats.messages_denied == 2
+        assert [p.reason_code for p in writer.received() if isinstance(p, PubAck)] == [0, 0, 0]
+    finally:
+        h.close()
