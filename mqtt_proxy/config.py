@@ -31,10 +31,16 @@ class MQTTConfig:
     """Path of the password file (scrypt hashes, see twistmq-admin passwd); empty: no password check. A relative path starts at the config file's directory."""
     acl_file: str = ""
     """Path of the ACL file; empty: everything is allowed. Once set, anything it does not allow is denied. A relative path starts at the config file's directory."""
+    use_username_as_clientid: bool = False
+    """Bind client ids to identities, as Mosquitto's option of that name: the client id becomes the verified username (the certificate identity with use_identity_as_username), and clients without one are refused. Needed for ACL rules keyed by client id (client sections, %c): without it an ACL holding them is refused, since clients choose their ids."""
     auth_fail_delay: float = 1.0
-    """Seconds a failed login from an address waits before it is answered; doubles with each further failure."""
+    """Seconds a failed login for a username waits before it is answered, and the username's next attempt before it is checked; doubles with each further failure for that username (from any address) until a login as that username succeeds."""
     auth_fail_delay_max: float = 30.0
-    """Cap of that delay, in seconds."""
+    """Cap of that delay, in seconds (also of an address's delay past auth_fail_address_limit)."""
+    auth_fail_address_limit: int = 100
+    """Failed logins from one address within auth_fail_window before that address's attempts are slowed down too (doubling per failure over the limit). High, so the mistakes of one device do not lock out every client behind the same NAT; a success from the address does not reset it."""
+    auth_fail_window: float = 600.0
+    """Seconds over which an address's failures drain (auth_fail_address_limit per window), and after which a quiet username's or address's count is forgotten."""
 
     def validate(self) -> None:
         if not 1 <= self.receive_maximum <= 65535:
@@ -45,6 +51,12 @@ class MQTTConfig:
             raise ConfigError("topic_alias_maximum must be within 0..65535")
         if self.max_keep_alive < 0 or self.session_expiry_max < 0 or self.sys_interval < 0:
             raise ConfigError("max_keep_alive, session_expiry_max and sys_interval must be >= 0")
+        if self.auth_fail_delay < 0 or self.auth_fail_delay_max < self.auth_fail_delay:
+            raise ConfigError("auth_fail_delay must be >= 0 and auth_fail_delay_max >= auth_fail_delay")
+        if self.auth_fail_address_limit < 1:
+            raise ConfigError("auth_fail_address_limit must be >= 1")
+        if self.auth_fail_window <= 0:
+            raise ConfigError("auth_fail_window must be > 0")
 
     @property
     def anonymous_allowed(self) -> bool:

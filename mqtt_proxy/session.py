@@ -27,12 +27,15 @@ from mqtt_proxy.session_state import (DeleteOutbound, DeleteReleased, GroupAcked
 from store.api import Fenced, OutboundState, QueuePosition, ReadResult, SubscriptionState
 
 if TYPE_CHECKING:
+    from mqtt_proxy.auth.acl import ReadCheck
     from mqtt_proxy.delivery import SessionContext
 
 log = logging.getLogger("twistmq.mqtt.session")
 
 PUMP_BATCH = 256  # messages read per subscription position per pump: bounds one tick's work
 WRITE_CHUNK = 65536  # bytes of PUBLISHes joined before a write, so a full transport stops a batch in time
+DENIED_LOG_INTERVAL = 10.0  # seconds between two delivery_denied lines (the counter counts every one)
+_denied_log = [0.0]  # when the next delivery_denied line may be written (one for the process)
 
 
 @dataclass
@@ -79,7 +82,7 @@ class Session:
     # Slots: one per client id, connected or not, so its size is the broker's size per client.
     __slots__ = ("ctx", "delivery", "sessions", "client_id", "epoch", "fenced", "on_fenced", "state", "conn",
                  "will_call", "stored", "acl_username", "expiry_call", "_dirty_subs", "_pumping", "_pump_again",
-                 "_pump_scheduled")
+                 "_pump_scheduled", "owner", "reads")
 
     def __init__(self, ctx: "SessionContext", client_id: str, level: int, expiry: int, epoch: int = 0) -> None:
         self.ctx = ctx
@@ -99,6 +102,8 @@ class Session:
         self._pumping = False
         self._pump_again = False
         self._pump_scheduled = False
+        self.owner: str | None = None  # the identity that made the session (None: stored before owners were kept)
+        self.reads: ReadCheck | None = None  # the connected identity's read access (None: no ACL configured)
 
     # The session's protocol state lives in SessionState; these read and write it there.
     level = _state_attr("level")
@@ -239,7 +244,13 @@ class Session:
         if not result.messages or result.messages[0].position != o.position:
             self.carry_out(self.state.complete(pid))  # the record is gone (retention): nothing to resend
             return
-        self._send(result.messages[0].record, o.qos, pid, sub, dup=True)
+        record = result.messages[0].record
+        reads = self.reads
+        if reads is not None and not reads.whole(sub.topic_filter) and not reads.can_read(record.topic):
+            self._denied(1, record.topic)  # the ACL changed since it was first sent
+            self.carry_out(self.state.complete(pid))
+            return
+        self._send(record, o.qos, pid, sub, dup=True)
 
     def pump_soon(self) -> None:
         """Pump once at the end of this tick: acknowledgements arrive in bursts, one read serves them all."""
@@ -302,7 +313,10 @@ class Session:
         if result.lost:
             sub.dropped += result.lost
             self.delivery.gap(f"client={self.client_id}", sub.queue, result.lost)
-        messages = result.messages
+        messages = read = result.messages
+        reads = self.reads
+        if reads is not None and read and not reads.whole(sub.topic_filter):
+            messages = self._readable(read, reads)  # denied ones are passed over like No Local ones
         now = self.delivery.now_ms()
         # The state machine decides what goes out (window, No Local, expiry, QoS, packet ids, RETAIN);
         # this side writes it, stopping where the connection fills.
@@ -323,10 +337,10 @@ class Session:
                 self.carry_out(state.unsent(d, written))
         finally:
             conn.uncork()
-        more = len(messages) == PUMP_BATCH and not d.stopped
+        more = len(read) == PUMP_BATCH and not d.stopped
         sent = d.sends[-1][0].record if d.sends else None
         position = d.position
-        if not messages and not result.lost:  # at the end (a short read may be short of bytes only)
+        if not read and not result.lost:  # at the end (a short read may be short of bytes only)
             if sub.news == news:
                 sub.drained.add(group)
             else:
@@ -344,6 +358,21 @@ class Session:
                 self.pump()
         elif not self._pumping:
             self._persist_positions()
+
+    def _readable(self, messages: list, reads: ReadCheck) -> list:
+        """The messages the connected identity may read now (the ACL changed since the subscription was made)."""
+        allowed = [m for m in messages if reads.can_read(m.record.topic)]
+        if len(allowed) < len(messages):
+            self._denied(len(messages) - len(allowed), messages[0].record.topic)
+        return allowed
+
+    def _denied(self, count: int, topic: str) -> None:
+        self.delivery.stats.messages_denied += count
+        now = self.delivery.clock.seconds()
+        if now >= _denied_log[0]:
+            _denied_log[0] = now + DENIED_LOG_INTERVAL
+            log.warning("delivery_denied client=%s user=%s topic=%s count=%d (ACL read; logged at most every "
+                        "%gs)", self.client_id, self.acl_username, topic, count, DENIED_LOG_INTERVAL)
 
     def _send_each(self, sends: list, sub: Subscription) -> int:
         """Send a read's PUBLISHes one by one (per-message properties or size checks); return how many went."""
@@ -412,7 +441,11 @@ class Session:
         self._send(record, qos, pid, sub, retain=True)
 
     def send_group_message(self, record, qos: int, sub: Subscription, group, position: QueuePosition) -> int | None:
-        """Send one message of a shared group; return its packet id (None for QoS 0)."""
+        """Send one message of a shared group; return its packet id (None for QoS 0, or not readable: skipped)."""
+        reads = self.reads
+        if reads is not None and not reads.whole(sub.topic_filter) and not reads.can_read(record.topic):
+            self._denied(1, record.topic)
+            return None
         pid = self.state.offer_group(sub, position, qos, group)
         self._send(record, qos, pid, sub)
         return pid

@@ -16,7 +16,7 @@ import uuid
 
 from twisted.internet import defer
 
-from mqtt_proxy.auth.acl import ACL
+from mqtt_proxy.auth.acl import ACL, ReadCheck
 from mqtt_proxy.codec import MQTT_5, ConnAck, Properties, ReasonCode
 from mqtt_proxy.config import LimitsConfig, MQTTConfig
 from mqtt_proxy.delivery import SessionContext
@@ -27,6 +27,20 @@ from mqtt_proxy.session_state import NEVER_EXPIRES, NO_ENTRIES, Outbound, Schedu
 from store.api import Owed, SessionMeta, SessionState, Sessions, StoreError
 
 log = logging.getLogger("twistmq.mqtt.broker")  # the logger name is a stable, greppable part of the log lines
+
+ANONYMOUS = "anonymous"
+
+
+def identity_of(acl_username: str | None, cert_identity: str | None) -> str:
+    """Who a connection is, as a session's owner: its verified username, else its certificate, else anonymous.
+
+    An unverified username (no password file) is no identity: anybody may claim it.
+    """
+    if acl_username is not None:
+        return "user:" + acl_username
+    if cert_identity:
+        return "cert:" + cert_identity
+    return ANONYMOUS
 
 
 class SessionRegistry:
@@ -86,6 +100,7 @@ class SessionRegistry:
         """A stored session as a live one (not yet in ``sessions``): subscriptions, in-flight state."""
         meta = state.meta
         session = self._new_session(meta.client_id, meta.protocol_level, meta.expiry_s, state.epoch)
+        session.owner = meta.owner
         for ss in state.subscriptions:
             sub = yield self.router.restore_subscription(session, ss)
             session.state.own_subs()[ss.key] = sub
@@ -131,6 +146,15 @@ class SessionRegistry:
         conn.username = sys.intern(result.username) if type(result.username) is str else result.username
         # An unverified name never gets that user's rules.
         conn.acl_username = conn.username if result.acl_username is not None else None
+        if self.config.use_username_as_clientid:
+            # The client id is the identity (as Mosquitto's option): rules keyed by client id are safe then.
+            if conn.acl_username is None:  # anonymous or unverified: nothing to bind the id to (as Mosquitto)
+                conn.refuse(ReasonCode.NOT_AUTHORIZED)
+                return
+            client_id, assigned = conn.acl_username, None
+        identity = identity_of(conn.acl_username, conn.cert_identity())
+        if assigned is None and not (yield self._may_take(client_id, identity, conn)):
+            return
         if level == MQTT_5:
             expiry = props.session_expiry_interval or 0
             if expiry != NEVER_EXPIRES:
@@ -158,13 +182,24 @@ class SessionRegistry:
                     conn.refuse(ReasonCode.SERVER_UNAVAILABLE)
                     return
             session = self.sessions.get(client_id)
+            if session is not None and not self._owned_by(session, identity):
+                # Made by another identity while this CONNECT waited: the claim is this holder's either way,
+                # so the owner's session keeps it, untouched otherwise.
+                session.epoch, session.fenced = epoch, False
+                self._refuse_foreign(conn, client_id, identity, session.owner)
+                return
             if session is not None:
                 session.epoch, session.fenced = epoch, False
                 if session.conn is not None:
                     self.take_over(session)
                     session = self.sessions.get(client_id)  # a non-persistent session ended with the old link
             elif assigned is None:
-                session = yield self._load(client_id, epoch, packet.clean_start)
+                session = yield self._load(client_id, epoch, packet.clean_start, identity)
+                if session is not None and not self._owned_by(session, identity):
+                    # Stored by another identity since the check before the claim: kept as it was.
+                    self._schedule_expiry(session, self.now_ms())
+                    self._refuse_foreign(conn, client_id, identity, session.owner)
+                    return
             session_present = False
             if session is not None and packet.clean_start:
                 yield self.end_session(session)
@@ -175,7 +210,11 @@ class SessionRegistry:
                     session.epoch, session.fenced = epoch, False
             if session is None:
                 session = self._new_session(client_id, level, expiry, epoch)
+                session.owner = identity
                 self.sessions[client_id] = session
+            elif not self._owned_by(session, identity):  # made by another CONNECT of the id meanwhile
+                self._refuse_foreign(conn, client_id, identity, session.owner)
+                return
             elif not packet.clean_start:
                 session_present = True
             if not conn.connected:
@@ -188,11 +227,17 @@ class SessionRegistry:
             session.will_call = None
             session.will = packet.will
             session.acl_username = conn.acl_username
+            if session.owner is None:
+                if session_present:
+                    log.warning("session_owner_adopted client=%r owner=%r (stored without an owner)",
+                                client_id, identity)
+                session.owner = identity
+            session.reads = ReadCheck(self.acl, conn.acl_username, client_id) if self.acl.configured else None
             session.receive_maximum = receive_maximum
             session.max_packet_size = max_packet_size
             session.alias_maximum = alias_maximum
             if session.persistent:
-                yield session.write("put_session", SessionMeta(client_id, expiry, level, None))
+                yield session.write("put_session", SessionMeta(client_id, expiry, level, None, session.owner))
                 session.stored = True
             elif session.stored:
                 # Scans of a RocksDB range full of tombstones get slow: only delete what was written.
@@ -231,6 +276,42 @@ class SessionRegistry:
             if assigned is None:
                 self._connect_done(client_id, epoch)
 
+    # -- who a session belongs to ------------------------------------------------------------
+
+    @staticmethod
+    def _owned_by(session: Session, identity: str) -> bool:
+        """Whether ``identity`` may take ``session`` (one stored before owners were kept: anybody, once)."""
+        return session.owner is None or session.owner == identity
+
+    @defer.inlineCallbacks
+    def _may_take(self, client_id: str, identity: str, conn):
+        """Before the claim (which would fence the holder): refuse a client id whose session is another's.
+
+        A session made by another identity, connected or stored, is neither
+        taken over nor discarded, whatever the clean-start flag: CONNACK
+        0x87 / 5 and the owner's session and connection stay as they are.
+        """
+        session = self.sessions.get(client_id)
+        if session is not None:
+            owner = session.owner
+        else:
+            try:
+                state = yield self.store.get_session(client_id)
+            except StoreError as exc:
+                log.error("session_load_failed client=%s error=%s", client_id, exc)
+                conn.refuse(ReasonCode.SERVER_UNAVAILABLE)
+                return False
+            owner = state.meta.owner if state is not None else None
+        if owner is not None and owner != identity:
+            self._refuse_foreign(conn, client_id, identity, owner)
+            return False
+        return bool(conn.connected)
+
+    def _refuse_foreign(self, conn, client_id: str, identity: str, owner: str | None) -> None:
+        log.warning("session_foreign_refused client=%r identity=%r owner=%r peer=%s",
+                    client_id, identity, owner, conn.peer_host)
+        conn.refuse(ReasonCode.NOT_AUTHORIZED)
+
     def _connect_done(self, client_id: str, epoch: int) -> None:
         """A CONNECT that claimed ``client_id`` finished: if it left no session here, let the claim go."""
         left = self._connecting[client_id] - 1
@@ -252,10 +333,10 @@ class SessionRegistry:
             lambda f: log.warning("session_release_failed client=%s error=%s", client_id, f.getErrorMessage()))
 
     @defer.inlineCallbacks
-    def _load(self, client_id: str, epoch: int, clean_start: bool):
+    def _load(self, client_id: str, epoch: int, clean_start: bool, identity: str):
         """The stored session of ``client_id`` (held elsewhere before, or by nobody since a restart), or None.
 
-        A clean start deletes what was stored instead.
+        A clean start by its owner deletes what was stored instead (another identity's is loaded and kept).
         """
         try:
             state = yield self.store.get_session(client_id)
@@ -264,7 +345,7 @@ class SessionRegistry:
             return None
         if state is None:
             return None
-        if clean_start:
+        if clean_start and state.meta.owner in (None, identity):
             try:
                 yield self.store.delete_session(client_id, epoch)
             except StoreError as exc:
@@ -352,7 +433,7 @@ class SessionRegistry:
             self.end_session(session)
         else:
             session.write("put_session", SessionMeta(session.client_id, session.expiry, session.level,
-                                                     self.now_ms()))
+                                                     self.now_ms(), session.owner))
             session.stored = True
             self._schedule_expiry(session, self.now_ms())
         log.info("client_disconnected client=%s will=%s", session.client_id, bool(will_actions))

@@ -298,6 +298,9 @@ class SessionMeta:
     """4 (MQTT 3.1.1) or 5."""
     disconnected_at_ms: int | None = None
     """When its client left (None: connected, or never disconnected since)."""
+    owner: str | None = None
+    """The identity that made the session (``user:NAME``, ``cert:IDENTITY`` or ``anonymous``); a CONNECT under
+    another identity may not take it. None: stored before owners were recorded (the next CONNECT adopts it)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,8 @@
 
 Key layout (``cid`` is the client id, ``\\x00`` separates it from the rest)::
 
-    s/<cid>                    -> {"expiry": s, "level": 4|5, "disc": ms or null}
+    s/<cid>                    -> {"expiry": s, "level": 4|5, "disc": ms or null, "owner": identity}
+                                  ("owner" absent in sessions stored before owners were recorded)
     u/<cid>\\x00<filter>         -> subscription: qos, options, sub id, next offset (send mark)
     o/<cid>\\x00<pid u16>        -> outbound QoS 1/2 PUBLISH in flight: filter, queue offset, qos
     r/<cid>\\x00<pid u16>        -> outbound QoS 2 released (PUBREL owed until PUBCOMP)
@@ -54,6 +55,7 @@ class StoredSession:
     expiry: int
     level: int
     disconnected_at: int | None
+    owner: str | None = None  # the identity that made it; None: stored before owners were recorded
     subscriptions: dict[str, StoredSubscription] = field(default_factory=dict)
     outbound: dict[int, tuple[str, int, int]] = field(default_factory=dict)  # pid -> (filter key, qoff, qos)
     released: set[int] = field(default_factory=set)
@@ -76,8 +78,12 @@ class SessionStore:
 
     # -- sessions -----------------------------------------------------------------------
 
-    def save_session(self, client_id: str, expiry: int, level: int, disconnected_at: int | None) -> defer.Deferred:
-        value = json.dumps({"expiry": expiry, "level": level, "disc": disconnected_at}).encode()
+    def save_session(self, client_id: str, expiry: int, level: int, disconnected_at: int | None,
+                     owner: str | None = None) -> defer.Deferred:
+        meta = {"expiry": expiry, "level": level, "disc": disconnected_at}
+        if owner is not None:
+            meta["owner"] = owner
+        value = json.dumps(meta).encode()
         return self.kv.put(b"s/" + _cid(client_id), value)
 
     def delete_session(self, client_id: str) -> defer.Deferred:
@@ -95,7 +101,7 @@ class SessionStore:
         for key, value in self.kv.scan(b"s/"):
             meta = json.loads(value)
             cid = key[2:].decode("utf-8")
-            sessions[cid] = StoredSession(cid, meta["expiry"], meta["level"], meta.get("disc"))
+            sessions[cid] = StoredSession(cid, meta["expiry"], meta["level"], meta.get("disc"), meta.get("owner"))
         for key, value in self.kv.scan(b"u/"):
             cid, rest = key[2:].split(SEP, 1)
             s = sessions.get(cid.decode("utf-8"))
@@ -125,7 +131,7 @@ class SessionStore:
         if value is None:
             return None
         meta = json.loads(value)
-        s = StoredSession(client_id, meta["expiry"], meta["level"], meta.get("disc"))
+        s = StoredSession(client_id, meta["expiry"], meta["level"], meta.get("disc"), meta.get("owner"))
         head = len(cid) + 3  # prefix, client id, separator
         for key, value in self.kv.scan(b"u/" + cid + SEP):
             d = json.loads(value)

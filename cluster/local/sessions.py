@@ -174,7 +174,7 @@ class LocalSessions:
                                               ss.retain_as_published, ss.sub_id, ss.share_group))
         outbound = tuple(api.OutboundState(pid, key, self._position(filter_of(key), qoff), qos)
                          for pid, (key, qoff, qos) in sorted(s.outbound.items()))
-        meta = api.SessionMeta(s.client_id, s.expiry, s.level, s.disconnected_at)
+        meta = api.SessionMeta(s.client_id, s.expiry, s.level, s.disconnected_at, s.owner)
         holder, epoch = self.claims.get(s.client_id, ("", 0))
         return api.SessionState(meta, tuple(subs), outbound, frozenset(s.released), frozenset(s.inbound_qos2),
                                 epoch, holder)
@@ -191,7 +191,8 @@ class LocalSessions:
 
     def put_session(self, meta: api.SessionMeta, epoch: int) -> defer.Deferred:
         self._fence(meta.client_id, epoch)
-        return self._db.save_session(meta.client_id, meta.expiry_s, meta.protocol_level, meta.disconnected_at_ms)
+        return self._db.save_session(meta.client_id, meta.expiry_s, meta.protocol_level, meta.disconnected_at_ms,
+                                     meta.owner)
 
     def delete_session(self, client_id: str, epoch: int) -> defer.Deferred:
         self._fence(client_id, epoch)

@@ -76,8 +76,9 @@ class NodeParts:
         auth = Authenticator(PasswordFile.load(mqtt.password_file) if mqtt.password_file else None,
                              allow_anonymous=mqtt.allow_anonymous, clock=reactor, executor=self.auth_executor,
                              use_identity_as_username=cfg.node.use_identity_as_username,
-                             base_delay=mqtt.auth_fail_delay, max_delay=mqtt.auth_fail_delay_max)
-        acl = load_acl(mqtt.acl_file or None)
+                             base_delay=mqtt.auth_fail_delay, max_delay=mqtt.auth_fail_delay_max,
+                             address_limit=mqtt.auth_fail_address_limit, forget_after=mqtt.auth_fail_window)
+        acl = load_acl(mqtt.acl_file or None, client_ids_bound=mqtt.use_username_as_clientid)
         # The MQTT front end reaches the parts above only through the store interface, served in-process
         # here by one broker group (a proxy runs the same front end over the remote store).
         self.local_store = self.state.local_store(cfg.cluster.group)
@@ -128,6 +129,8 @@ class NodeParts:
             "twistmq_delivery_gap_messages": ("owed messages a reader found deleted by a disk limit",
                                               stats.messages_gap + native["gap"]),
             "twistmq_retained_dropped_messages": ("retained messages a disk limit deleted", self.retained.dropped),
+            "twistmq_denied_deliveries_messages": ("messages not delivered to a subscriber whose identity the ACL "
+                                                   "no longer lets read them", stats.messages_denied),
             "twistmq_dead_lettered_messages": ("popped messages moved to a dead-letter queue",
                                                native["dead_lettered"]),
         }

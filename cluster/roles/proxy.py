@@ -115,8 +115,9 @@ class ProxyParts:
         auth = Authenticator(PasswordFile.load(mqtt.password_file) if mqtt.password_file else None,
                              allow_anonymous=mqtt.allow_anonymous, clock=reactor, executor=self.auth_executor,
                              use_identity_as_username=cfg.node.use_identity_as_username,
-                             base_delay=mqtt.auth_fail_delay, max_delay=mqtt.auth_fail_delay_max)
-        acl = load_acl(mqtt.acl_file or None)
+                             base_delay=mqtt.auth_fail_delay, max_delay=mqtt.auth_fail_delay_max,
+                             address_limit=mqtt.auth_fail_address_limit, forget_after=mqtt.auth_fail_window)
+        acl = load_acl(mqtt.acl_file or None, client_ids_bound=mqtt.use_username_as_clientid)
         self.mqtt = build_front_end(self.store, reactor, mqtt, cfg.limits, auth, acl, holder=cluster.node_id)
         self.native = ProxyNativeService(ForwardingEngine(self.table, self.remotes),
                                          from_mapping(NativeConfig, "native", cfg.native))

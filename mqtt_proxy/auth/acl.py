@@ -47,12 +47,20 @@ Decisions:
   grant G must cover F (every topic F can match, G matches too) and no ``deny``
   rule may overlap F (match any topic F matches). So ``sensors/#`` granted
   allows subscribing to ``sensors/+/temp`` but not to ``#``, and a granted
-  subscription can never deliver a message its reader may not read; a
-  delivery-time ``can_read`` check is a cheap second line of defence, not a
-  necessity. For a shared subscription check the inner filter (after
+  subscription cannot deliver a message its reader may not read while the
+  rules stay as they were. After a reload they may not: delivery checks each
+  session through a ``ReadCheck`` (below), which costs one lookup per read
+  batch while the filter is still wholly readable. For a shared subscription check the inner filter (after
   ``$share/group/``).
 - The ``$`` rule of MQTT-4.7.2-1 holds: a grant on ``#`` or ``+/...`` does not
   cover ``$SYS/...``; name ``$SYS`` explicitly.
+
+Rules keyed by client id (``client`` sections and ``%c`` in patterns) are
+granted to whoever chooses that client id, and clients choose their ids. So
+they are refused (``ACLError`` at start, a kept ACL on reload) unless the
+broker binds client ids to identities (``[mqtt] use_username_as_clientid``:
+the client id is then the verified username, or the certificate identity with
+``use_identity_as_username``): ``ACL.load(path, client_ids_bound=...)``.
 
 ``ACL.for_client(username, client_id)`` resolves a client's rules once (at
 CONNECT) into a ``ClientACL`` whose checks cost one filter match per rule;
@@ -71,7 +79,7 @@ from dataclasses import dataclass
 
 from lightqueue.topic import TopicError, filter_matches, validate_topic_filter
 
-__all__ = ["ACL", "ACLError", "ClientACL", "Rule", "filter_covers", "filters_overlap", "load_acl"]
+__all__ = ["ACL", "ACLError", "ClientACL", "ReadCheck", "Rule", "filter_covers", "filters_overlap", "load_acl"]
 
 READ = "read"
 WRITE = "write"
@@ -80,6 +88,9 @@ _ACCESS = {"read": frozenset({READ}), "write": frozenset({WRITE}),
 _ACCESS_WORDS = "read, write, readwrite or deny"
 _WILD = ("+", "#")
 _RESOLVED_CACHE = 4096  # (username, client id) pairs whose resolved rules ACL keeps for one-shot checks
+_TOPIC_VERDICTS = 1024  # topics whose read verdict one ReadCheck keeps (filters not wholly readable only)
+_UNBOUND = ("client ids are chosen by clients: rules keyed by client id (a 'client' section or %c) need "
+            "[mqtt] use_username_as_clientid = true")
 
 
 class ACLError(ValueError):
@@ -202,11 +213,67 @@ class ClientACL:
 _ALLOW_ALL = ClientACL(None)
 
 
+_NO_VERDICTS: dict[str, bool] = {}  # never written: ReadCheck replaces it at its first refresh
+
+
+class ReadCheck:
+    """Whether one connected session may read what its subscriptions bring, cached until the ACL reloads.
+
+    Delivery asks ``whole(filter)`` once per read batch: a filter the client
+    may subscribe to under the current rules is wholly readable, so its
+    messages need no further check (the common case, one dict lookup a batch).
+    Only a filter that no longer is (the ACL changed since the subscription
+    was made) has each message's topic checked, each verdict cached. A reload
+    bumps ``ACL.generation`` and every cached verdict is dropped on next use.
+    """
+
+    __slots__ = ("_acl", "_username", "_client_id", "_generation", "_client", "_filters", "_topics")
+
+    def __init__(self, acl: ACL, username: str | None, client_id: str | None) -> None:
+        self._acl = acl
+        self._username = username
+        self._client_id = client_id
+        # Resolved on first use (an idle connection never pays for its two tables).
+        self._generation = -1
+        self._client: ClientACL = _ALLOW_ALL
+        self._filters: dict[str, bool] = _NO_VERDICTS
+        self._topics: dict[str, bool] = _NO_VERDICTS
+
+    def _refresh(self) -> None:
+        acl = self._acl
+        self._generation = acl.generation
+        self._client = acl.for_client(self._username, self._client_id)
+        self._filters = {}
+        self._topics = {}
+
+    def whole(self, topic_filter: str) -> bool:
+        """Tell whether every topic *topic_filter* (``$share/g/`` stripped) matches may be read now."""
+        if self._generation != self._acl.generation:
+            self._refresh()
+        verdict = self._filters.get(topic_filter)
+        if verdict is None:
+            verdict = self._filters[topic_filter] = self._client.can_subscribe(topic_filter)
+        return verdict
+
+    def can_read(self, topic: str) -> bool:
+        """Tell whether a message published on *topic* may be delivered now."""
+        if self._generation != self._acl.generation:
+            self._refresh()
+        topics = self._topics
+        verdict = topics.get(topic)
+        if verdict is None:
+            if len(topics) >= _TOPIC_VERDICTS:
+                topics.clear()
+            verdict = topics[topic] = self._client.can_read(topic)
+        return verdict
+
+
 class ACL:
     """A parsed ACL file (or, from ``allow_all()``, no ACL at all)."""
 
     def __init__(self, anonymous: list[Rule], everyone: list[Rule], users: dict[str, list[Rule]],
-                 clients: dict[str, list[Rule]], configured: bool = True, path: str | None = None) -> None:
+                 clients: dict[str, list[Rule]], configured: bool = True, path: str | None = None,
+                 client_ids_bound: bool = False) -> None:
         self._anonymous = anonymous
         self._everyone = everyone
         self._users = users
@@ -214,6 +281,10 @@ class ACL:
         self.configured = configured
         """False for ``allow_all()``: every check passes."""
         self.path = path
+        self.client_ids_bound = client_ids_bound
+        """True when the broker binds client ids to identities: only then may rules be keyed by client id."""
+        self.generation = 0
+        """Counts reloads: a verdict cached under an older generation is stale."""
         self._resolved: dict[tuple[str | None, str | None], ClientACL] = {}
 
     @classmethod
@@ -222,23 +293,27 @@ class ACL:
         return cls([], [], {}, {}, configured=False)
 
     @classmethod
-    def load(cls, path: str) -> ACL:
-        """Read and parse *path*; raise ``ACLError`` (``path:line: ...``) or ``OSError``."""
+    def load(cls, path: str, client_ids_bound: bool = False) -> ACL:
+        """Read and parse *path*; raise ``ACLError`` (``path:line: ...``) or ``OSError``.
+
+        Without *client_ids_bound*, a rule keyed by client id is an error (see the module docstring).
+        """
         try:
             with open(path, encoding="utf-8") as handle:
                 text = handle.read()
         except UnicodeDecodeError as exc:
             raise ACLError(f"not UTF-8 text (byte {exc.start})", path) from None
-        return cls.parse(text, path)
+        return cls.parse(text, path, client_ids_bound)
 
     def reload(self) -> None:
         """Re-read the file this ACL came from; on any error raise (``ACLError``, ``OSError``) and keep the rules."""
         if not self.configured or self.path is None:
             raise ValueError("this ACL was not loaded from a file")
-        fresh = ACL.load(self.path)
+        fresh = ACL.load(self.path, self.client_ids_bound)
         self._anonymous, self._everyone = fresh._anonymous, fresh._everyone
         self._users, self._clients = fresh._users, fresh._clients
         self._resolved = {}  # resolved from the old rules
+        self.generation += 1  # and so is every ReadCheck's verdict
 
     def stats(self) -> dict[str, int]:
         """Count the sections and rules (for the reload log line)."""
@@ -247,8 +322,11 @@ class ACL:
         return {"users": len(self._users), "clients": len(self._clients), "rules": rules}
 
     @classmethod
-    def parse(cls, text: str, path: str = "<acl>") -> ACL:
-        """Parse the text of an ACL file; *path* only names it in error messages."""
+    def parse(cls, text: str, path: str = "<acl>", client_ids_bound: bool = False) -> ACL:
+        """Parse the text of an ACL file; *path* only names it in error messages.
+
+        Without *client_ids_bound*, a ``client`` section or a ``%c`` pattern is an error naming its line.
+        """
         anonymous: list[Rule] = []
         everyone: list[Rule] = []
         users: dict[str, list[Rule]] = {}
@@ -266,10 +344,14 @@ class ACL:
             if keyword in ("user", "client"):
                 if not rest:
                     raise fail(f"'{keyword}' needs a name")
+                if keyword == "client" and not client_ids_bound:
+                    raise fail(_UNBOUND)
                 table = users if keyword == "user" else clients
                 section = table.setdefault(rest, [])
             elif keyword in ("topic", "pattern"):
                 rule = _parse_rule(keyword, rest, fail)
+                if rule.pattern and "%c" in rule.topic_filter and not client_ids_bound:
+                    raise fail(_UNBOUND)
                 if section is not None:
                     section.append(rule)
                 elif keyword == "topic":
@@ -278,7 +360,8 @@ class ACL:
                     everyone.append(rule)
             else:
                 raise fail(f"unknown keyword {keyword!r} (expected user, client, topic or pattern)")
-        return cls(anonymous, everyone, users, clients, configured=True, path=path)
+        return cls(anonymous, everyone, users, clients, configured=True, path=path,
+                   client_ids_bound=client_ids_bound)
 
     def rules_for(self, username: str | None, client_id: str | None) -> list[Rule]:
         """Return the rules that apply to this client, patterns substituted, in no particular order."""
@@ -352,6 +435,6 @@ def _split_word(text: str) -> tuple[str, str, str]:
     return parts[0], " ", parts[1].strip()
 
 
-def load_acl(path: str | None) -> ACL:
+def load_acl(path: str | None, client_ids_bound: bool = False) -> ACL:
     """Load the ACL at *path*, or return ``ACL.allow_all()`` when *path* is empty or None."""
-    return ACL.load(path) if path else ACL.allow_all()
+    return ACL.load(path, client_ids_bound) if path else ACL.allow_all()

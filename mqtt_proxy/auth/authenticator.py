@@ -15,14 +15,16 @@ Order of decisions in ``Authenticator.authenticate``:
    result says ``verified=False``; ``AuthResult.acl_username`` is then None, so
    a claimed name never earns another user's ACL rights.
 
-Slowing down: every failure from one peer address doubles the delay before
-that address's next answers (``base_delay``, ``2*base_delay``, ... capped at
-``max_delay``). An attempt arriving while the address is penalised waits until
-the penalty is over before it is even checked, and a failure is answered only
-after the new delay, so one address gets at most one guess per delay, whatever
-number of connections it opens (the per-address connection-rate limit bounds
-those). A success clears the address. Entries idle longer than ``forget_after``
-are dropped and at most ``max_tracked`` addresses are remembered.
+Slowing down (``mqtt_proxy.auth.guessing``): failures are counted per
+username and per peer address, separately. Each failure for a username doubles
+the delay before that username's next attempt is checked (``base_delay``,
+``2*base_delay``, ... capped at ``max_delay``), whichever address it comes
+from, and only a success for that same username clears it. Failures from one
+address slow that address down only past ``address_limit`` within ``window``
+seconds, so one device's mistakes do not lock out everything behind a NAT, and
+no success from it drains that count. A failure is answered only after the new
+delay, and an attempt arriving during a delay waits for it before it is even
+checked, however many connections it opens.
 
 Every attempt is logged (``mqtt.auth.ok`` / ``mqtt.auth.fail``) with client id,
 username, peer address and reason; never the password.
@@ -30,13 +32,13 @@ username, peer address and reason; never the password.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from twisted.internet import defer, task
 from twisted.logger import Logger
 
+from mqtt_proxy.auth.guessing import FailureCounter
 from mqtt_proxy.auth.passwords import PasswordFile
 
 __all__ = ["AuthResult", "Authenticator", "BAD_CREDENTIALS", "NOT_AUTHORIZED", "OK"]
@@ -79,15 +81,6 @@ class AuthResult:
         return _V3_CODES[self.reason]
 
 
-class _Penalty:
-    __slots__ = ("failures", "until", "last")
-
-    def __init__(self) -> None:
-        self.failures = 0
-        self.until = 0.0
-        self.last = 0.0
-
-
 class Authenticator:
     """Authenticates CONNECTs against an optional password file, with per-address slow-down."""
 
@@ -96,7 +89,7 @@ class Authenticator:
     def __init__(self, password_file: PasswordFile | str | None, allow_anonymous: bool, clock: Any,
                  executor: Any = None, *, use_identity_as_username: bool = False,
                  base_delay: float = 1.0, max_delay: float = 30.0, forget_after: float = 600.0,
-                 max_tracked: int = 10000) -> None:
+                 max_tracked: int = 10000, address_limit: int = 100) -> None:
         """*executor* has ``submit(fn, *args) -> Deferred`` (``store.executor``); required with a password file."""
         if isinstance(password_file, str):
             password_file = PasswordFile.load(password_file) if password_file else None
@@ -107,11 +100,8 @@ class Authenticator:
         self.use_identity_as_username = use_identity_as_username
         self._clock = clock
         self._executor = executor
-        self._base_delay = base_delay
-        self._max_delay = max_delay
-        self._forget_after = forget_after
-        self._max_tracked = max_tracked
-        self._penalties: OrderedDict[str, _Penalty] = OrderedDict()
+        self._failures = FailureCounter(clock, base_delay=base_delay, max_delay=max_delay,
+                                        address_limit=address_limit, window=forget_after, max_tracked=max_tracked)
 
     @property
     def password_file(self) -> PasswordFile | None:
@@ -124,18 +114,14 @@ class Authenticator:
             raise ValueError("a password file needs an executor")
         self._passwords = password_file
 
-    def delay_for(self, peer_host: str) -> float:
-        """Return how long an attempt from *peer_host* would wait now before being checked."""
-        penalty = self._penalties.get(peer_host)
-        if penalty is None:
-            return 0.0
-        return max(0.0, penalty.until - self._clock.seconds())
+    def delay_for(self, peer_host: str, username: str | None = None) -> float:
+        """Return how long an attempt for *username* from *peer_host* would wait now before being checked."""
+        return max(0.0, self._failures.delay(username, peer_host))
 
     def authenticate(self, username: str | None, password: str | bytes | None, client_id: str,
                      peer_host: str, cert_identity: str | None = None) -> defer.Deferred:
         """Check one CONNECT; the Deferred fires with an ``AuthResult`` (never errbacks except on cancel)."""
-        self._expire()
-        wait = self.delay_for(peer_host)
+        wait = self.delay_for(peer_host, username)
         if wait > 0:
             d = task.deferLater(self._clock, wait, lambda: None)
         else:
@@ -181,42 +167,24 @@ class Authenticator:
     def _finish(self, result: AuthResult, client_id: str, peer_host: str, username: str | None,
                 cert_identity: str | None) -> AuthResult | defer.Deferred:
         if result.ok:
-            self._penalties.pop(peer_host, None)
+            if result.verified and result.username == username:
+                self._failures.succeeded(username)  # only the name it proved: not the address, not other names
             self.log.info(
                 "mqtt.auth.ok client_id={client_id!r} username={username!r} peer={peer} "
                 "cert={cert!r} verified={verified}",
                 client_id=client_id, username=result.username, peer=peer_host, cert=cert_identity,
                 verified=result.verified)
             return result
-        delay = self._record_failure(peer_host)
+        delay = self._failures.failed(username, peer_host)
+        user_failures, address_failures = self._failures.failures(username, peer_host)
         self.log.warn(
             "mqtt.auth.fail client_id={client_id!r} username={username!r} peer={peer} cert={cert!r} "
-            "reason={reason} failures={failures} delay={delay:.3g}s",
+            "reason={reason} failures={failures} address_failures={address_failures} delay={delay:.3g}s",
             client_id=client_id, username=username, peer=peer_host, cert=cert_identity,
-            reason=result.reason, failures=self._penalties[peer_host].failures, delay=delay)
+            reason=result.reason, failures=user_failures, address_failures=address_failures, delay=delay)
         if delay <= 0:
             return result
         return task.deferLater(self._clock, delay, lambda: result)
-
-    def _record_failure(self, peer_host: str) -> float:
-        now = self._clock.seconds()
-        penalty = self._penalties.pop(peer_host, None) or _Penalty()
-        self._penalties[peer_host] = penalty  # most recently used last
-        penalty.failures += 1
-        penalty.last = now
-        delay = min(self._max_delay, self._base_delay * (2 ** min(penalty.failures - 1, 62)))
-        penalty.until = max(penalty.until, now + delay)
-        while len(self._penalties) > self._max_tracked:
-            self._penalties.popitem(last=False)
-        return delay
-
-    def _expire(self) -> None:
-        now = self._clock.seconds()
-        while self._penalties:
-            host, penalty = next(iter(self._penalties.items()))
-            if now - penalty.last < self._forget_after or penalty.until > now:
-                break
-            del self._penalties[host]
 
 
 def make_authenticator(mqtt_config: Any, clock: Any, executor: Any,
@@ -231,4 +199,6 @@ def make_authenticator(mqtt_config: Any, clock: Any, executor: Any,
         use_identity_as_username=getattr(mqtt_config, "use_identity_as_username", False),
         base_delay=getattr(mqtt_config, "auth_fail_delay", 1.0),
         max_delay=getattr(mqtt_config, "auth_fail_delay_max", 30.0),
+        address_limit=getattr(mqtt_config, "auth_fail_address_limit", 100),
+        forget_after=getattr(mqtt_config, "auth_fail_window", 600.0),
     )

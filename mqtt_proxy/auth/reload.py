@@ -14,7 +14,8 @@ or no certificate. One log line per target says which::
 The configuration file itself (twistmq.toml) is not re-read: which files and
 listeners exist is fixed at start. A reload does not re-check connected
 clients: a removed user stays connected until it reconnects, while a changed
-ACL applies to every client's next publish and subscribe.
+ACL applies to every client's next publish and subscribe, and to every message
+delivered after it (subscriptions made before the reload included).
 
 Nothing here installs the signal handler: the composition root does, and hands
 the work to the reactor thread with ``callFromThread``.

@@ -29,7 +29,7 @@ topic write sensors/7/#
 
 @pytest.fixture
 def acl():
-    return ACL.parse(SAMPLE, "sample.acl")
+    return ACL.parse(SAMPLE, "sample.acl", client_ids_bound=True)
 
 
 def test_user_rules(acl):
@@ -172,7 +172,7 @@ def test_parse_errors_name_file_and_line(text, line):
 def test_unknown_access_word_refused(text, line, bad):
     """An unknown access word is an error naming file, line, the word and the accepted words, not a filter."""
     with pytest.raises(ACLError) as caught:
-        ACL.parse(text, "f.acl")
+        ACL.parse(text, "f.acl", client_ids_bound=True)
     message = str(caught.value)
     assert message.startswith(f"f.acl:{line}: unknown access {bad}")
     assert "read, write, readwrite or deny" in message
@@ -242,7 +242,7 @@ def test_load_from_file(tmp_path):
     """load_acl reads a file and names it in errors."""
     path = tmp_path / "acl"
     path.write_text(SAMPLE)
-    assert load_acl(str(path)).allowed("alice", "c", "alice/x", "read")
+    assert load_acl(str(path), client_ids_bound=True).allowed("alice", "c", "alice/x", "read")
     path.write_text("topic read a/#/b\n")
     with pytest.raises(ACLError, match=str(path) + ":1:"):
         load_acl(str(path))

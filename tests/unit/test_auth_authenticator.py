@@ -1,4 +1,4 @@
-"""Unit tests of the authenticator: decisions, per-address slow-down on an injected clock, password-free logs."""
+"""Unit tests of the authenticator: decisions, per-username slow-down on an injected clock, password-free logs."""
 
 import pytest
 from twisted.internet import defer, task
@@ -118,7 +118,7 @@ def test_password_file_needs_executor(passwords):
 
 
 def test_failures_slow_down_exponentially(passwords):
-    """Each failure from one address doubles the wait, capped; other addresses are not affected."""
+    """Each failure for one username doubles the wait, capped, whichever address the next attempt comes from."""
     auth, clock = make(passwords, base_delay=1.0, max_delay=8.0)
     expected = [1.0, 2.0, 4.0, 8.0, 8.0]
     for delay in expected:
@@ -145,19 +145,19 @@ def test_attempt_during_penalty_waits(passwords):
     assert len(executor.pending) == 1
     executor.run_pending()
     assert second[0].ok
-    assert auth.delay_for("10.0.0.1") == 0.0  # a success clears the address
+    assert auth.delay_for("10.0.0.1", "alice") == 0.0  # a success clears the username
 
 
 def test_penalties_are_forgotten(passwords):
-    """An address idle longer than forget_after starts afresh; the table is bounded."""
+    """A username idle longer than forget_after starts afresh; the table is bounded."""
     auth, clock = make(passwords, base_delay=1.0, forget_after=60.0, max_tracked=2)
-    for host in ("h1", "h2", "h3"):
-        auth.authenticate("alice", "wrong", "c", host)
-    assert auth.delay_for("h1") == 0.0  # evicted: only two addresses are tracked
-    assert auth.delay_for("h2") == 1.0
+    for name in ("u1", "u2", "u3"):
+        auth.authenticate(name, "wrong", "c", "h")
+    assert auth.delay_for("h", "u1") == 0.0  # evicted: only two usernames are tracked
+    assert auth.delay_for("h", "u2") == 1.0
     clock.advance(61)
-    auth.authenticate("alice", "wrong", "c", "h2")
-    assert auth.delay_for("h2") == 1.0  # first failure again, not the second
+    auth.authenticate("u2", "wrong", "c", "h")
+    assert auth.delay_for("h", "u2") == 1.0  # first failure again, not the second
 
 
 def test_cancel_while_waiting(passwords):
