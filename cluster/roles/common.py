@@ -18,10 +18,14 @@ from cluster.runtime.reuseport import server_endpoint
 from cluster.runtime.services import DatagramListenerService, ListenerService
 from cluster.runtime.version import print_version
 from mqtt_proxy import tls
+from mqtt_proxy.auth.acl import load_acl
+from mqtt_proxy.auth.authenticator import Authenticator
+from mqtt_proxy.auth.passwords import PasswordFile
 from mqtt_proxy.auth.reload import Reloader, security_targets
 from mqtt_proxy.protocol import MQTTServerFactory
 from mqtt_proxy.websocket import websocket_factory
 from store.config import ConfigError
+from store.executor import ThreadPoolExecutor
 
 LISTEN_BACKLOG = 4096
 LISTENER_FLAGS = ("mqtt", "mqtt-tls", "mqtt-ws", "native", "native-udp", "http")
@@ -116,6 +120,22 @@ def client_listeners(reactor, cfg, front, native, http):
             raise ConfigError(f"{listener.where}: {exc}") from None
         streams.append(ListenerService(listener, endpoint, factory))
     return streams, datagrams
+
+
+def client_security(reactor, cfg):
+    """``(auth executor, Authenticator, ACL)`` of a role that serves clients, from ``[mqtt]`` and ``[node]``.
+
+    scrypt runs on its own small pool so password checks never queue behind fsyncs.
+    """
+    mqtt = cfg.mqtt
+    executor = ThreadPoolExecutor(reactor, max_threads=2, name="twistmq-auth")
+    auth = Authenticator(PasswordFile.load(mqtt.password_file) if mqtt.password_file else None,
+                         allow_anonymous=mqtt.allow_anonymous, clock=reactor, executor=executor,
+                         use_identity_as_username=cfg.node.use_identity_as_username,
+                         base_delay=mqtt.auth_fail_delay, max_delay=mqtt.auth_fail_delay_max,
+                         address_limit=mqtt.auth_fail_address_limit, forget_after=mqtt.auth_fail_window)
+    acl = load_acl(mqtt.acl_file or None, client_ids_bound=mqtt.use_username_as_clientid)
+    return executor, auth, acl
 
 
 def security_reloader(front, streams) -> Reloader:

@@ -29,6 +29,7 @@ from cluster.admin.view import NodeView
 from cluster.local.parts import StoreParts
 from cluster.roles.common import (
     NodeOptions,
+    client_security,
     client_listeners,
     node_config,
     security_reloader,
@@ -39,15 +40,13 @@ from cluster.runtime.http import http_site
 from cluster.runtime.services import Part, ReadyLine, RoleService, SignalService
 from cluster.runtime.version import twistmq_version
 from mqtt_proxy import tls
-from mqtt_proxy.auth.acl import ACLError, load_acl
-from mqtt_proxy.auth.authenticator import Authenticator
-from mqtt_proxy.auth.passwords import PasswordFile, PasswordFileError
+from mqtt_proxy.auth.acl import ACLError
+from mqtt_proxy.auth.passwords import PasswordFileError
 from mqtt_proxy.auth.reload import Reloader
 from mqtt_proxy.front_end import build_front_end
 from mqtt_proxy.reactor_lag import ReactorLagProbe
 from mqtt_proxy.sys_topics import SysPublisher
 from store.config import ConfigError
-from store.executor import ThreadPoolExecutor
 from store.message_store import StoreLockedError
 
 log = logging.getLogger("twistmq.node")
@@ -71,14 +70,7 @@ class NodeParts:
         self.retained, self.timers, self.kv = self.state.retained, self.state.timers, self.state.kv
         self.notifier, self.native = self.state.notifier, self.state.native
         mqtt = cfg.mqtt
-        # scrypt runs on its own small pool so password checks never queue behind fsyncs.
-        self.auth_executor = ThreadPoolExecutor(reactor, max_threads=2, name="twistmq-auth")
-        auth = Authenticator(PasswordFile.load(mqtt.password_file) if mqtt.password_file else None,
-                             allow_anonymous=mqtt.allow_anonymous, clock=reactor, executor=self.auth_executor,
-                             use_identity_as_username=cfg.node.use_identity_as_username,
-                             base_delay=mqtt.auth_fail_delay, max_delay=mqtt.auth_fail_delay_max,
-                             address_limit=mqtt.auth_fail_address_limit, forget_after=mqtt.auth_fail_window)
-        acl = load_acl(mqtt.acl_file or None, client_ids_bound=mqtt.use_username_as_clientid)
+        self.auth_executor, auth, acl = client_security(reactor, cfg)
         # The MQTT front end reaches the parts above only through the store interface, served in-process
         # here by one broker group (a proxy runs the same front end over the remote store).
         self.local_store = self.state.local_store(cfg.cluster.group)

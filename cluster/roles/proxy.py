@@ -34,6 +34,7 @@ from cluster.remote.server import SESSION_EVENT
 from cluster.remote.store import RemoteStore
 from cluster.roles.common import (
     NodeOptions,
+    client_security,
     client_listeners,
     default_node_id,
     node_config,
@@ -49,14 +50,12 @@ from cluster.runtime.http import proxy_site
 from cluster.runtime.services import Part, ReadyLine, RoleService, SignalService
 from cluster.runtime.version import twistmq_version
 from mqtt_proxy import tls
-from mqtt_proxy.auth.acl import ACLError, load_acl
-from mqtt_proxy.auth.authenticator import Authenticator
-from mqtt_proxy.auth.passwords import PasswordFile, PasswordFileError
+from mqtt_proxy.auth.acl import ACLError
+from mqtt_proxy.auth.passwords import PasswordFileError
 from mqtt_proxy.auth.reload import Reloader
 from mqtt_proxy.front_end import build_front_end
 from mqtt_proxy.reactor_lag import ReactorLagProbe
 from store.config import ConfigError, NativeConfig, from_mapping
-from store.executor import ThreadPoolExecutor
 
 log = logging.getLogger("twistmq.proxy")
 
@@ -111,13 +110,7 @@ class ProxyParts:
         self.table = SlotTable.build(tuple(self.remotes), cluster.slot_assignment(), dict(cluster.routes))
         self.store = RoutedStore(self.table, self.remotes)
         mqtt = cfg.mqtt
-        self.auth_executor = ThreadPoolExecutor(reactor, max_threads=2, name="twistmq-auth")
-        auth = Authenticator(PasswordFile.load(mqtt.password_file) if mqtt.password_file else None,
-                             allow_anonymous=mqtt.allow_anonymous, clock=reactor, executor=self.auth_executor,
-                             use_identity_as_username=cfg.node.use_identity_as_username,
-                             base_delay=mqtt.auth_fail_delay, max_delay=mqtt.auth_fail_delay_max,
-                             address_limit=mqtt.auth_fail_address_limit, forget_after=mqtt.auth_fail_window)
-        acl = load_acl(mqtt.acl_file or None, client_ids_bound=mqtt.use_username_as_clientid)
+        self.auth_executor, auth, acl = client_security(reactor, cfg)
         self.mqtt = build_front_end(self.store, reactor, mqtt, cfg.limits, auth, acl, holder=cluster.node_id)
         self.native = ProxyNativeService(ForwardingEngine(self.table, self.remotes),
                                          from_mapping(NativeConfig, "native", cfg.native))
