@@ -26,6 +26,7 @@ from cluster.local_sessions import LocalSessions, position_offset
 from lightqueue.names import QueueNameError
 from lightqueue.retained_index import RetainedIndex
 from lightqueue.topic import TopicError, validate_topic_filter, validate_topic_name
+from lightqueue.topic_trie import FilterShapeLimit
 from lightqueue.native_engine import NativeEngine
 from cluster.session_store import SessionStore
 from push.notifier import Notifier
@@ -150,6 +151,8 @@ class LocalStore:
     def add_filter(self, topic_filter: str) -> defer.Deferred:
         def failed(failure):
             failure.trap(TopicError, QueueNameError, UnicodeEncodeError)
+            if failure.check(FilterShapeLimit):
+                raise api.QuotaExceeded(f"topic filter {topic_filter!r}: {failure.getErrorMessage()}")
             raise api.InvalidArgument(f"topic filter {topic_filter!r}: {failure.getErrorMessage()}")
 
         return self._store.add_filter(topic_filter).addErrback(failed)

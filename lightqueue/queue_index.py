@@ -70,10 +70,10 @@ ENTRIES_WRITE_BUFFER = 4 << 20  # bytes of light-queue entries held in memory be
 class LightQueueIndex(DispatcherBase):
     """Queues, their entries and the topic-filter interest that decides what gets indexed."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, max_filter_shapes: int = 0) -> None:
         self.path = path
         self._open_db()
-        self.trie = TopicTrie()
+        self.trie = TopicTrie(max_filter_shapes)
         self._resolved: dict[str, tuple[str, ...]] = {}  # topic -> target queues
         self._ids: dict[str, int] = {}
         self._names: list[str | None] = []
@@ -579,6 +579,6 @@ def _unpacked(first: int, values: list[bytes]) -> list[QueueEntry]:
 
 def attach(store: MessageStore, data_dir: str | None = None) -> LightQueueIndex:
     """Create the index under ``DATA_DIR/lightqueue`` and install it in ``store``."""
-    index = LightQueueIndex(os.path.join(data_dir or store.data_dir, "lightqueue"))
+    index = LightQueueIndex(os.path.join(data_dir or store.data_dir, "lightqueue"), store.config.max_filter_shapes)
     store.set_queue_index(index)
     return index

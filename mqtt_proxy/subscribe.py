@@ -26,7 +26,7 @@ from lightqueue.topic import TopicError, parse_shared
 from mqtt_proxy import message_props
 from mqtt_proxy.codec import MQTT_5, RetainHandling, ReasonCode, SubAck, UnsubAck
 from mqtt_proxy.session import Subscription
-from store.api import StoreError
+from store.api import QuotaExceeded, StoreError
 
 log = logging.getLogger("twistmq.mqtt.subscribe")
 
@@ -116,7 +116,12 @@ def handle_subscribe(router, conn, packet):
             sub = existing
             is_new = False
         else:
-            queue = yield router.store.add_filter(real_filter)
+            try:
+                queue = yield router.store.add_filter(real_filter)
+            except QuotaExceeded as exc:  # the broker's filter-shape cap: bounded matching work per publish
+                log.warning("subscribe_refused client=%s filter=%r error=%s", session.client_id, topic_filter, exc)
+                codes.append(ReasonCode.QUOTA_EXCEEDED)
+                continue
             sub = Subscription(topic_filter, real_filter, queue, qos, opts.no_local, opts.retain_as_published, sub_id)
             if group is not None:
                 sub.share = yield router.shared_group(group, real_filter, queue)
