@@ -204,11 +204,11 @@ def test_topic_matching_work_per_publish_is_bounded(node):
 
 PEERS = 100
 ANNOUNCED = 900_000  # under max_packet_size (1 MiB), far over max_connect_bytes (64 KiB)
-SENT = 512 * 1024
+SENT = 832 * 1024
 
 
 def test_unauthenticated_peer_cannot_make_the_broker_buffer_a_large_packet(node):
-    """A peer announcing a 900 KB CONNECT is closed at its header: 100 such peers cost the broker no memory."""
+    """A peer announcing a 900 KB CONNECT is closed at its header: 100 such peers cost the broker ~80 MiB no more."""
     before = anon_rss_kib(node.proc.pid)
     header = bytes([0x10]) + _varint(ANNOUNCED)
     chunk = b"\x00" * 65536
@@ -225,7 +225,8 @@ def test_unauthenticated_peer_cannot_make_the_broker_buffer_a_large_packet(node)
             pass  # closed by the broker while we wrote: what the bound is for
     time.sleep(0.5)
     grown_mib = (anon_rss_kib(node.proc.pid) - before) / 1024
-    assert grown_mib < 10, f"broker grew {grown_mib:.1f} MiB holding {PEERS} unauthenticated partial packets"
+    # Unbounded that is ~80 MiB; bounded, what is left is the allocator's high-water mark of one read per peer.
+    assert grown_mib < 30, f"broker grew {grown_mib:.1f} MiB holding {PEERS} unauthenticated partial packets"
     for c in peers:
         with pytest.raises((Closed, ConnectionError)):
             c.recv(timeout=5)
