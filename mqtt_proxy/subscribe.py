@@ -174,6 +174,9 @@ def send_retained(router, conn, session, sub: Subscription):
         if conn.session is not session:
             return
         backlog = session.retained_backlog
+        if backlog is not None and backlog.conn is not conn:
+            backlog.drain(session)  # found for an earlier connection: dropped and counted
+            backlog = None
         if backlog is None and _fits(session, conn, record, sub):
             session.send_retained(record, sub)
             continue
