@@ -28,7 +28,7 @@ MAX_TOPIC_QUEUES = 100
 RETENTION_HOURS = 0.002  # 7.2 s: idle topic queues go within a test's patience
 QUOTA_EXCEEDED = 0x97
 
-pytestmark = pytest.mark.slow  # ~60 s: megabytes of retained traffic, 10,000 filters, an idle-queue collection
+pytestmark = pytest.mark.slow  # ~35 s: megabytes of retained traffic, 10,000 filters, trickled bytes, an idle-queue collection
 
 
 @pytest.fixture(scope="module")
@@ -231,6 +231,31 @@ def test_unauthenticated_peer_cannot_make_the_broker_buffer_a_large_packet(node)
         with pytest.raises((Closed, ConnectionError)):
             c.recv(timeout=5)
         c.close()
+    assert_serving(node.port())
+
+
+TRICKLERS = 200
+TRICKLE_BYTES = 1500
+
+
+def test_a_peer_writing_a_byte_at_a_time_costs_a_byte_per_byte(node):
+    """200 unauthenticated peers each sending a CONNECT one byte per write: the broker holds ~the bytes only."""
+    socks = []
+    for _ in range(TRICKLERS):
+        c = SourceClient(node.port(), 4)
+        c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        c.send_raw(bytes([0x10]) + _varint(60_000))  # a CONNECT within max_connect_bytes, sent slowly
+        socks.append(c)
+    before = anon_rss_kib(node.proc.pid)
+    for _ in range(TRICKLE_BYTES):  # rounds of one byte per peer, each read by the broker alone
+        for c in socks:
+            c.sock.send(b"\x00")
+        time.sleep(0.002)
+    grown_mib = (anon_rss_kib(node.proc.pid) - before) / 1024
+    for c in socks:
+        c.close()
+    # An object per read: ~28 MiB here (~100 B per byte sent); one bytearray per peer: ~0.2 MiB.
+    assert grown_mib < 8, f"broker grew {grown_mib:.1f} MiB for {TRICKLERS * TRICKLE_BYTES:,} bytes trickled"
     assert_serving(node.port())
 
 
