@@ -623,6 +623,9 @@ class NativeEngine:
         no longer than its messages' ttl.
         """
         now = self.now_ms()
+        index = self.store.queue_index
+        if index is not None and self._topics:  # forget topic queues the index collected (it has them at 0)
+            self._topics = {t for t in self._topics if index.max_offset(t)}
         read: set[str] = set()
         for (queue, group), c in list(self._cursors.items()):
             read.add(queue)

@@ -39,11 +39,11 @@ import os
 import shutil
 import struct
 from array import array
-from typing import Iterable, Iterator, Sequence
+from typing import Container, Iterable, Iterator, Sequence
 
 from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
-from lightqueue.names import lmq_name, native_queue_name, topic_queue_name
+from lightqueue.names import LMQ_PREFIX, TOPIC_PREFIX, lmq_name, native_queue_name, topic_queue_name
 from lightqueue.topic_trie import TopicTrie
 from store import record as rec
 from store.message_store import DispatcherBase, DispatchRequest, MessageStore, QueueEntry
@@ -70,10 +70,14 @@ ENTRIES_WRITE_BUFFER = 4 << 20  # bytes of light-queue entries held in memory be
 class LightQueueIndex(DispatcherBase):
     """Queues, their entries and the topic-filter interest that decides what gets indexed."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, max_filter_shapes: int = 0, max_topic_queues: int = 0) -> None:
         self.path = path
         self._open_db()
-        self.trie = TopicTrie()
+        self.trie = TopicTrie(max_filter_shapes)
+        self.max_topic_queues = max_topic_queues  # 0: no cap
+        self.topic_queues = 0  # topic consume queues known
+        self.topic_queues_refused = 0  # publishes to a new first level not indexed for the cap
+        self._promised: set[str] = set()  # topic queues resolved puts will create (see _topic_queue_allowed)
         self._resolved: dict[str, tuple[str, ...]] = {}  # topic -> target queues
         self._ids: dict[str, int] = {}
         self._names: list[str | None] = []
@@ -128,6 +132,9 @@ class LightQueueIndex(DispatcherBase):
             self._last_ts.append(0)
         self._names[qid] = name
         self._ids[name] = qid
+        if name.startswith(TOPIC_PREFIX):
+            self.topic_queues += 1
+            self._promised.discard(name)
         self._min[qid], self._max[qid], self._last_ts[qid] = lo, hi, ts
 
     # -- interest and resolution -------------------------------------------------------
@@ -155,8 +162,15 @@ class LightQueueIndex(DispatcherBase):
                 if len(self._resolved) >= RESOLVE_CACHE_SIZE:
                     self._resolved.clear()
                 matches = self.trie.match(message.topic)
-                queues = (topic_queue_name(message.topic), *[lmq_name(f) for f in matches])
-                self._resolved[message.topic] = queues
+                topic_queue = topic_queue_name(message.topic)
+                if self._topic_queue_allowed(topic_queue):
+                    queues = (topic_queue, *[lmq_name(f) for f in matches])
+                    self._resolved[message.topic] = queues
+                else:
+                    # Past the cap a new first level is not indexed for native topic consumers (MQTT delivery
+                    # goes on): counted, logged; not cached, so it is indexed once collection makes room.
+                    queues = tuple(lmq_name(f) for f in matches)
+                    self._refused_topic_queue(topic_queue)
             return queues
         if message.kind == rec.RecordKind.NATIVE_MESSAGE:
             explicit = message.properties.get("TARGETS")
@@ -164,6 +178,29 @@ class LightQueueIndex(DispatcherBase):
                 return tuple(native_queue_name(q) for q in explicit.split(","))
             return (native_queue_name(message.topic),)
         return ()
+
+    def _topic_queue_allowed(self, name: str) -> bool:
+        """Whether ``name`` has or may get a topic queue under ``max_topic_queues``.
+
+        A put resolves before its tick dispatches (creates) anything, so queues
+        promised to resolved puts count against the cap until they exist.
+        """
+        cap = self.max_topic_queues
+        if not cap or name in self._ids or name in self._promised:
+            return True
+        if self.topic_queues + len(self._promised) >= cap:
+            return False
+        self._promised.add(name)
+        return True
+
+    def _refused_topic_queue(self, name: str) -> None:
+        self.topic_queues_refused += 1
+        count = self.topic_queues_refused
+        if count & (count - 1) == 0:  # 1st, 2nd, 4th, ...: a flood logs a few lines, not one per publish
+            log.warning("topic_queue_refused queue=%s topic_queues=%d max_topic_queues=%d refused_total=%d "
+                        "(the publish is stored and delivered to MQTT subscribers; native topic consumers of "
+                        "this first level do not see it)", name, self.topic_queues, self.max_topic_queues,
+                        count)
 
     def resolve_many(self, messages: Sequence[rec.Message]) -> list[tuple[str, ...]]:
         """``resolve`` of each message: a run of publishes to one topic object is resolved once."""
@@ -346,6 +383,8 @@ class LightQueueIndex(DispatcherBase):
         self._open_db()
         self._ids.clear()
         self._names.clear()
+        self.topic_queues = 0
+        self._promised.clear()
         for arr in (self._min, self._max, self._last_ts):
             del arr[:]
         self._verified.clear()
@@ -489,29 +528,43 @@ class LightQueueIndex(DispatcherBase):
                 hi = mid
         return lo
 
-    def collect_idle(self, older_than_ts: int) -> int:
+    def collect_idle(self, older_than_ts: int, owed: Container[str] = ()) -> int:
         """Delete queues with no interest and nothing stored since ``older_than_ts`` (ms).
 
-        Churning client ids would otherwise leave one queue per abandoned filter.
-        Topic and native queues are kept: they are not created by subscribers.
+        Churning client ids would otherwise leave one queue per abandoned
+        filter, and made-up first levels one topic queue each. A light queue is
+        kept while a filter holds it; a topic queue while a native consumer
+        group reads it (``owed``: the queues retention found owed, which names
+        every consumer group's queue). Native queues are kept: producers make
+        them on purpose.
         """
         wb = WriteBatch(raw_mode=True)
         dead = []
+        trie = self.trie
         for name, qid in self._ids.items():
-            if not name.startswith("%LMQ%"):
+            if self._last_ts[qid] >= older_than_ts:
                 continue
-            if name[5:] in self.trie or self._last_ts[qid] >= older_than_ts:
+            if name.startswith(LMQ_PREFIX):
+                if name[5:] in trie:
+                    continue
+            elif not name.startswith(TOPIC_PREFIX) or name in owed:
                 continue
             dead.append((name, qid))
+        topics = 0
         for name, qid in dead:
             wb.delete_range(_KEY.pack(qid, 0), _KEY.pack(qid + 1, 0), self._entries_cf)
             wb.delete(b"q" + _U64.pack(qid), self._meta_cf)
             del self._ids[name]
             self._names[qid] = None
             self._tails.pop(qid, None)
+            if name.startswith(TOPIC_PREFIX):
+                topics += 1
+        self._promised.clear()  # a promise whose put failed would hold its place for good otherwise
         if dead:
+            self.topic_queues -= topics
+            self._resolved.clear()  # a cached resolution may name a collected queue
             self._db.write(wb, self._wo)
-            log.info("lightqueue_gc removed=%d", len(dead))
+            log.info("lightqueue_gc removed=%d topic_queues=%d", len(dead), topics)
         return len(dead)
 
     def drop_idle(self, name: str) -> bool:
@@ -579,6 +632,8 @@ def _unpacked(first: int, values: list[bytes]) -> list[QueueEntry]:
 
 def attach(store: MessageStore, data_dir: str | None = None) -> LightQueueIndex:
     """Create the index under ``DATA_DIR/lightqueue`` and install it in ``store``."""
-    index = LightQueueIndex(os.path.join(data_dir or store.data_dir, "lightqueue"))
+    cfg = store.config
+    index = LightQueueIndex(os.path.join(data_dir or store.data_dir, "lightqueue"), cfg.max_filter_shapes,
+                            cfg.max_topic_queues)
     store.set_queue_index(index)
     return index

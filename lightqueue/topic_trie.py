@@ -12,6 +12,17 @@ exact filter keeps that filter's text. Reference counts live in one dict beside
 the tree; ``remove`` prunes the nodes that become empty, so subscribe churn does
 not leak memory.
 
+Bounded work per publish (issue 26): ``match`` visits, at each depth, only
+nodes whose path agrees with the topic, and two such nodes at one depth differ
+only in where their ``+`` levels are. So the nodes one match visits are at most
+the trie's distinct *shapes*: (depth, positions of ``+``) over every stored
+filter prefix. Filters that mix ``+`` and literals over many levels make that
+number, not the filter count, explode (amqtt's GHSA-2hjf-7455-w946 is the same
+class). ``max_shapes`` caps it: a filter that would add shapes beyond the cap
+is refused (``FilterShapeLimit``) and the trie is left unchanged, so the worst
+publish costs ``max_shapes`` node visits whatever filters clients hold. Usual
+filter sets have a few shapes per filter pattern (``site/+/temp`` is three).
+
 Not thread-safe: it belongs to the reactor thread, like the rest of the store's
 indexing.
 """
@@ -20,9 +31,13 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from lightqueue.topic import validate_topic_filter
+from lightqueue.topic import TopicError, validate_topic_filter
 
-__all__ = ["TopicTrie"]
+__all__ = ["FilterShapeLimit", "TopicTrie"]
+
+
+class FilterShapeLimit(TopicError):
+    """A filter refused because it would take the trie past its shape budget (``max_shapes``)."""
 
 
 class _Node:
@@ -53,11 +68,41 @@ class TopicTrie:
     each distinct filter once, in insertion order.
     """
 
-    __slots__ = ("_root", "_counts")
+    __slots__ = ("_root", "_counts", "_shapes", "max_shapes", "refused")
 
-    def __init__(self) -> None:
+    def __init__(self, max_shapes: int = 0) -> None:
         self._root = _Node()
         self._counts: dict[str, int] = {}
+        self._shapes: dict[tuple[int, int], int] = {}  # (depth, bit mask of its + levels) -> its nodes
+        self.max_shapes = max_shapes  # 0: no cap
+        self.refused = 0  # filters refused for the cap
+
+    @property
+    def shapes(self) -> int:
+        """Distinct node shapes stored: the most nodes one ``match`` can visit."""
+        return len(self._shapes)
+
+    def _check_shapes(self, levels: list[str]) -> None:
+        """Raise ``FilterShapeLimit`` if adding a filter of ``levels`` would pass ``max_shapes``."""
+        shapes = self._shapes
+        new: set[tuple[int, int]] = set()
+        node: _Node | None = self._root
+        mask = 0
+        for depth, level in enumerate(levels):
+            if level == "#":
+                break
+            if level == "+":
+                mask |= 1 << depth
+                node = node.plus if node is not None else None
+            else:
+                node = node.children.get(level) if node is not None and node.children else None
+            if node is None and (depth, mask) not in shapes:
+                new.add((depth, mask))
+        if new and len(shapes) + len(new) > self.max_shapes:
+            self.refused += 1
+            raise FilterShapeLimit(f"the broker holds filters of {len(shapes)} shapes (distinct positions of "
+                                   f"'+' per depth), the most it matches per publish (max_filter_shapes = "
+                                   f"{self.max_shapes}); this filter would add {len(new)}")
 
     def add(self, topic_filter: str) -> bool:
         """Count one more subscription to *topic_filter*; return True if it was not stored yet.
@@ -69,15 +114,22 @@ class TopicTrie:
             self._counts[topic_filter] = count + 1
             return False
         validate_topic_filter(topic_filter)
+        levels = topic_filter.split("/")
+        if self.max_shapes:
+            self._check_shapes(levels)
+        shapes = self._shapes
         node = self._root
-        for level in topic_filter.split("/"):
+        mask = 0
+        for depth, level in enumerate(levels):
             if level == "#":
                 node.hash_filter = topic_filter
                 break
             if level == "+":
+                mask |= 1 << depth
                 child = node.plus
                 if child is None:
                     child = node.plus = _Node()
+                    shapes[(depth, mask)] = shapes.get((depth, mask), 0) + 1
             else:
                 children = node.children
                 if children is None:
@@ -85,6 +137,7 @@ class TopicTrie:
                 child = children.get(level)
                 if child is None:
                     child = children[level] = _Node()
+                    shapes[(depth, mask)] = shapes.get((depth, mask), 0) + 1
             node = child
         else:
             node.filter = topic_filter
@@ -102,18 +155,27 @@ class TopicTrie:
             return False
         del self._counts[topic_filter]
         # Walk down, remembering each (parent, level) so empty nodes can be pruned bottom-up.
-        path: list[tuple[_Node, str]] = []
+        path: list[tuple[_Node, str, tuple[int, int]]] = []
         node = self._root
-        for level in topic_filter.split("/"):
+        mask = 0
+        for depth, level in enumerate(topic_filter.split("/")):
             if level == "#":
                 node.hash_filter = None
                 break
-            path.append((node, level))
+            if level == "+":
+                mask |= 1 << depth
+            path.append((node, level, (depth, mask)))
             node = node.plus if level == "+" else node.children[level]  # type: ignore[index,assignment]
         else:
             node.filter = None
+        shapes = self._shapes
         while path and node.is_empty():
-            parent, level = path.pop()
+            parent, level, shape = path.pop()
+            left = shapes[shape] - 1
+            if left:
+                shapes[shape] = left
+            else:
+                del shapes[shape]
             if level == "+":
                 parent.plus = None
             else:

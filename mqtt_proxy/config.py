@@ -76,6 +76,8 @@ class LimitsConfig:
     """New connections per second from one address (0: unlimited)."""
     max_packet_size: int = 1 << 20
     """Largest packet accepted, in bytes (announced as Maximum Packet Size in v5)."""
+    max_connect_bytes: int = 65536
+    """Largest packet accepted before CONNACK, in bytes: the CONNECT and anything pipelined behind it. A larger one closes the connection, so an unauthenticated peer holds at most this much buffer."""
     max_topic_length: int = 1024
     """Longest topic name or filter, in bytes."""
     max_topic_levels: int = 32
@@ -94,9 +96,12 @@ class LimitsConfig:
     """Publishes of one connection waiting on the store before the broker stops reading from it."""
 
     def validate(self) -> None:
-        for name in ("max_connections", "max_packet_size", "max_topic_length", "max_topic_levels",
-                     "max_subscriptions", "max_queued_bytes", "max_payload", "max_pending_puts"):
+        for name in ("max_connections", "max_packet_size", "max_connect_bytes", "max_topic_length",
+                     "max_topic_levels", "max_subscriptions", "max_queued_bytes", "max_payload",
+                     "max_pending_puts"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive")
         if self.max_packet_size > 268435460:
             raise ConfigError("max_packet_size must be at most 268435460 (the MQTT maximum)")
+        if self.max_connect_bytes < 16:
+            raise ConfigError("max_connect_bytes must be at least 16 (no CONNECT is smaller)")

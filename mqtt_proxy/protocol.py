@@ -57,7 +57,9 @@ class MQTTServerProtocol:
         self.transport = None
         self.connected = 0
         self.factory = None
-        self.parser = MQTTParser(max_packet_size=front.limits.max_packet_size)
+        # Until CONNACK the peer is not authenticated: it may hold no more than a CONNECT's worth of buffer.
+        limits = front.limits
+        self.parser = MQTTParser(max_packet_size=min(limits.max_packet_size, limits.max_connect_bytes))
         self.level = 4
         self.session = None
         self.client_id = None
@@ -229,6 +231,7 @@ class MQTTServerProtocol:
         if self.session is None or self._closing:
             return
         self._keep_alive = keep_alive
+        self.parser.max_packet_size = self.front.limits.max_packet_size  # authenticated: the full limit
         if keep_alive:
             self.front.deadlines.schedule(self, self.last_rx + keep_alive * 1.5)
         backlog, self._backlog = self._backlog or (), None

@@ -82,7 +82,7 @@ class Session:
     # Slots: one per client id, connected or not, so its size is the broker's size per client.
     __slots__ = ("ctx", "delivery", "sessions", "client_id", "epoch", "fenced", "on_fenced", "state", "conn",
                  "will_call", "stored", "acl_username", "expiry_call", "_dirty_subs", "_pumping", "_pump_again",
-                 "_pump_scheduled", "owner", "reads")
+                 "_pump_scheduled", "owner", "reads", "retained_backlog")
 
     def __init__(self, ctx: "SessionContext", client_id: str, level: int, expiry: int, epoch: int = 0) -> None:
         self.ctx = ctx
@@ -104,6 +104,7 @@ class Session:
         self._pump_scheduled = False
         self.owner: str | None = None  # the identity that made the session (None: stored before owners were kept)
         self.reads: ReadCheck | None = None  # the connected identity's read access (None: no ACL configured)
+        self.retained_backlog = None  # subscribe.RetainedBacklog: retained messages waiting for room
 
     # The session's protocol state lives in SessionState; these read and write it there.
     level = _state_attr("level")
@@ -269,6 +270,8 @@ class Session:
         if self._pumping:
             self._pump_again = True
             return
+        if self.retained_backlog is not None:
+            self.retained_backlog.drain(self)
         self._pumping = True
         try:
             while True:
@@ -436,7 +439,7 @@ class Session:
         """Send a retained message in answer to a subscribe (RETAIN set, not tied to an offset)."""
         qos = min(sub.qos, record.qos)
         if qos and self.window <= 0:
-            return  # the window is full of live traffic: skip rather than overrun the client
+            return  # the window is full of live traffic (callers wait for room: subscribe.RetainedBacklog)
         pid = self.state.offer_retained(qos)
         self._send(record, qos, pid, sub, retain=True)
 

@@ -3,10 +3,21 @@
 A new subscription starts at the end of its filter's light queue (it gets what
 is published from now on); a repeated subscription keeps its positions and
 only changes its options. The subscription is durable before SUBACK goes out.
+
+Retained messages obey the connection's back-pressure like live ones: they are
+written while the socket's send buffer is under ``[limits] max_queued_bytes``
+(and, at QoS > 0, while the in-flight window has room); what does not fit waits
+in the session's ``RetainedBacklog`` and goes out as the client reads. The
+backlog holds at most ``max_queued_bytes`` of messages; beyond that retained
+messages are dropped and counted (``retained_dropped``), as Mosquitto drops
+beyond ``max_queued_messages``. So a client that reads nothing and subscribes
+to ``#`` again and again holds two buffers' worth, not the retained store once
+per SUBSCRIBE.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 
 from twisted.internet import defer
@@ -15,9 +26,56 @@ from lightqueue.topic import TopicError, parse_shared
 from mqtt_proxy import message_props
 from mqtt_proxy.codec import MQTT_5, RetainHandling, ReasonCode, SubAck, UnsubAck
 from mqtt_proxy.session import Subscription
-from store.api import StoreError
+from store.api import QuotaExceeded, StoreError
 
 log = logging.getLogger("twistmq.mqtt.subscribe")
+
+ENTRY_OVERHEAD = 100  # bytes a waiting retained message costs beyond its topic and payload (tuple, deque slot)
+
+
+class RetainedBacklog:
+    """Retained messages of one connection that did not fit its socket or window yet, oldest first."""
+
+    __slots__ = ("conn", "items", "size", "limit")
+
+    def __init__(self, conn, limit: int) -> None:
+        self.conn = conn  # the connection they were found for: a reconnect starts without them
+        self.items: collections.deque = collections.deque()
+        self.size = 0
+        self.limit = limit
+
+    def offer(self, record, sub: Subscription) -> bool:
+        """Keep one message to send later; False if the backlog is full (the caller counts the drop)."""
+        cost = len(record.body) + len(record.topic) + ENTRY_OVERHEAD
+        if self.size + cost > self.limit:
+            return False
+        self.items.append((record, sub, cost))
+        self.size += cost
+        return True
+
+    def drain(self, session) -> None:
+        """Send what the connection takes now; the rest waits for the next pump (a resume or an ack)."""
+        conn = session.conn
+        items = self.items
+        if conn is not self.conn:  # the client left: its SUBSCRIBE's answer goes with it
+            session.delivery.stats.retained_dropped += len(items)
+            items.clear()
+            session.retained_backlog = None
+            return
+        while items:
+            record, sub, cost = items[0]
+            if session.subs.get(sub.key) is sub:
+                if not _fits(session, conn, record, sub):
+                    return
+                session.send_retained(record, sub)
+            items.popleft()
+            self.size -= cost
+        session.retained_backlog = None
+
+
+def _fits(session, conn, record, sub: Subscription) -> bool:
+    """Whether the connection takes one more retained message now (socket not paused, window open)."""
+    return not conn.paused and not (min(sub.qos, record.qos) and session.window <= 0)
 
 
 @defer.inlineCallbacks
@@ -58,7 +116,12 @@ def handle_subscribe(router, conn, packet):
             sub = existing
             is_new = False
         else:
-            queue = yield router.store.add_filter(real_filter)
+            try:
+                queue = yield router.store.add_filter(real_filter)
+            except QuotaExceeded as exc:  # the broker's filter-shape cap: bounded matching work per publish
+                log.warning("subscribe_refused client=%s filter=%r error=%s", session.client_id, topic_filter, exc)
+                codes.append(ReasonCode.QUOTA_EXCEEDED)
+                continue
             sub = Subscription(topic_filter, real_filter, queue, qos, opts.no_local, opts.retain_as_published, sub_id)
             if group is not None:
                 sub.share = yield router.shared_group(group, real_filter, queue)
@@ -101,6 +164,7 @@ def send_retained(router, conn, session, sub: Subscription):
         log.warning("retained_lookup_failed client=%s filter=%s error=%s", session.client_id, sub.topic_filter, exc)
         return
     now = router.now_ms()
+    dropped = 0
     for retained in found:
         if not router.acl.allowed(conn.acl_username, session.client_id, retained.topic, "read"):
             continue
@@ -109,7 +173,21 @@ def send_retained(router, conn, session, sub: Subscription):
             continue
         if conn.session is not session:
             return
-        session.send_retained(record, sub)
+        backlog = session.retained_backlog
+        if backlog is not None and backlog.conn is not conn:
+            backlog.drain(session)  # found for an earlier connection: dropped and counted
+            backlog = None
+        if backlog is None and _fits(session, conn, record, sub):
+            session.send_retained(record, sub)
+            continue
+        if backlog is None:
+            backlog = session.retained_backlog = RetainedBacklog(conn, router.limits.max_queued_bytes)
+        if not backlog.offer(record, sub):
+            dropped += 1
+    if dropped:
+        session.delivery.stats.retained_dropped += dropped
+        log.info("retained_dropped client=%s filter=%s messages=%d reason=queue_full (max_queued_bytes)",
+                 session.client_id, sub.topic_filter, dropped)
 
 
 @defer.inlineCallbacks

@@ -85,6 +85,10 @@ class StoreConfig:
     """How often the derived indexes (light queues, RocksDB with the WAL off) are flushed to disk, bounding replay after a crash."""
     kv_sync: bool = False
     """Fsync the durable session/offset store on every write batch (survives power loss, not only kill -9)."""
+    max_filter_shapes: int = 1024
+    """Distinct filter shapes (depth and positions of ``+`` of every stored filter prefix) the broker keeps: the most topic-trie nodes one publish visits. A SUBSCRIBE that would add shapes beyond it is refused (SUBACK 0x97 / 0x80), counted and logged (0: no cap)."""
+    max_topic_queues: int = 100000
+    """Topic consume queues (one per first topic level, for native consumers) kept at most. A publish to a new first level beyond it is stored and delivered to MQTT subscribers but not indexed for native topic consumers; each is counted and logged. Idle ones are collected like light queues."""
 
     def validate(self) -> None:
         if self.segment_size < 4096:
@@ -98,6 +102,10 @@ class StoreConfig:
             raise ConfigError(f"disk_max_used_ratio must be within (0, 1], not {self.disk_max_used_ratio}")
         if self.disk_quota_mb < 0:
             raise ConfigError("disk_quota_mb must be >= 0")
+        if self.max_filter_shapes < 0:
+            raise ConfigError("max_filter_shapes must be >= 0")
+        if self.max_topic_queues <= 0:
+            raise ConfigError("max_topic_queues must be positive")
 
 
 MAX_QUEUE_NAME_BYTES = 255

@@ -16,7 +16,7 @@ import fcntl
 import logging
 import os
 from collections import deque
-from typing import Callable, Iterable, Iterator, NamedTuple, Protocol, Sequence
+from typing import Callable, Container, Iterable, Iterator, NamedTuple, Protocol, Sequence
 
 from twisted.internet import defer, task
 
@@ -145,7 +145,7 @@ class QueueIndex(Dispatcher, Protocol):
 
     def log_truncated(self, min_cl_offset: int) -> None: ...
 
-    def collect_idle(self, older_than_ts: int) -> int: ...
+    def collect_idle(self, older_than_ts: int, owed: Container[str] = ()) -> int: ...
 
     def flush(self) -> None:
         """Persist what is indexed; runs on the executor's thread while ``dispatch`` goes on."""
@@ -616,12 +616,12 @@ class MessageStore:
         for disp in self._dispatchers:
             disp.log_truncated(self.commit_log.min_offset)
 
-    def collect_idle_queues(self) -> int:
-        """Delete light queues nobody subscribes to and nothing was stored in for a retention period."""
+    def collect_idle_queues(self, owed: Container[str] = ()) -> int:
+        """Delete light and topic queues nobody uses (no filter, no reader in ``owed``) and idle for a retention period."""
         if self._index is None:
             return 0
         cfg = self.config
-        return self._index.collect_idle(int((self._clock.seconds() - cfg.retention_hours * 3600) * 1000))
+        return self._index.collect_idle(int((self._clock.seconds() - cfg.retention_hours * 3600) * 1000), owed)
 
     @property
     def queue_index(self) -> QueueIndex | None:

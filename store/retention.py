@@ -219,7 +219,7 @@ class Retention:
             count = min(plan.count, again.count) if again.count else 0
             if count:
                 self._delete(again, count, report)
-        store.collect_idle_queues()
+        store.collect_idle_queues(plan.owed)  # a queue someone reads is not idle
         return report
 
     @defer.inlineCallbacks

@@ -27,6 +27,7 @@ from lightqueue.names import QueueNameError
 from lightqueue.native_engine import NativeEngine
 from lightqueue.retained_index import RetainedIndex
 from lightqueue.topic import TopicError, validate_topic_filter, validate_topic_name
+from lightqueue.topic_trie import FilterShapeLimit
 from push.notifier import Notifier
 from store import api
 from store import record as rec
@@ -150,6 +151,8 @@ class LocalStore:
     def add_filter(self, topic_filter: str) -> defer.Deferred:
         def failed(failure):
             failure.trap(TopicError, QueueNameError, UnicodeEncodeError)
+            if failure.check(FilterShapeLimit):
+                raise api.QuotaExceeded(f"topic filter {topic_filter!r}: {failure.getErrorMessage()}")
             raise api.InvalidArgument(f"topic filter {topic_filter!r}: {failure.getErrorMessage()}")
 
         return self._store.add_filter(topic_filter).addErrback(failed)

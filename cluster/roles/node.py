@@ -125,6 +125,22 @@ class NodeParts:
                                                    "no longer lets read them", stats.messages_denied),
             "twistmq_dead_lettered_messages": ("popped messages moved to a dead-letter queue",
                                                native["dead_lettered"]),
+            "twistmq_retained_queue_dropped_messages": (
+                "retained messages for a SUBSCRIBE beyond the client's queue (max_queued_bytes)",
+                stats.retained_dropped),
+            **self._index_refusals(),
+        }
+
+    def _index_refusals(self):
+        """What the light-queue index refused for its caps (issue 26), for /metrics."""
+        index = self.store.queue_index
+        if index is None:
+            return {}
+        return {
+            "twistmq_filters_refused": ("SUBSCRIBEs refused for max_filter_shapes", index.trie.refused),
+            "twistmq_topic_queue_refused_messages": (
+                "publishes to a new first level not indexed in a topic queue for max_topic_queues",
+                index.topic_queues_refused),
         }
 
     def _overview(self) -> dict:

@@ -58,8 +58,8 @@ class MQTTParser:
     """
 
     # One per connection: slots, and no buffer list until a packet arrives in pieces.
-    __slots__ = ("max_packet_size", "server_side", "protocol_level", "_receives", "_pending", "_pending_len",
-                 "_need", "_error")
+    __slots__ = ("max_packet_size", "server_side", "protocol_level", "_receives", "_pending", "_need",
+                 "_error")
 
     def __init__(self, max_packet_size: int = MAX_PACKET_SIZE, server_side: bool = True,
                  protocol_level: int | None = None) -> None:
@@ -73,15 +73,15 @@ class MQTTParser:
         self.server_side = server_side
         self.protocol_level = protocol_level
         self._receives = SERVER_RECEIVES if server_side else CLIENT_RECEIVES
-        self._pending: list[bytes] | tuple = ()  # chunks of an incomplete packet (a list once there are any)
-        self._pending_len = 0
+        self._pending: bytearray | None = None  # the bytes of an incomplete packet, once there are any
         self._need = 0  # buffered bytes needed before parsing is worth trying again
         self._error: ProtocolError | None = None
 
     @property
     def buffered(self) -> int:
         """Bytes held for a packet that is not complete yet."""
-        return self._pending_len
+        pending = self._pending
+        return 0 if pending is None else len(pending)
 
     def feed(self, data: bytes) -> list:
         """Consume ``data``; return the packets it completed, in order."""
@@ -89,12 +89,12 @@ class MQTTParser:
             raise self._error
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"feed() takes bytes, not {type(data).__name__}")
-        if self._pending:
-            self._pending.append(data)
-            self._pending_len += len(data)
-            if self._pending_len < self._need:
+        pending = self._pending
+        if pending is not None:
+            pending += data
+            if len(pending) < self._need:
                 return []
-            buf = b"".join(self._pending)
+            buf = bytes(pending)
         else:
             buf = data if type(data) is bytes else bytes(data)
         out: list = []
@@ -104,16 +104,14 @@ class MQTTParser:
             exc.parsed = tuple(out)
             exc.protocol_level = self.protocol_level
             self._error = exc
-            self._pending = ()
-            self._pending_len = 0
+            self._pending = None
             raise
         if pos < len(buf):
-            rest = buf[pos:]
-            self._pending = [rest]
-            self._pending_len = len(rest)
-        elif self._pending:
-            self._pending = ()
-            self._pending_len = 0
+            # One growing buffer for an incomplete packet, whatever the split: a peer sending a byte per read
+            # costs a byte per byte, not an object per read (issue 26).
+            self._pending = bytearray(memoryview(buf)[pos:])
+        elif pending is not None:
+            self._pending = None
         return out
 
     def _parse(self, buf: bytes, out: list) -> int:

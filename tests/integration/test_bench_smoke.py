@@ -104,3 +104,17 @@ def test_cost_bench_prints_its_table(capsys):
         assert cells[2].strip() != "-" and cells[3].strip() != "-", out  # a tiny run may round to 0 CPU ticks
         assert cells[5].strip() in ("yes", "**no**", "-"), out
         assert cells[6].strip() == "1/1", out
+
+
+def test_topic_match_bench_prints_its_table(capsys):
+    """bench/topic_match_bench.py runs tiny adversarial filter sets, capped and not, and prints µs per publish."""
+    from bench import topic_match_bench
+
+    argv = ["--filters", "3000", "--uncapped-filters", "300", "--publishes", "100", "--max-shapes", "256"]
+    assert topic_match_bench.main(argv) == 0
+    out = capsys.readouterr().out
+    rows = [line.split("|") for line in out.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert {cells[1].strip() for cells in rows} == {"mixed", "mixed-matching", "plus-tail", "literal", "hash-ladder"}
+    capped = [cells for cells in rows if cells[2].strip() == "256"]
+    assert len(capped) == 5 and all(int(cells[6]) <= 256 for cells in capped), out
+    assert int(next(c for c in capped if c[1].strip() == "mixed")[5]) > 0, "the cap refused none"

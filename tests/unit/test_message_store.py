@@ -204,9 +204,36 @@ def test_idle_light_queues_are_collected(tmp_path):
     _put_all(store, clock, [Message(topic="gone/1", body=b"x"), Message(topic="kept/1", body=b"y")])
     store.remove_filter("gone/#")
     clock.advance(3600)
-    removed = index.collect_idle(int(clock.seconds() * 1000) - 1000)
-    assert removed == 1
-    assert "%LMQ%gone/#" not in index.queue_names() and "%LMQ%kept/#" in index.queue_names()
+    removed = index.collect_idle(int(clock.seconds() * 1000) - 1000, owed={"%TOPIC%kept"})
+    assert removed == 2  # the light queue and the topic queue nobody reads
+    names = index.queue_names()
+    assert "%LMQ%gone/#" not in names and "%LMQ%kept/#" in names
+    assert "%TOPIC%gone" not in names and "%TOPIC%kept" in names
+
+
+def test_topic_queues_beyond_the_cap_are_not_indexed_and_counted(tmp_path):
+    """Past max_topic_queues a new first level gets no topic queue (counted); light queues still get it."""
+    store, index, clock = _store(tmp_path, max_topic_queues=2)
+    store.add_filter("+/x")
+    _put_all(store, clock, [Message(topic=f"t{i}/x", body=b"x") for i in range(5)])
+    topics = sorted(n for n in index.queue_names() if n.startswith("%TOPIC%"))
+    assert topics == ["%TOPIC%t0", "%TOPIC%t1"]
+    assert index.topic_queues == 2 and index.topic_queues_refused == 3
+    assert len(_got(store, "%LMQ%+/x")) == 5  # MQTT subscribers lose nothing
+    _put_all(store, clock, [Message(topic="t0/x", body=b"again")])  # a known first level is still indexed
+    assert index.max_offset("%TOPIC%t0") == 2
+
+
+def test_collected_topic_queues_make_room_under_the_cap(tmp_path):
+    """An idle topic queue is collected, which lets a new first level be indexed again."""
+    store, index, clock = _store(tmp_path, max_topic_queues=1)
+    _put_all(store, clock, [Message(topic="old/1", body=b"x")])
+    clock.advance(3600)
+    assert index.collect_idle(int(clock.seconds() * 1000) - 1000) == 1
+    assert index.topic_queues == 0
+    _put_all(store, clock, [Message(topic="new/1", body=b"y")])
+    assert [n for n in index.queue_names() if n.startswith("%TOPIC%")] == ["%TOPIC%new"]
+    assert index.topic_queues_refused == 0
 
 
 def test_native_messages_go_to_their_queue(tmp_path):

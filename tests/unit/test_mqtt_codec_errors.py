@@ -284,3 +284,41 @@ def test_topic_name_helper(name, valid):
 def test_topic_filter_helper(topic_filter, valid):
     """is_valid_topic_filter enforces wildcard placement (MQTT-4.7.1-1, -2) and shared-filter shape (MQTT-4.8.2-1)."""
     assert is_valid_topic_filter(topic_filter) is valid
+
+
+# -- buffering of an incomplete packet (issue 26) ---------------------------------------------------
+
+def test_a_packet_fed_one_byte_at_a_time_is_buffered_in_one_growing_buffer():
+    """A peer writing one byte per read costs the parser about a byte per byte, not an object per read."""
+    import tracemalloc
+
+    from mqtt_proxy.codec import Connect, MQTTParser, encode
+
+    data = encode(Connect(client_id="c", password=b"p" * 60000, username="u"), 4)
+    parser = MQTTParser()
+    tracemalloc.start()
+    try:
+        for i in range(len(data) - 1):
+            assert parser.feed(data[i:i + 1]) == []
+        held, _peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert parser.buffered == len(data) - 1
+    assert held < 2 * len(data), f"{held} bytes held for {len(data)} bytes buffered"  # a list of chunks: ~50x
+    (packet,) = parser.feed(data[-1:])
+    assert packet.password == b"p" * 60000 and parser.buffered == 0
+
+
+def test_max_packet_size_can_be_raised_between_packets():
+    """The server raises the limit at CONNACK: a packet refused before is accepted after."""
+    from mqtt_proxy.codec import Connect, MQTTParser, PacketTooLarge, Publish, encode
+
+    parser = MQTTParser(max_packet_size=64)
+    assert len(parser.feed(encode(Connect(client_id="c"), 4))) == 1
+    parser.max_packet_size = 1 << 20
+    (p,) = parser.feed(encode(Publish("t", b"x" * 1000, qos=0), 4))
+    assert len(p.payload) == 1000
+    small = MQTTParser(max_packet_size=64)
+    small.feed(encode(Connect(client_id="c"), 4))
+    with pytest.raises(PacketTooLarge):
+        small.feed(encode(Publish("t", b"x" * 1000, qos=0), 4)[:5])  # refused at the fixed header

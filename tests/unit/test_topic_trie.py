@@ -5,7 +5,7 @@ from hypothesis import given, settings, strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
 from lightqueue.topic import TopicError, filter_matches
-from lightqueue.topic_trie import TopicTrie
+from lightqueue.topic_trie import FilterShapeLimit, TopicTrie
 
 from tests.unit.test_topic import SPEC_EXAMPLES
 
@@ -200,3 +200,75 @@ class TrieMachine(RuleBasedStateMachine):
 
 TrieMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
 test_trie_state_machine = TrieMachine.TestCase
+
+
+# -- the shape cap (issue 26) -----------------------------------------------------------------------
+
+def _shapes(stored):
+    """The distinct (depth, + positions) of every stored prefix: what the cap counts, computed naively."""
+    out = set()
+    for f in stored:
+        mask = 0
+        for depth, level in enumerate(f.split("/")):
+            if level == "#":
+                break
+            if level == "+":
+                mask |= 1 << depth
+            out.add((depth, mask))
+    return out
+
+
+def test_shape_cap_refuses_a_filter_and_leaves_the_trie_unchanged():
+    """A filter that would pass max_shapes is refused (FilterShapeLimit); stored filters still match."""
+    trie = TopicTrie(max_shapes=5)
+    assert trie.add("a/+/c")  # shapes (0,0) (1,2) (2,2)
+    assert trie.add("b/+/d")  # same shapes
+    with pytest.raises(FilterShapeLimit):
+        trie.add("+/+/+")  # three new shapes: 6 > 5
+    assert "+/+/+" not in trie and trie.shapes == 3 and trie.refused == 1
+    assert trie.add("x/y")  # one new shape (1, 0): 4
+    assert sorted(trie.match("a/q/c")) == ["a/+/c"]
+    trie.remove("a/+/c")
+    trie.remove("b/+/d")
+    assert trie.shapes == 2  # (0,0) (1,0) of x/y: removal frees shapes
+    assert trie.add("+/+/+")  # 5
+
+
+def test_shape_cap_bounds_the_nodes_one_match_visits():
+    """However many adversarial filters are offered, the stored shapes (the visit bound) stay within the cap."""
+    import random
+    rng = random.Random(26)
+    trie = TopicTrie(max_shapes=200)
+    stored = []
+    for i in range(2000):
+        f = "/".join(["+" if rng.random() < 0.5 else "a" for _ in range(20)] + [f"z{i}"])
+        try:
+            trie.add(f)
+            stored.append(f)
+        except FilterShapeLimit:
+            pass
+    assert trie.shapes == len(_shapes(stored)) <= 200
+    assert trie.node_count() - 1 >= trie.shapes
+    topic = "/".join(["a"] * 20 + ["z0"])
+    assert sorted(trie.match(topic)) == _expected(stored, topic)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["a", "b", "+"]), min_size=1, max_size=5).map("/".join).flatmap(
+    lambda _: st.lists(st.lists(st.sampled_from(["a", "b", "+", "#"]), min_size=1, max_size=5).map("/".join),
+                       max_size=30)))
+def test_shape_count_matches_the_naive_count_under_add_and_remove(filters):
+    """The trie's shape count equals the naive count of its stored prefixes, through adds and removes."""
+    trie = TopicTrie()
+    valid = []
+    for f in filters:
+        try:
+            trie.add(f)
+            valid.append(f)
+        except TopicError:
+            continue
+        assert trie.shapes == len(_shapes(set(valid)))
+    for f in list(valid):
+        trie.remove(f)
+        valid.remove(f)
+        assert trie.shapes == len(_shapes(set(valid)))
