@@ -32,6 +32,7 @@ from cluster import heap, node_log
 from cluster.broker import RPC_VERSION, default_node_id
 from cluster.http import proxy_site
 from cluster.node import NodeOptions, client_listeners, node_config, security_reloader
+from cluster.native_service import topic_limits
 from cluster.proxy_native import ForwardingEngine, ProxyNativeService
 from cluster.remote_store import RemoteStore
 from cluster.routed_store import RoutedStore
@@ -114,7 +115,7 @@ class ProxyParts:
         acl = load_acl(mqtt.acl_file or None)
         self.mqtt = build_front_end(self.store, reactor, mqtt, cfg.limits, auth, acl, holder=cluster.node_id)
         self.native = ProxyNativeService(ForwardingEngine(self.table, self.remotes),
-                                         from_mapping(NativeConfig, "native", cfg.native))
+                                         from_mapping(NativeConfig, "native", cfg.native), topic_limits(cfg.limits))
         self.lag = ReactorLagProbe(reactor)
         self.streams, self.datagrams = self._listeners()
 

@@ -16,7 +16,7 @@ import logging
 from twisted.internet import defer, protocol
 
 from cluster.routing import SlotTable
-from mqtt_proxy.native.codec import error_reply, request_object
+from mqtt_proxy.native.codec import TopicLimits, error_reply, request_object
 from mqtt_proxy.native.protocol import NativeTCPFactory, NativeUDPProtocol
 from store import api
 from store.config import NativeConfig
@@ -85,9 +85,10 @@ def _merged(replies: list[dict]) -> dict:
 class ProxyNativeService:
     """The native listeners' service on a proxy: the shape ``NativeService`` gives the adapters."""
 
-    def __init__(self, engine: ForwardingEngine, config: NativeConfig) -> None:
+    def __init__(self, engine: ForwardingEngine, config: NativeConfig, topic_limits: TopicLimits | None = None) -> None:
         self.engine = engine
         self.config = config
+        self.topic_limits = topic_limits
         self.connections: set = set()
         self.counters = {"errors": 0, "expired": 0, "gap": 0, "dead_lettered": 0}
         self._udp: list = []

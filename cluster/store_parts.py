@@ -14,7 +14,7 @@ import os
 
 from cluster.heap import TickCollector
 from cluster.local_store import LocalStore
-from cluster.native_service import NativeService
+from cluster.native_service import NativeService, topic_limits
 from lightqueue import attach as attach_lightqueue
 from lightqueue.names import lmq_name
 from lightqueue.retained_index import RetainedIndex
@@ -51,7 +51,7 @@ class StoreParts:
         self.store.add_listener(self.notifier.notify_now)  # the store's news comes merged per batch
         self.native_config = from_mapping(NativeConfig, "native", cfg.native)
         self.native = NativeService(self.store, data_dir, self.native_config, reactor, self.timers,
-                                    executor=self.executor)
+                                    executor=self.executor, topic_limits=topic_limits(cfg.limits))
         self.store.retention.add_holder(self.native.engine.owed)
         # Appends stay in memory for MQTT watchers and for native consumers near the tail alike.
         watched, native_reads = self.notifier.watched, self.native.engine.reads_soon
