@@ -22,6 +22,7 @@ from mqtt_proxy.auth.acl import ACL
 from mqtt_proxy.codec import MQTT_5, NO_PROPERTIES, PubAck, PubComp, Publish, PubRec, ReasonCode, encode_pubacks
 from mqtt_proxy.config import LimitsConfig, MQTTConfig
 from mqtt_proxy.inbound import InboundBatcher
+from mqtt_proxy.ratelog import RateLimitedLog
 from mqtt_proxy.stats import BrokerStats
 from store import record as rec
 from store.api import AppendStatus, QuotaExceeded, Retained, Timers, Unavailable
@@ -47,6 +48,7 @@ class Publisher:
         self.limits = limits
         self.stats = stats
         self.clock = clock
+        self.refusals = RateLimitedLog(log, clock)  # a client refused in a loop writes a line a second, not per packet
         # Topic names that passed validation, each mapped to one string object for all its messages: the
         # store's per-topic caches then find it by identity.
         self.valid_topics: dict[str, str] = {}
@@ -222,10 +224,11 @@ class Publisher:
         if topic.startswith("$"):
             # $SYS/... and other $ topics belong to the broker: a client may not publish fake values there.
             refusal = ReasonCode.NOT_AUTHORIZED
-            log.info("publish_denied client=%s topic=%s reason=reserved", session.client_id, topic)
+            self.refusals.event("reserved", "publish_denied client=%s topic=%s reason=reserved", session.client_id, topic)
         elif self.acl.configured and not self.acl.allowed(conn.acl_username, session.client_id, topic, "write"):
             refusal = ReasonCode.NOT_AUTHORIZED
-            log.info("publish_denied client=%s user=%s topic=%s", session.client_id, conn.username, topic)
+            self.refusals.event("acl", "publish_denied client=%s user=%s topic=%s", session.client_id, conn.username,
+                                topic)
         if refusal is not None:
             self._refuse(conn, qos, packet.packet_id, refusal)
             return
@@ -291,7 +294,8 @@ class Publisher:
     def _put_failed(self, failure, conn, session, qos: int, packet_id) -> None:
         conn.put_finished()
         if failure.check(QuotaExceeded):
-            log.info("retained_quota_exceeded client=%s error=%s", session.client_id, failure.getErrorMessage())
+            self.refusals.event("retained_quota", "retained_quota_exceeded client=%s error=%s", session.client_id,
+                                failure.getErrorMessage())
             if qos:
                 conn.inbound_inflight -= 1
             self._refuse(conn, qos, packet_id, ReasonCode.QUOTA_EXCEEDED)
