@@ -9,9 +9,9 @@ still arriving:
 
 - ``__init__`` (the request line came in): the whole request (headers and
   body) must arrive within ``request_timeout`` seconds, else 408 and close;
-- ``gotLength`` (every header is in, no body byte read yet): a declared
-  ``Content-Length`` over ``max_body`` is 413, and ``gate(path, request)`` may
-  refuse (the admin API's 401/403) before a body byte is read;
+- ``gotLength`` (every header is in, no body byte read yet): ``gate(path,
+  request)`` may refuse (the admin API's 401/403), then a declared
+  ``Content-Length`` over ``max_body`` is 413, before a body byte is read;
 - ``handleContentChunk``: a chunked body is counted as it comes, 413 past
   ``max_body``; the body is kept in memory (it is at most ``max_body``);
 - ``requestReceived``: the request is whole, the deadline is off.
@@ -85,13 +85,13 @@ class BoundedRequest(server.Request):
         if length == 0:
             return  # no body: the resource does its own checks
         site = self.channel.site
-        if length is not None and length > site.max_body:
-            self._refuse(Refusal(413, "too_large", f"the body ({length} bytes) exceeds {site.max_body} bytes"))
-            return
-        if site.gate is not None:
+        if site.gate is not None:  # first: a client without the token learns nothing more
             refusal = site.gate(getattr(self.channel, "_path", None), self)
             if refusal is not None:
                 self._refuse(refusal)
+                return
+        if length is not None and length > site.max_body:
+            self._refuse(Refusal(413, "too_large", f"the body ({length} bytes) exceeds {site.max_body} bytes"))
 
     def handleContentChunk(self, data: bytes) -> None:
         if self._refused:

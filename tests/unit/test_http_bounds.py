@@ -149,3 +149,11 @@ def test_gate_sees_the_path_before_the_body():
     assert seen == [b"/health?x=1"] and transport.value() == b""
     channel.dataReceived(b"ab")
     assert _status(transport) == 200 and transport.value().endswith(b"got 2")
+
+
+def test_token_is_checked_before_the_size():
+    """A wrong token with a body over the cap is 401, not 413: a client without the token learns no limit."""
+    clock = task.Clock()
+    channel, transport = _connect(_site(clock, max_body=100))
+    channel.dataReceived(b"POST /api/v1/x HTTP/1.1\r\nHost: h\r\nContent-Length: 200000000\r\n\r\n")
+    assert _status(transport) == 401
