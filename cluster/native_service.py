@@ -64,7 +64,7 @@ class NativeService:
         self._stopped = True
         for conn in list(self.connections):
             if conn.transport is not None:
-                conn.transport.loseConnection()
+                conn.close()
         self.kv.close()
         return defer.succeed(None)
 

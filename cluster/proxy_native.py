@@ -104,7 +104,7 @@ class ProxyNativeService:
     def stop(self) -> defer.Deferred:
         for conn in list(self.connections):
             if conn.transport is not None:
-                conn.transport.loseConnection()
+                conn.close()
         return defer.succeed(None)
 
     def stats(self) -> dict[str, float]:

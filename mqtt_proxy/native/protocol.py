@@ -80,6 +80,15 @@ class NativeTCPProtocol(protocol.Protocol):
         self._slots.clear()
         self._pending.clear()
 
+    def close(self) -> None:
+        """Close once what was written is sent.
+
+        The producer goes first: a transport whose buffer drains while its producer is paused resumes the
+        producer instead of closing, and the connection would stay open.
+        """
+        self.transport.unregisterProducer()
+        self.transport.loseConnection()
+
     # -- the transport's producer calls: its send buffer went over, or back under, the high-water mark --
 
     def pauseProducing(self) -> None:
@@ -191,7 +200,7 @@ class NativeTCPProtocol(protocol.Protocol):
         if out and self._open:
             self._write(b"".join(out))
         if self._closing and not slots and self._open:
-            self.transport.loseConnection()
+            self.close()
 
     def _update_reading(self) -> None:
         """Read from the transport only while a request read now could be served at once."""

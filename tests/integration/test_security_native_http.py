@@ -30,7 +30,7 @@ from mqtt_proxy.native.client import BlockingClient, NativeError
 from tests.integration.node import NodeProcess
 from tests.integration.security_support import anon_rss_kib, node_logs, raw, unique, write_config
 
-pytestmark = pytest.mark.slow  # ~25 s: 1,000 queues, a memory measure and timed HTTP deadlines
+pytestmark = pytest.mark.slow  # ~12 s: 1,000 queues, a memory measure and timed HTTP deadlines
 
 TOKEN = "native-s3cret"
 ADMIN_TOKEN = "admin-s3cret"
