@@ -90,7 +90,7 @@ class ProxyNativeService:
         self.config = config
         self.topic_limits = topic_limits
         self.connections: set = set()
-        self.counters = {"errors": 0, "expired": 0, "gap": 0, "dead_lettered": 0}
+        self.counters = {"errors": 0, "expired": 0, "gap": 0, "dead_lettered": 0, "udp_datagrams": 0}
         self._udp: list = []
 
     def tcp_factory(self) -> protocol.Factory:

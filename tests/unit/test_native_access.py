@@ -221,3 +221,16 @@ def test_replies_held_behind_a_slow_one_stop_the_serving(tmp_path):
     assert served < 100 and transport.producerState == "paused"
     _settle(node)
     assert len(_replies(transport)) == 201 and transport.producerState == "producing"
+
+
+def test_proxy_native_udp_answers_a_datagram():
+    """A proxy's UDP adapter answers (here: a token error) instead of failing on a counter it lacked."""
+    from cluster.proxy_native import ForwardingEngine, ProxyNativeService
+    from store.config import NativeConfig
+    service = ProxyNativeService(ForwardingEngine(None, {}), NativeConfig(token="s3cret"))
+    proto = NativeUDPProtocol(service)
+    transport = FakeDatagramTransport()
+    proto.makeConnection(transport)
+    proto.datagramReceived(b'{"action":4,"queue":"q"}', PEER)
+    (payload, _), = transport.written
+    assert json.loads(payload)["code"] == -1 and service.counters["udp_datagrams"] == 1
