@@ -26,7 +26,7 @@ class MQTTConfig:
     retain_available: bool = True
     """Accept retained messages."""
     allow_anonymous: bool | None = None
-    """Accept clients that send no username (or, without a password file, a username nothing can verify). Unset (the default): accepted unless password_file is set, and the node refuses to start while an MQTT, WebSocket or native listener is reachable from other hosts without authentication (password_file, or mqtt_tls_ca on an ssl: listener). true: accepted on every listener; this also lets native listeners (a protocol without authentication) face other hosts. false: refused everywhere."""
+    """Accept clients that send no username (or, without a password file, a username nothing can verify). Unset (the default): accepted unless password_file is set, and the node refuses to start while an MQTT, WebSocket or native listener is reachable from other hosts without authentication (password_file, or mqtt_tls_ca on an ssl: listener). true: accepted on every listener; this also lets native listeners without a ``[native] token`` face other hosts. false: refused everywhere."""
     password_file: str = ""
     """Path of the password file (scrypt hashes, see twistmq-admin passwd); empty: no password check. A relative path starts at the config file's directory."""
     acl_file: str = ""

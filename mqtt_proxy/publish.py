@@ -24,6 +24,7 @@ from mqtt_proxy.codec import MQTT_5, NO_PROPERTIES, PubAck, PubComp, Publish, Pu
 from mqtt_proxy.config import LimitsConfig, MQTTConfig
 from mqtt_proxy.inbound import InboundBatcher
 from mqtt_proxy.publish_rules import Origin, PublishRules, Refuse, Route, decide
+from mqtt_proxy.ratelog import RateLimitedLog
 from mqtt_proxy.stats import BrokerStats
 from store import record as rec
 from store.api import AppendStatus, QuotaExceeded, Retained, Timers, Unavailable
@@ -55,6 +56,7 @@ class Publisher:
         self.limits = limits
         self.stats = stats
         self.clock = clock
+        self.refusals = RateLimitedLog(log, clock)  # a client refused in a loop writes a line a second, not per packet
         # Topic names that passed validation, each mapped to one string object for all its messages: the
         # store's per-topic caches then find it by identity.
         self.valid_topics: dict[str, str] = {}
@@ -196,8 +198,8 @@ class Publisher:
             if verdict.peer_error:
                 conn.protocol_violation(verdict.reason, verdict.why)
                 return
-            log.info("publish_denied client=%s user=%s topic=%s reason=%s", session.client_id, conn.username,
-                     topic, verdict.why)
+            self.refusals.event(verdict.reason, "publish_denied client=%s user=%s topic=%s reason=%s", session.client_id,
+                                conn.username, topic, verdict.why)
             self._refuse(conn, qos, packet.packet_id, verdict.reason)
             return
         if verdict.bind_alias is not None:
@@ -316,7 +318,8 @@ class Publisher:
     def _put_failed(self, failure, conn, session, qos: int, packet_id) -> None:
         conn.put_finished()
         if failure.check(QuotaExceeded):
-            log.info("retained_quota_exceeded client=%s error=%s", session.client_id, failure.getErrorMessage())
+            self.refusals.event("retained_quota", "retained_quota_exceeded client=%s error=%s", session.client_id,
+                                failure.getErrorMessage())
             if qos:
                 conn.inbound_inflight -= 1
             self._refuse(conn, qos, packet_id, ReasonCode.QUOTA_EXCEEDED)

@@ -147,17 +147,28 @@ class NativeConfig:
     """A popped message handed out more than this many times again (RocketMQ's maxReconsumeTimes) moves to the dead-letter queue ``%DLQ%<group>`` instead of coming back."""
     virtual_queues: dict = field(default_factory=dict)
     """Virtual queue name -> list of real queue names; a produce to it is stored once, indexed in each."""
+    token: str = ""
+    """Shared secret native clients present: a TCP connection's first request carries ``"token"`` (e.g. ``{"action": "auth", "token": "..."}``), every UDP datagram too; a wrong or missing one gets an error (and TCP is closed). Empty: no token, and a native listener facing other hosts needs ``[mqtt] allow_anonymous = true``."""
+    max_reply_buffer_bytes: int = 1_048_576
+    """Reply bytes a TCP connection may have waiting (unsent, or ready behind an earlier reply) before the server stops reading its requests until the client reads."""
+    list_page_size: int = 100
+    """Queues (and topics) per ``queue_list`` reply when the request gives no ``limit`` (at most 1000); ``cursor`` fetches the next page."""
 
     def validate(self) -> None:
         for name in ("max_queue_size", "max_request_bytes", "max_datagram_bytes", "max_batch", "max_pipeline",
                      "default_ttl_s", "max_ttl_s", "max_delay_s", "max_retry_s", "default_invisible_time_s",
-                     "max_invisible_time_s", "max_reconsume"):
+                     "max_invisible_time_s", "max_reconsume", "max_reply_buffer_bytes",
+                     "list_page_size"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive")
         if self.max_datagram_bytes > 65507:
             raise ConfigError("max_datagram_bytes must be at most 65507 (the largest UDP payload)")
         if self.default_ttl_s > self.max_ttl_s:
             raise ConfigError("default_ttl_s must not exceed max_ttl_s")
+        if self.list_page_size > 1000:
+            raise ConfigError("list_page_size must be at most 1000")
+        if self.token != self.token.strip() or any(ch in self.token for ch in "\r\n"):
+            raise ConfigError("token must not have surrounding spaces or line breaks")
         for vname, targets in self.virtual_queues.items():
             problem = check_queue_name(vname)
             if problem:

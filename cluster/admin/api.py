@@ -10,6 +10,8 @@ route's ``x-page-key``). Any failure becomes an HTTP status and
 
 Auth: with ``[admin] token`` set, every request needs ``Authorization: Bearer
 TOKEN``; without one, only a listener bound to a loopback address serves the API.
+A request with a body is checked from its headers before the body is read
+(``refusal``, asked by ``cluster.runtime.http_bounds``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from twisted.internet import defer
 from twisted.python.failure import Failure
 from twisted.web import resource, server
 
+from cluster.runtime.http_bounds import Refusal
 from cluster.admin.routes import Route, match
 
 log = logging.getLogger("twistmq.admin")
@@ -108,11 +111,21 @@ class AdminAPI(resource.Resource):
 
     isLeaf = True
 
-    def __init__(self, table: list[Route], handlers, token: str = "") -> None:
+    def __init__(self, table: list[Route], handlers, token: str = "", max_body: int = MAX_BODY) -> None:
         super().__init__()
         self.table = [r for r in table if r.segments]
         self.handlers = bind_handlers(self.table, handlers)
         self.token = token.encode("utf-8") if token else b""
+        self.max_body = max_body
+
+    def refusal(self, request) -> Refusal | None:
+        """The 401/403 a request would get, decided from its headers alone (before its body is read)."""
+        try:
+            self._authorize(request)
+        except ApiError as err:
+            headers = {"WWW-Authenticate": 'Bearer realm="twistmq"'} if err.status == 401 else {}
+            return Refusal(err.status, err.code, err.message, headers)
+        return None
 
     def render(self, request):
         try:
@@ -148,9 +161,9 @@ class AdminAPI(resource.Resource):
             query[key] = _typed(key, kinds[key], values[-1].decode("utf-8", "replace"))
         body = None
         if route.body_schema is not None:
-            data = request.content.read(MAX_BODY + 1) if request.content is not None else b""
-            if len(data) > MAX_BODY:
-                raise ApiError(413, "too_large", f"the body exceeds {MAX_BODY} bytes")
+            data = request.content.read(self.max_body + 1) if request.content is not None else b""
+            if len(data) > self.max_body:
+                raise ApiError(413, "too_large", f"the body exceeds {self.max_body} bytes")
             try:
                 body = json.loads(data)
             except ValueError as exc:

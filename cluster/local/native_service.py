@@ -7,6 +7,7 @@ import os
 from twisted.internet import defer, protocol
 
 from lightqueue.native_engine import NativeEngine
+from mqtt_proxy.native.codec import TopicLimits
 from mqtt_proxy.native.protocol import NativeTCPFactory, NativeUDPProtocol
 from store.config import NativeConfig
 from store.kv import DurableKV
@@ -19,12 +20,14 @@ class NativeService:
     ``stop()`` before the store closes.
 
     ``executor`` runs the KV's WAL fsyncs (``kv_sync``) off the reactor thread; without one they run inline.
+    ``topic_limits``: the MQTT side's topic bounds, which topics named in native requests obey too.
     """
 
     def __init__(self, store, data_dir: str, config: NativeConfig, clock, timers=None, executor=None,
-                 retained_quota=None) -> None:
+                 retained_quota=None, topic_limits: TopicLimits | None = None) -> None:
         self.store = store
         self.config = config
+        self.topic_limits = topic_limits
         self.clock = clock
         self.timers = timers
         sync = bool(getattr(getattr(store, "config", None), "kv_sync", False))
@@ -61,7 +64,7 @@ class NativeService:
         self._stopped = True
         for conn in list(self.connections):
             if conn.transport is not None:
-                conn.transport.loseConnection()
+                conn.close()
         self.kv.close()
         return defer.succeed(None)
 
@@ -72,4 +75,9 @@ class NativeService:
         return out
 
 
-__all__ = ["NativeService", "NativeConfig"]
+def topic_limits(limits) -> TopicLimits:
+    """The ``[limits]`` topic bounds (``max_topic_length``, ``max_topic_levels``) for the native adapters."""
+    return TopicLimits(limits.max_topic_length, limits.max_topic_levels)
+
+
+__all__ = ["NativeService", "NativeConfig", "topic_limits"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from cluster.local.native_service import NativeService
+from cluster.local.native_service import NativeService, topic_limits
 from cluster.local.store import LocalStore
 from cluster.runtime.heap import TickCollector
 from cluster.runtime.histogram import Histogram
@@ -58,7 +58,8 @@ class StoreParts(StoreObserver):
         self.store.add_listener(self.notifier.notify_now)  # the store's news comes merged per batch
         self.native_config = from_mapping(NativeConfig, "native", cfg.native)
         self.native = NativeService(self.store, data_dir, self.native_config, reactor, self.timers,
-                                    executor=self.executor, retained_quota=self.retained.would_exceed)
+                                    executor=self.executor, retained_quota=self.retained.would_exceed,
+                                    topic_limits=topic_limits(cfg.limits))
         self.store.retention.add_holder(self.native.engine.owed)
         self.store.retention.add_carrier(self.retained.records_to_carry)
         # The collector's passes come after each drain (cluster/runtime/heap.py); the role starts it once recovery is done.

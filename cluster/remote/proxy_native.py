@@ -16,7 +16,7 @@ import logging
 from twisted.internet import defer, protocol
 
 from cluster.routing import SlotTable
-from mqtt_proxy.native.codec import error_reply, request_object
+from mqtt_proxy.native.codec import TopicLimits, error_reply, request_object
 from mqtt_proxy.native.protocol import NativeTCPFactory, NativeUDPProtocol
 from store import api
 from store.config import NativeConfig
@@ -85,11 +85,12 @@ def _merged(replies: list[dict]) -> dict:
 class ProxyNativeService:
     """The native listeners' service on a proxy: the shape ``NativeService`` gives the adapters."""
 
-    def __init__(self, engine: ForwardingEngine, config: NativeConfig) -> None:
+    def __init__(self, engine: ForwardingEngine, config: NativeConfig, topic_limits: TopicLimits | None = None) -> None:
         self.engine = engine
         self.config = config
+        self.topic_limits = topic_limits
         self.connections: set = set()
-        self.counters = {"errors": 0, "expired": 0, "gap": 0, "dead_lettered": 0}
+        self.counters = {"errors": 0, "expired": 0, "gap": 0, "dead_lettered": 0, "udp_datagrams": 0}
         self._udp: list = []
 
     def tcp_factory(self) -> protocol.Factory:
@@ -103,7 +104,7 @@ class ProxyNativeService:
     def stop(self) -> defer.Deferred:
         for conn in list(self.connections):
             if conn.transport is not None:
-                conn.transport.loseConnection()
+                conn.close()
         return defer.succeed(None)
 
     def stats(self) -> dict[str, float]:

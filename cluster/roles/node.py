@@ -94,14 +94,15 @@ class NodeParts:
         self.sys = SysPublisher(self.mqtt, self.local_store, reactor, cfg.mqtt.sys_interval, twistmq_version(),
                                 self._broker_figures, extra=self.figures.sys_values)
         handlers = Handlers(self.view, reactor, self._overview, self.timers, self.native.engine, self.history)
-        self.admin_api = AdminAPI(routes(), handlers, cfg.admin.token)
+        self.admin_api = AdminAPI(routes(), handlers, cfg.admin.token, cfg.admin.max_body_bytes)
         self.extra_stats = [("native", self.native.stats), ("timer", self.timers.stats)]
         self.streams, self.datagrams = self._listeners()
 
     def _listeners(self):
         """A ListenerService per stream listener, a DatagramListenerService per UDP one, in flag order."""
         http = http_site(self.mqtt, self.store, self._extra_stats, self._losses, self.lag, self.figures,
-                         self.admin_api, DASHBOARD_DIR if self.cfg.admin.dashboard else None)
+                         self.admin_api, DASHBOARD_DIR if self.cfg.admin.dashboard else None,
+                         self.cfg.admin.max_body_bytes, self.cfg.admin.request_timeout_s, self.reactor)
         return client_listeners(self.reactor, self.cfg, self.mqtt, self.native, http)
 
     def reloader(self) -> Reloader:

@@ -28,6 +28,7 @@ import signal
 import msgpack
 from twisted.internet import defer, endpoints
 
+from cluster.local.native_service import topic_limits
 from cluster.remote.proxy_native import ForwardingEngine, ProxyNativeService
 from cluster.remote.routed_store import RoutedStore
 from cluster.remote.server import SESSION_EVENT
@@ -113,7 +114,7 @@ class ProxyParts:
         self.auth_executor, auth, acl = client_security(reactor, cfg)
         self.mqtt = build_front_end(self.store, reactor, mqtt, cfg.limits, auth, acl, holder=cluster.node_id)
         self.native = ProxyNativeService(ForwardingEngine(self.table, self.remotes),
-                                         from_mapping(NativeConfig, "native", cfg.native))
+                                         from_mapping(NativeConfig, "native", cfg.native), topic_limits(cfg.limits))
         self.lag = ReactorLagProbe(reactor)
         self.streams, self.datagrams = self._listeners()
 

@@ -268,7 +268,9 @@ def settle(cfg: Config, from_flags: set[str] = frozenset()) -> Config:
             listeners.append(parse_listener(key, description, None if flag else cfg.path,
                                             None if flag else cfg.base_dir))
     mqtt = cfg.mqtt
-    check_exposure(listeners, mqtt.allow_anonymous, mqtt.anonymous_allowed, cfg.node.mqtt_tls_ca)
+    native_token = cfg.native.get("token", "")  # checked as a string when the native service is built
+    check_exposure(listeners, mqtt.allow_anonymous, mqtt.anonymous_allowed, cfg.node.mqtt_tls_ca,
+                   native_token=native_token if isinstance(native_token, str) else "")
     # From here on allow_anonymous is what it means, so every consumer reads a plain bool.
     mqtt = dataclasses.replace(mqtt, allow_anonymous=mqtt.anonymous_allowed)
     node = cfg.node

@@ -2,7 +2,10 @@
 
 The admin API (``/api/v1/``, ``cluster.admin.api``) and the dashboard's static
 files (``/dashboard/``) are mounted when given; /health and /metrics never need
-the API's token.
+the API's token. Every site is a ``BoundedSite`` (``cluster.runtime.http_bounds``):
+a request must arrive whole within ``request_timeout`` seconds with a body of
+at most ``max_body`` bytes, and one for the API is refused (401/403) from its
+headers, before its body is read.
 """
 
 from __future__ import annotations
@@ -15,7 +18,12 @@ from prometheus_client.core import (
     GaugeMetricFamily,
     HistogramMetricFamily,
 )
-from twisted.web import resource, server, static
+from twisted.web import resource, static
+
+from cluster.runtime.http_bounds import BoundedSite
+
+MAX_BODY, REQUEST_TIMEOUT_S = 1 << 20, 30.0
+"""Bounds of the sites without an [admin] section of their own (a broker's, a proxy's)."""
 
 
 class _BrokerCollector:
@@ -136,15 +144,35 @@ class Metrics(resource.Resource):
         return generate_latest(self.registry)
 
 
+class DashboardFiles(static.File):
+    """The dashboard's static files; a name no file can have (a NUL byte) is 404, not an error."""
+
+    def getChild(self, path, request):
+        if b"\x00" in path:
+            return resource.NoResource("no such file")
+        return super().getChild(path, request)
+
+
+def _api_gate(api):
+    """The check of a request with a body before it is read: the API's token, for paths under /api/."""
+    def gate(path, request):
+        if path is not None and path.startswith(b"/") and not path.startswith(b"/api/"):
+            return None  # not the API (an unknown or absolute-form target is checked: fail closed)
+        return api.refusal(request)
+    return gate
+
+
 def http_site(front, store, extra=lambda: (), losses=lambda: {}, lag=None, figures=None, api=None,
-              dashboard_dir=None) -> server.Site:
+              dashboard_dir=None, max_body: int = MAX_BODY,
+              request_timeout: float = REQUEST_TIMEOUT_S, reactor=None) -> BoundedSite:
     """A Site with /health and /metrics, and /api/ and /dashboard/ when given.
 
     ``extra()`` yields (prefix, {name: value}) for other services; ``losses()``
     gives {metric name: (help, count)} of messages that went away undelivered;
     ``lag`` is the node's ``ReactorLagProbe``; ``figures`` its ``NodeFigures``
     (latency histograms, per-listener connections, light-queue lag); ``api`` the
-    ``AdminAPI`` resource; ``dashboard_dir`` the directory of the dashboard's files.
+    ``AdminAPI`` resource; ``dashboard_dir`` the directory of the dashboard's files;
+    ``max_body`` and ``request_timeout`` bound each request (``[admin]``), timed on ``reactor``.
     """
     registry = CollectorRegistry()
     registry.register(_BrokerCollector(front, store, extra, losses, lag, figures))
@@ -155,13 +183,12 @@ def http_site(front, store, extra=lambda: (), losses=lambda: {}, lag=None, figur
     if api is not None:
         root.putChild(b"api", api)
     if dashboard_dir is not None:
-        files = static.File(dashboard_dir, defaultType="application/octet-stream")
+        files = DashboardFiles(dashboard_dir, defaultType="application/octet-stream")
         files.contentTypes.update({".js": "text/javascript", ".css": "text/css", ".html": "text/html"})
         files.directoryListing = lambda: resource.NoResource("no such file")
         root.putChild(b"dashboard", files)
-    site = server.Site(root)
-    site.noisy = False
-    return site
+    return BoundedSite(root, max_body=max_body, request_timeout=request_timeout,
+                       gate=_api_gate(api) if api is not None else None, reactor=reactor)
 
 
 class _StoreCollector:
@@ -181,7 +208,7 @@ class _StoreCollector:
         yield from _extra_gauges(self.extra)
 
 
-def store_site(store, collectors=(), extra=lambda: ()) -> server.Site:
+def store_site(store, collectors=(), extra=lambda: ()) -> BoundedSite:
     """A Site with /health (the store is open) and /metrics: the store's counters plus ``collectors``."""
     registry = CollectorRegistry()
     registry.register(_StoreCollector(store, extra))
@@ -190,9 +217,7 @@ def store_site(store, collectors=(), extra=lambda: ()) -> server.Site:
     root = resource.Resource()
     root.putChild(b"health", Health(store))
     root.putChild(b"metrics", Metrics(registry))
-    site = server.Site(root)
-    site.noisy = False
-    return site
+    return BoundedSite(root, max_body=MAX_BODY, request_timeout=REQUEST_TIMEOUT_S)
 
 
 class _ProxyCollector:
@@ -246,7 +271,7 @@ class _PeersHealth(resource.Resource):
         return json.dumps({"status": "degraded" if down else "ok", "brokers_unreachable": down}).encode()
 
 
-def proxy_site(front, remotes, extra=lambda: (), lag=None) -> server.Site:
+def proxy_site(front, remotes, extra=lambda: (), lag=None) -> BoundedSite:
     """A proxy's Site: /health (200 while every broker connection is open, else 503 naming the unreachable)
     and /metrics. ``remotes``: (PeerClient, RemoteStore) per broker."""
     registry = CollectorRegistry()
@@ -254,6 +279,4 @@ def proxy_site(front, remotes, extra=lambda: (), lag=None) -> server.Site:
     root = resource.Resource()
     root.putChild(b"health", _PeersHealth([peer for peer, _ in remotes]))
     root.putChild(b"metrics", Metrics(registry))
-    site = server.Site(root)
-    site.noisy = False
-    return site
+    return BoundedSite(root, max_body=MAX_BODY, request_timeout=REQUEST_TIMEOUT_S)

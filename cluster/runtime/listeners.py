@@ -12,7 +12,7 @@ to tell clients apart, or an explicit ``allow_anonymous = true``:
 
 - MQTT and WebSocket: a password file that anonymous clients cannot bypass, or
   an ``ssl:`` listener with ``mqtt_tls_ca`` (client certificates required);
-- native: the protocol has no authentication, so only ``allow_anonymous = true``;
+- native: a ``[native] token`` every client must present, or ``allow_anonymous = true``;
 - HTTP (/health and /metrics, read-only counters): the interface must be named
   (``interface=0.0.0.0``); a bare ``tcp:8080`` is refused, since MQTT's
   credentials cannot protect it and exposing it is then a choice, not a habit.
@@ -205,23 +205,25 @@ def unparse(kind: str, kwargs: dict[str, str], positional: str) -> str:
     return ":".join(parts)
 
 
-def check_exposure(listeners, allow_anonymous: bool | None, anonymous_allowed: bool, tls_ca: str) -> None:
+def check_exposure(listeners, allow_anonymous: bool | None, anonymous_allowed: bool, tls_ca: str,
+                   native_token: str = "") -> None:
     """Refuse a listener that faces other hosts without authentication, unless allow_anonymous is true.
 
     *allow_anonymous* is the value as written (None: unset); *anonymous_allowed* what it means once
-    defaulted; *tls_ca* is ``mqtt_tls_ca`` (client certificates are required on ssl: MQTT listeners).
+    defaulted; *tls_ca* is ``mqtt_tls_ca`` (client certificates are required on ssl: MQTT listeners);
+    *native_token* is ``[native] token`` (native clients must present it).
     """
     for listener in listeners:
         if listener.local:
             continue
-        problem = _exposure_problem(listener, allow_anonymous, anonymous_allowed, tls_ca)
+        problem = _exposure_problem(listener, allow_anonymous, anonymous_allowed, tls_ca, native_token)
         if problem:
             local = example(listener.key, listener.from_flag, listener.port)
             raise ConfigError(f"{listener.where} would {problem}, or bind it to this host: {local}")
 
 
 def _exposure_problem(listener: Listener, allow_anonymous: bool | None, anonymous_allowed: bool,
-                      tls_ca: str) -> str | None:
+                      tls_ca: str, native_token: str) -> str | None:
     if listener.key == "http":
         if listener.interface:
             return None  # an explicit non-loopback interface: serving /metrics there is deliberate
@@ -230,7 +232,9 @@ def _exposure_problem(listener: Listener, allow_anonymous: bool | None, anonymou
     if allow_anonymous is True:
         return None  # the operator said so
     if listener.key in ("native", "native_udp"):
-        return ("accept native clients from other hosts, and that protocol has no authentication: "
+        if native_token:
+            return None  # every native request is checked against the token
+        return ("accept native clients from other hosts without authentication: set [native] token, "
                 "accept them with [mqtt] allow_anonymous = true")
     if not anonymous_allowed:
         return None  # a password file (or allow_anonymous = false) refuses clients without credentials

@@ -23,8 +23,10 @@ code  name                     request fields -> reply fields
 3     confirm                  ``queue`` | ``topic``, ``msg_id`` [, ``group``] -> ``msg_id``
 4     monitor                  ``queue`` | ``topic`` -> ``size``, ``max_size``, ``max_id``, ``inflight``,
                                ``wait_status`` (0 ok, 1 over 80 % of max_size, 2 full), ``node_id``
-7     queue_list               -> ``queues`` [{queue, size, max_size, max_id, inflight, wait_status}],
-                               ``virtual_queues``, ``topics`` (topic consume queues seen since start)
+7     queue_list               [``limit`` (1-1000, default ``native.list_page_size``), ``cursor``]
+                               -> ``queues`` [{queue, size, max_size, max_id, inflight, wait_status}],
+                               ``virtual_queues``, ``topics`` (topic consume queues seen since start),
+                               ``cursor`` (when more remain: send it back for the next page); TCP only
 11    pop                      ``queue`` | ``topic``, [``group`` (default "default"), ``invisible_time`` s
                                (default 30)] -> ``msg_id``, ``data`` [, ``attempts`` when redelivered]
 12    ack                      ``queue`` | ``topic``, ``msg_id`` [, ``group``] -> ``msg_id``
@@ -33,7 +35,14 @@ code  name                     request fields -> reply fields
 104   node_monitor             -> ``node_id``, ``queue_count``, ``consumer_count``, ``inflight``, ``trans_id``
                                (commit-log end offset), ``uptime_s``, ``requests``
 107   node_queue_list          as 7 (a single node holds every queue)
+auth  auth                     ``token`` -> (nothing more): presents ``native.token`` (see below)
 ====  =======================  ====================================================================
+
+Token: with ``native.token`` set, a TCP connection's first request must carry
+``"token"``: ``{"action": "auth", "token": "..."}``, or a ``token`` field on
+any first request. Over UDP every datagram carries it. A wrong or missing token
+is answered ``{"code": -1, "reason": ...}``, and a TCP connection is then
+closed. Tokens are compared in constant time (``hmac.compare_digest``).
 
 Semantics:
 

@@ -3,7 +3,7 @@
 Blocking::
 
     from mqtt_proxy.native.client import BlockingClient
-    with BlockingClient("127.0.0.1", 9876) as c:
+    with BlockingClient("127.0.0.1", 9876, token="...") as c:   # token: the server's [native] token, if set
         c.produce("jobs", "payload", retry=30)
         msg = c.consume("jobs")              # {"code": 0, "msg_id": ..., "data": ...} or {"code": 0}
         if "data" in msg:
@@ -11,7 +11,7 @@ Blocking::
 
 Twisted::
 
-    proto = yield connect(reactor, "127.0.0.1", 9876)
+    proto = yield connect(reactor, "127.0.0.1", 9876, token="...")
     reply = yield proto.request({"action": 1, "queue": "jobs", "data": "x"})
 """
 
@@ -49,6 +49,11 @@ def decode_reply(line: bytes) -> dict:
     return reply
 
 
+def auth_request(token: str) -> dict:
+    """The request that presents the server's ``[native] token`` (a connection's first)."""
+    return {"action": "auth", "token": token}
+
+
 class NativeError(Exception):
     """A reply with ``code != 0``; ``.reply`` is the whole reply."""
 
@@ -60,12 +65,19 @@ class NativeError(Exception):
 class BlockingClient:
     """One TCP connection, one request at a time (or ``pipeline`` many)."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 9876, timeout: float = 10.0) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 9876, timeout: float = 10.0,
+                 token: str | None = None) -> None:
         self.sock = socket.create_connection((host, port), timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._lines = LineBuffer(64 * 1024 * 1024)
         self._ready: collections.deque = collections.deque()
         self._seq = itertools.count(1)
+        if token is not None:
+            try:
+                self._ok(auth_request(token))
+            except BaseException:
+                self.sock.close()
+                raise
 
     def __enter__(self) -> "BlockingClient":
         return self
@@ -180,7 +192,18 @@ class NativeClientProtocol(protocol.Protocol):
         self.closed.callback(None)
 
 
-def connect(reactor, host: str, port: int) -> defer.Deferred:
-    """Connect a NativeClientProtocol over TCP."""
+def connect(reactor, host: str, port: int, token: str | None = None) -> defer.Deferred:
+    """Connect a NativeClientProtocol over TCP; with ``token``, present it first (NativeError if refused)."""
     ep = endpoints.TCP4ClientEndpoint(reactor, host, port)
-    return endpoints.connectProtocol(ep, NativeClientProtocol())
+    d = endpoints.connectProtocol(ep, NativeClientProtocol())
+    if token is None:
+        return d
+
+    def authenticate(proto):
+        def checked(reply):
+            if reply.get("code") != 0:
+                raise NativeError(reply)
+            return proto
+        return proto.request(auth_request(token)).addCallback(checked)
+
+    return d.addCallback(authenticate)

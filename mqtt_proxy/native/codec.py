@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -44,6 +45,16 @@ _QUEUE_ACTIONS = (PRODUCE, CONSUME, CONFIRM, MONITOR, POP, ACK, CHANGE_INVISIBLE
 NATIVE_RULES = PublishRules()
 """The publish decision's rules for a native produce to a topic: no ACL (the native listener has no users), the
 topic rules of the codec; payload sizes are ``max_data_bytes``'s."""
+
+
+@dataclass(frozen=True, slots=True)
+class TopicLimits:
+    """Bounds on a topic name a request gives (the MQTT side's ``[limits]``)."""
+
+    max_length: int
+    """Most bytes of UTF-8 (``max_topic_length``)."""
+    max_levels: int
+    """Most ``/``-separated levels (``max_topic_levels``)."""
 
 
 class RequestError(ValueError):
@@ -90,7 +101,7 @@ def _safe_str(value: Any, limit: int) -> bool:
     return True
 
 
-def _echo_of(obj: dict) -> dict:
+def echo_of(obj: dict) -> dict:
     """The echo fields that are well-formed enough to repeat back."""
     echo: dict = {}
     action = obj.get("action")
@@ -156,12 +167,16 @@ def _parse_json_stdlib(raw: bytes | str) -> dict:
     return obj
 
 
-def parse_request(raw: bytes | str | dict, config: NativeConfig) -> Request:
-    """Decode and validate one request; raise RequestError naming the first problem."""
+def parse_request(raw: bytes | str | dict, config: NativeConfig, topic_limits: TopicLimits | None = None) -> Request:
+    """Decode and validate one request; raise RequestError naming the first problem.
+
+    ``topic_limits`` are the MQTT side's (``[limits] max_topic_length`` and ``max_topic_levels``): a topic a
+    native client names obeys them as an MQTT publisher's does.
+    """
     obj = raw if isinstance(raw, dict) else parse_json(raw)
-    echo = _echo_of(obj)
+    echo = echo_of(obj)
     try:
-        return _validate(obj, echo, config)
+        return _validate(obj, echo, config, topic_limits)
     except RequestError as exc:
         exc.echo = echo
         raise
@@ -219,7 +234,7 @@ def _str(obj: dict, key: str, *, required: bool = False) -> str | None:
     return value
 
 
-def _validate(obj: dict, echo: dict, cfg: NativeConfig) -> Request:
+def _validate(obj: dict, echo: dict, cfg: NativeConfig, topic_limits: TopicLimits | None) -> Request:
     if "action" not in obj:
         raise RequestError("missing field action")
     raw_action = obj["action"]
@@ -256,7 +271,10 @@ def _validate(obj: dict, echo: dict, cfg: NativeConfig) -> Request:
         _GOOD_QUEUE_NAMES.add(queue)
     if queue is None:
         try:
-            validate_topic_name(topic)
+            if topic_limits is None:
+                validate_topic_name(topic)
+            else:
+                validate_topic_name(topic, topic_limits.max_length, topic_limits.max_levels)
         except TopicError as exc:
             raise RequestError(f"bad topic: {exc}") from None
         except UnicodeEncodeError:
@@ -273,7 +291,7 @@ def _validate(obj: dict, echo: dict, cfg: NativeConfig) -> Request:
             raise RequestError("group is not used by produce")
         if topic is not None:
             # The one publish decision (the ``$`` reservation above all); the retained quota is the engine's.
-            verdict = decide(NATIVE_RULES, Origin.NATIVE, topic, 0, False)
+            verdict = decide(NATIVE_RULES, Origin.NATIVE, topic, 0, False, topic_checked=True)  # checked above
             if type(verdict) is Refuse:
                 raise RequestError(verdict.why)
         if "batch" in obj and obj["batch"] is not None:

@@ -142,13 +142,15 @@ def test_open_mqtt_listener_with_auth_or_explicit_allow_starts():
     assert "--mqtt-tls" in refusal(tls, None, True, "")
 
 
-def test_open_native_listener_needs_explicit_allow_anonymous():
-    """The native protocol has no authentication: a password file is not enough, allow_anonymous = true is."""
+def test_open_native_listener_needs_token_or_explicit_allow_anonymous():
+    """A native listener facing other hosts needs [native] token or allow_anonymous = true; a password file is not enough."""
     native = listeners(("native", "tcp:9876"))
     text = refusal(native, None, False)
-    assert "no authentication" in text and "allow_anonymous = true" in text
+    assert "[native] token" in text and "allow_anonymous = true" in text
     assert "--native-udp" in refusal(listeners(("native_udp", "9876")), False, False)
     check_exposure(native, True, True, "")
+    check_exposure(native, None, False, "", native_token="s3cret")
+    check_exposure(listeners(("native_udp", "9876")), False, False, "", native_token="s3cret")
 
 
 def test_http_on_every_interface_must_be_named():
