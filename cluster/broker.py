@@ -26,7 +26,7 @@ from twisted.internet import endpoints
 from twisted.python import usage
 
 from cluster import node_log
-from cluster.config import load_config, with_flags
+from cluster.config import CONFIG_HELP, find_config, load_config, with_data_dir, with_flags
 from cluster.http import store_site
 from cluster.listeners import parse_listener
 from cluster.rpc.dispatch import Dispatcher
@@ -55,8 +55,8 @@ class BrokerOptions(usage.Options):
     """Options of ``twistmq broker``."""
 
     optParameters = [
-        ["config", "c", None, "TOML config file (default: conf/twistmq.toml of the checkout)"],
-        ["data-dir", "d", None, "data directory (overrides node.data_dir)"],
+        ["config", "c", None, CONFIG_HELP],
+        ["data-dir", "d", None, "data directory (overrides node.data_dir; default /var/lib/twistmq/broker)"],
         ["node-id", None, None, "this broker's member id (overrides cluster.node_id)"],
         ["group", None, None, "the broker group it serves (overrides cluster.group)"],
     ]
@@ -79,29 +79,31 @@ class BrokerOptions(usage.Options):
 
 
 def default_node_id(data_dir: str) -> str:
-    """A member id when none is configured: the data directory's name, else the host name."""
-    return os.path.basename(os.path.normpath(data_dir)) or socket.gethostname()
+    """A member id when none is configured: the data directory's name, else (none, or /) the host name."""
+    return (os.path.basename(os.path.normpath(data_dir)) if data_dir else "") or socket.gethostname()
 
 
 def broker_config(options: BrokerOptions):
     """The config file with the command line applied; the listeners checked (rpc first, then http)."""
-    cfg = load_config(options["config"])
+    cfg = load_config(find_config(options["config"]))
     if options["data-dir"]:
         cfg = with_flags(cfg, {"data_dir": options["data-dir"]})
+    named_dir = cfg.node.data_dir  # a member id may come from a directory someone named, not the default one
+    cfg = with_data_dir(cfg, "broker")
     cluster = cfg.cluster
     if options["node-id"]:
         cluster = dataclasses.replace(cluster, node_id=options["node-id"])
     if options["group"]:
         cluster = dataclasses.replace(cluster, group=options["group"])
     if not cluster.node_id:
-        cluster = dataclasses.replace(cluster, node_id=default_node_id(cfg.node.data_dir))
+        cluster = dataclasses.replace(cluster, node_id=default_node_id(named_dir))
     flags = bool(options.listeners)
     wanted = {"rpc": options.listeners.get("rpc", []) if flags else list(cluster.rpc),
               "http": options.listeners.get("http", []) if flags else list(cfg.node.http)}
     listeners = []
     for key in ("rpc", "http"):
         for description in wanted[key]:
-            listener = parse_listener(key, description, None if flags else cfg.path,
+            listener = parse_listener(key, description, None if flags else cfg.source,
                                       None if flags else cfg.base_dir)
             if key == "http" and not listener.interface and listener.kind != "unix":
                 raise ConfigError(f"{listener.where}: an HTTP listener must name its interface "
@@ -153,8 +155,8 @@ def broker_tree(parts: BrokerParts) -> RoleService:
     root = RoleService("broker", parts.reactor, START_ERRORS, cfg.log.file)
 
     def announce():
-        log.info("broker_ready version=%s node_id=%s group=%s cluster=%s data_dir=%s", twistmq_version(),
-                 cfg.cluster.node_id, cfg.cluster.group, cfg.cluster.cluster_id, cfg.node.data_dir)
+        log.info("broker_ready version=%s node_id=%s group=%s cluster=%s config=%s data_dir=%s", twistmq_version(),
+                 cfg.cluster.node_id, cfg.cluster.group, cfg.cluster.cluster_id, cfg.source, cfg.node.data_dir)
 
     children = [
         *parts.state.tree_parts(),

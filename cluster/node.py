@@ -2,7 +2,7 @@
 
 Builds the store, the light-queue and retained indexes, the timers, the session
 store, the notifier, the native engine, the MQTT front end, $SYS and the listeners, from
-``conf/twistmq.toml`` (or ``--config``) plus command-line flags. If any listener
+the config file ``cluster.config.find_config`` names (or the built-in defaults) plus command-line flags. If any listener
 flag is given, exactly the listeners given open; otherwise those of the config
 file. Every listener is checked before anything opens (``cluster.listeners``).
 The tree (``node_tree``) starts the parts in order, recovery before any listener
@@ -30,7 +30,7 @@ from cluster.admin.metrics import NodeFigures, RateHistory
 from cluster.admin.overview import overview
 from cluster.admin.routes import routes
 from cluster.admin.view import NodeView
-from cluster.config import load_config, settle, with_flags
+from cluster.config import CONFIG_HELP, find_config, load_config, settle, with_data_dir, with_flags
 from cluster.http import http_site
 from cluster.reuseport import server_endpoint
 from cluster.store_parts import StoreParts
@@ -66,8 +66,8 @@ class NodeOptions(usage.Options):
     """Options of ``twistmq node``."""
 
     optParameters = [
-        ["config", "c", None, "TOML config file (default: conf/twistmq.toml of the checkout)"],
-        ["data-dir", "d", None, "data directory (overrides node.data_dir)"],
+        ["config", "c", None, CONFIG_HELP],
+        ["data-dir", "d", None, "data directory (overrides node.data_dir; default /var/lib/twistmq/ROLE)"],
         ["mqtt-tls-ca", None, None, "CA file: TLS clients must present a certificate it signed"],
         ["ws-path", None, None, "URL path of the WebSocket endpoint (default /mqtt)"],
     ]
@@ -109,9 +109,12 @@ class NodeOptions(usage.Options):
         print_version()
 
 
-def node_config(options: NodeOptions):
-    """The config file with the command line applied on top, checked (see ``cluster.config.settle``)."""
-    cfg = load_config(options["config"])
+def node_config(options: NodeOptions, role: str = "node"):
+    """The config file with the command line applied on top, checked (see ``cluster.config.settle``).
+
+    A node keeps its data in ``/var/lib/twistmq/node`` unless told otherwise; a proxy (*role*) keeps none.
+    """
+    cfg = load_config(find_config(options["config"]))
     changes = {}
     if options.listeners:
         for kind in LISTENER_FLAGS:
@@ -124,7 +127,10 @@ def node_config(options: NodeOptions):
         changes["ws_path"] = options["ws-path"]
     if options["use-identity-as-username"]:
         changes["use_identity_as_username"] = True
-    return settle(with_flags(cfg, changes), set(changes))
+    cfg = with_flags(cfg, changes)
+    if role == "node":
+        cfg = with_data_dir(cfg, role)
+    return settle(cfg, set(changes))
 
 
 class NodeParts:
@@ -214,8 +220,8 @@ def node_tree(parts: NodeParts) -> RoleService:
     listeners = parts.streams + parts.datagrams
 
     def announce():
-        log.info("node_ready version=%s data_dir=%s log=%s", twistmq_version(), cfg.node.data_dir,
-                 cfg.log.file or "stderr")
+        log.info("node_ready version=%s config=%s data_dir=%s log=%s", twistmq_version(), cfg.source,
+                 cfg.node.data_dir, cfg.log.file or "stderr")
 
     children = [
         SignalService("reload", signal.SIGHUP, parts.reloader().reload, parts.reactor),
