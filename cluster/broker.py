@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import signal
 import socket
 
 from twisted.internet import endpoints
@@ -35,7 +36,7 @@ from cluster.rpc.health import HealthProbe
 from cluster.rpc.metrics import RpcMetrics
 from cluster.rpc.protocol import RpcSettings
 from cluster.rpc.server import RpcServerFactory
-from cluster.services import ListenerService, Part, ReadyLine, RoleService
+from cluster.services import ListenerService, Part, ReadyLine, RoleService, SignalService
 from cluster.session_interest import SessionInterest
 from cluster.store_parts import StoreParts
 from cluster.store_server import StoreServer
@@ -159,6 +160,9 @@ def broker_tree(parts: BrokerParts) -> RoleService:
                  cfg.cluster.node_id, cfg.cluster.group, cfg.cluster.cluster_id, cfg.source, cfg.node.data_dir)
 
     children = [
+        # systemctl reload sends SIGHUP, whose default action ends the process: a broker has no password file,
+        # ACL or certificate to re-read, so it only says it heard.
+        SignalService("reload", signal.SIGHUP, lambda: log.info("reload_ok role=broker files=none"), parts.reactor),
         *parts.state.tree_parts(),
         Part("session-interest", start=parts.local.restore),
         *parts.listeners,
