@@ -89,15 +89,14 @@ def broker_config(options: BrokerOptions):
     cfg = load_config(find_config(options["config"]))
     if options["data-dir"]:
         cfg = with_flags(cfg, {"data_dir": options["data-dir"]})
-    named_dir = cfg.node.data_dir  # a member id may come from a directory someone named, not the default one
-    cfg = with_data_dir(cfg, "broker")
     cluster = cfg.cluster
     if options["node-id"]:
         cluster = dataclasses.replace(cluster, node_id=options["node-id"])
     if options["group"]:
         cluster = dataclasses.replace(cluster, group=options["group"])
     if not cluster.node_id:
-        cluster = dataclasses.replace(cluster, node_id=default_node_id(named_dir))
+        # From a directory someone named; with the default one (/var/lib/twistmq/broker) the host name.
+        cluster = dataclasses.replace(cluster, node_id=default_node_id(cfg.node.data_dir))
     flags = bool(options.listeners)
     wanted = {"rpc": options.listeners.get("rpc", []) if flags else list(cluster.rpc),
               "http": options.listeners.get("http", []) if flags else list(cfg.node.http)}
@@ -112,7 +111,8 @@ def broker_config(options: BrokerOptions):
             listeners.append(listener)
     if not any(l.key == "rpc" for l in listeners):
         raise ConfigError("a broker needs an RPC listener: for example --rpc tcp:7800:interface=127.0.0.1")
-    return dataclasses.replace(cfg, cluster=cluster, listeners=tuple(listeners))
+    # Last: a configuration refused above makes no directory.
+    return with_data_dir(dataclasses.replace(cfg, cluster=cluster, listeners=tuple(listeners)), "broker")
 
 
 class BrokerParts:

@@ -127,10 +127,9 @@ def node_config(options: NodeOptions, role: str = "node"):
         changes["ws_path"] = options["ws-path"]
     if options["use-identity-as-username"]:
         changes["use_identity_as_username"] = True
-    cfg = with_flags(cfg, changes)
-    if role == "node":
-        cfg = with_data_dir(cfg, role)
-    return settle(cfg, set(changes))
+    cfg = settle(with_flags(cfg, changes), set(changes))
+    # Last: a configuration refused above makes no directory.
+    return with_data_dir(cfg, role) if role == "node" else cfg
 
 
 class NodeParts:
