@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import signal
 
 from twisted.internet import endpoints
 from twisted.python import usage
@@ -34,10 +35,10 @@ from cluster.rpc.metrics import RpcMetrics
 from cluster.rpc.protocol import RpcSettings
 from cluster.rpc.server import RpcServerFactory
 from cluster.runtime import node_log
-from cluster.runtime.config import load_config, with_flags
+from cluster.runtime.config import CONFIG_HELP, find_config, load_config, with_data_dir, with_flags
 from cluster.runtime.http import store_site
 from cluster.runtime.listeners import parse_listener
-from cluster.runtime.services import ListenerService, Part, ReadyLine, RoleService
+from cluster.runtime.services import ListenerService, Part, ReadyLine, RoleService, SignalService
 from cluster.runtime.version import print_version, twistmq_version
 from store.config import ConfigError
 from store.message_store import StoreLockedError
@@ -52,8 +53,8 @@ class BrokerOptions(usage.Options):
     """Options of ``twistmq broker``."""
 
     optParameters = [
-        ["config", "c", None, "TOML config file (default: conf/twistmq.toml of the checkout)"],
-        ["data-dir", "d", None, "data directory (overrides node.data_dir)"],
+        ["config", "c", None, CONFIG_HELP],
+        ["data-dir", "d", None, "data directory (overrides node.data_dir; default /var/lib/twistmq/broker)"],
         ["node-id", None, None, "this broker's member id (overrides cluster.node_id)"],
         ["group", None, None, "the broker group it serves (overrides cluster.group)"],
     ]
@@ -77,7 +78,7 @@ class BrokerOptions(usage.Options):
 
 def broker_config(options: BrokerOptions):
     """The config file with the command line applied; the listeners checked (rpc first, then http)."""
-    cfg = load_config(options["config"])
+    cfg = load_config(find_config(options["config"]))
     if options["data-dir"]:
         cfg = with_flags(cfg, {"data_dir": options["data-dir"]})
     cluster = cfg.cluster
@@ -86,6 +87,7 @@ def broker_config(options: BrokerOptions):
     if options["group"]:
         cluster = dataclasses.replace(cluster, group=options["group"])
     if not cluster.node_id:
+        # From a directory someone named; with the default one (/var/lib/twistmq/broker) the host name.
         cluster = dataclasses.replace(cluster, node_id=default_node_id(cfg.node.data_dir))
     flags = bool(options.listeners)
     wanted = {"rpc": options.listeners.get("rpc", []) if flags else list(cluster.rpc),
@@ -93,7 +95,7 @@ def broker_config(options: BrokerOptions):
     listeners = []
     for key in ("rpc", "http"):
         for description in wanted[key]:
-            listener = parse_listener(key, description, None if flags else cfg.path,
+            listener = parse_listener(key, description, None if flags else cfg.source,
                                       None if flags else cfg.base_dir)
             if key == "http" and not listener.interface and listener.kind != "unix":
                 raise ConfigError(f"{listener.where}: an HTTP listener must name its interface "
@@ -101,7 +103,8 @@ def broker_config(options: BrokerOptions):
             listeners.append(listener)
     if not any(l.key == "rpc" for l in listeners):
         raise ConfigError("a broker needs an RPC listener: for example --rpc tcp:7800:interface=127.0.0.1")
-    return dataclasses.replace(cfg, cluster=cluster, listeners=tuple(listeners))
+    # Last: a configuration refused above makes no directory.
+    return with_data_dir(dataclasses.replace(cfg, cluster=cluster, listeners=tuple(listeners)), "broker")
 
 
 class BrokerParts:
@@ -145,10 +148,13 @@ def broker_tree(parts: BrokerParts) -> RoleService:
     root = RoleService("broker", parts.reactor, START_ERRORS, cfg.log.file)
 
     def announce():
-        log.info("broker_ready version=%s node_id=%s group=%s cluster=%s data_dir=%s", twistmq_version(),
-                 cfg.cluster.node_id, cfg.cluster.group, cfg.cluster.cluster_id, cfg.node.data_dir)
+        log.info("broker_ready version=%s node_id=%s group=%s cluster=%s config=%s data_dir=%s", twistmq_version(),
+                 cfg.cluster.node_id, cfg.cluster.group, cfg.cluster.cluster_id, cfg.source, cfg.node.data_dir)
 
     children = [
+        # systemctl reload sends SIGHUP, whose default action ends the process: a broker has no password file,
+        # ACL or certificate to re-read, so it only says it heard.
+        SignalService("reload", signal.SIGHUP, lambda: log.info("reload_ok role=broker files=none"), parts.reactor),
         *parts.state.tree_parts(),
         Part("session-interest", start=parts.local.restore),
         *parts.listeners,

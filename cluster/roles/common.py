@@ -13,7 +13,7 @@ import socket
 from twisted.internet import endpoints
 from twisted.python import usage
 
-from cluster.runtime.config import load_config, settle, with_flags
+from cluster.runtime.config import CONFIG_HELP, find_config, load_config, settle, with_data_dir, with_flags
 from cluster.runtime.reuseport import server_endpoint
 from cluster.runtime.services import DatagramListenerService, ListenerService
 from cluster.runtime.version import print_version
@@ -35,8 +35,8 @@ class NodeOptions(usage.Options):
     """Options of ``twistmq node``."""
 
     optParameters = [
-        ["config", "c", None, "TOML config file (default: conf/twistmq.toml of the checkout)"],
-        ["data-dir", "d", None, "data directory (overrides node.data_dir)"],
+        ["config", "c", None, CONFIG_HELP],
+        ["data-dir", "d", None, "data directory (overrides node.data_dir; default /var/lib/twistmq/ROLE)"],
         ["mqtt-tls-ca", None, None, "CA file: TLS clients must present a certificate it signed"],
         ["ws-path", None, None, "URL path of the WebSocket endpoint (default /mqtt)"],
     ]
@@ -78,9 +78,12 @@ class NodeOptions(usage.Options):
         print_version()
 
 
-def node_config(options: NodeOptions):
-    """The config file with the command line applied on top, checked (see ``cluster.runtime.config.settle``)."""
-    cfg = load_config(options["config"])
+def node_config(options: NodeOptions, role: str = "node"):
+    """The config file with the command line applied on top, checked (see ``cluster.runtime.config.settle``).
+
+    A node keeps its data in ``/var/lib/twistmq/node`` unless told otherwise; a proxy (*role*) keeps none.
+    """
+    cfg = load_config(find_config(options["config"]))
     changes = {}
     if options.listeners:
         for kind in LISTENER_FLAGS:
@@ -93,7 +96,9 @@ def node_config(options: NodeOptions):
         changes["ws_path"] = options["ws-path"]
     if options["use-identity-as-username"]:
         changes["use_identity_as_username"] = True
-    return settle(with_flags(cfg, changes), set(changes))
+    cfg = settle(with_flags(cfg, changes), set(changes))
+    # Last: a configuration refused above makes no directory.
+    return with_data_dir(cfg, role) if role == "node" else cfg
 
 
 def client_listeners(reactor, cfg, front, native, http):
@@ -154,5 +159,5 @@ def _backlog(description: str) -> str:
 
 
 def default_node_id(data_dir: str) -> str:
-    """A member id when none is configured: the data directory's name, else the host name."""
-    return os.path.basename(os.path.normpath(data_dir)) or socket.gethostname()
+    """A member id when none is configured: the data directory's name, else (none, or /) the host name."""
+    return (os.path.basename(os.path.normpath(data_dir)) if data_dir else "") or socket.gethostname()

@@ -2,7 +2,7 @@
 
 Builds the store, the light-queue and retained indexes, the timers, the session
 store, the notifier, the native engine, the MQTT front end, $SYS and the listeners, from
-``conf/twistmq.toml`` (or ``--config``) plus command-line flags. If any listener
+the config file ``cluster.config.find_config`` names (or the built-in defaults) plus command-line flags. If any listener
 flag is given, exactly the listeners given open; otherwise those of the config
 file. Every listener is checked before anything opens (``cluster.runtime.listeners``).
 The tree (``node_tree``) starts the parts in order, recovery before any listener
@@ -158,8 +158,8 @@ def node_tree(parts: NodeParts) -> RoleService:
     listeners = parts.streams + parts.datagrams
 
     def announce():
-        log.info("node_ready version=%s data_dir=%s log=%s", twistmq_version(), cfg.node.data_dir,
-                 cfg.log.file or "stderr")
+        log.info("node_ready version=%s config=%s data_dir=%s log=%s", twistmq_version(), cfg.source,
+                 cfg.node.data_dir, cfg.log.file or "stderr")
 
     children = [
         SignalService("reload", signal.SIGHUP, parts.reloader().reload, parts.reactor),

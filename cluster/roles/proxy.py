@@ -73,7 +73,7 @@ class ProxyOptions(NodeOptions):
 
 def proxy_config(options: ProxyOptions):
     """The node's config handling, then the proxy's identity and the broker groups it needs."""
-    cfg = node_config(options)
+    cfg = node_config(options, role="proxy")
     cluster = cfg.cluster
     if options["node-id"]:
         cluster = dataclasses.replace(cluster, node_id=options["node-id"])
@@ -165,8 +165,8 @@ def proxy_tree(parts: ProxyParts) -> RoleService:
     listeners = parts.streams + parts.datagrams
 
     def announce():
-        log.info("proxy_ready version=%s node_id=%s cluster=%s groups=%s", twistmq_version(), cfg.cluster.node_id,
-                 cfg.cluster.cluster_id, ",".join(parts.table.groups))
+        log.info("proxy_ready version=%s node_id=%s cluster=%s groups=%s config=%s", twistmq_version(),
+                 cfg.cluster.node_id, cfg.cluster.cluster_id, ",".join(parts.table.groups), cfg.source)
 
     children = [
         SignalService("reload", signal.SIGHUP, parts.reloader().reload, parts.reactor),

@@ -1,5 +1,11 @@
-"""The node-wide config (``[node]``, ``[log]``), and reading ``conf/twistmq.toml`` (or ``--config FILE``)
+"""The node-wide config (``[node]``, ``[log]``), and reading a TOML file (or none: the built-in defaults)
 into every package's config dataclasses, settled for a node.
+
+Which file, as Mosquitto looks for its own (``find_config``): ``--config FILE``, else
+``$TWISTMQ_CONFIG``, else ``/etc/twistmq/twistmq.toml`` when it exists, else no file at all:
+the dataclasses' defaults, which are the one source of truth (``conf/twistmq.toml`` is
+generated from them and only documents them). An unset ``data_dir`` becomes
+``/var/lib/twistmq/ROLE`` (``with_data_dir``).
 
 Each section maps to one dataclass; an unknown section or key, or a value of
 the wrong type, is a ConfigError that names it, so the node can exit with one
@@ -36,8 +42,8 @@ from store.config import ConfigError, StoreConfig, from_mapping
 class NodeConfig:
     """The ``[node]`` section: where the node keeps its data and what it listens on."""
 
-    data_dir: str = "../data"
-    """Data directory (commit log, indexes, sessions); relative paths start at the config file's directory (the default is the checkout's data/)."""
+    data_dir: str = ""
+    """Data directory (commit log, indexes, sessions); a relative path starts at the config file's directory. Empty: /var/lib/twistmq/ROLE (node, broker), made if missing; where it cannot be made the role stops and asks for --data-dir."""
     mqtt: tuple[str, ...] = ("tcp:1883:interface=127.0.0.1",)
     """MQTT over TCP listeners, as Twisted endpoint descriptions (``tcp:PORT:interface=ADDRESS``; without ``interface=`` a listener faces every interface, see allow_anonymous)."""
     mqtt_tls: tuple[str, ...] = ()
@@ -109,7 +115,7 @@ class ClusterConfig:
     cluster_id: str = "twistmq"
     """Cluster name, checked in every RPC handshake: a node of another cluster is refused."""
     node_id: str = ""
-    """This process's member id, kept across restarts; empty: the data directory's name (else the host name)."""
+    """This process's member id, kept across restarts; empty: the name of the data directory given by --data-dir or node.data_dir, else the host name."""
     group: str = "g1"
     """The broker group a broker serves (every queue position it hands out names it)."""
     rpc: tuple[str, ...] = ("tcp:7800:interface=127.0.0.1",)
@@ -170,8 +176,21 @@ def _cluster_values(values: dict) -> dict:
     return values
 
 
-CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEFAULT_CONFIG = os.path.join(CHECKOUT, "conf", "twistmq.toml")
+CONFIG_ENV = "TWISTMQ_CONFIG"
+SYSTEM_CONFIG = "/etc/twistmq/twistmq.toml"
+CONFIG_HELP = f"TOML config file (default: ${CONFIG_ENV}, else {SYSTEM_CONFIG} if it exists, else built-in defaults)"
+DATA_ROOT = "/var/lib/twistmq"
+"""Where an unset ``data_dir`` goes: one directory per role, as the systemd unit's StateDirectory."""
+
+
+def find_config(flag: str | None, environ=os.environ, system_path: str = SYSTEM_CONFIG) -> str | None:
+    """The config file to read: ``--config``, else ``$TWISTMQ_CONFIG``, else *system_path* when it exists;
+    None: no file, the built-in defaults."""
+    if flag:
+        return flag
+    if environ.get(CONFIG_ENV):
+        return environ[CONFIG_ENV]
+    return system_path if os.path.exists(system_path) else None
 
 
 @dataclass(frozen=True)
@@ -186,9 +205,14 @@ class Config:
     base_dir: str  # directory of the config file: relative paths start here
     log: LogConfig = LogConfig()
     cluster: ClusterConfig = ClusterConfig()
-    path: str = ""  # the config file itself, for messages
+    path: str = ""  # the config file itself, for messages; empty: none was read (the built-in defaults)
     listeners: tuple[Listener, ...] = ()  # filled by settle(): every listener, checked, in opening order
     admin: AdminConfig = AdminConfig()
+
+    @property
+    def source(self) -> str:
+        """What the settings came from, for the ready log line: the file's path, or ``defaults``."""
+        return self.path or "defaults"
 
 
 SECTIONS = {"node": NodeConfig, "store": StoreConfig, "mqtt": MQTTConfig, "limits": LimitsConfig,
@@ -199,8 +223,10 @@ _FILE_KEYS = (("node", "mqtt_tls_ca"), ("mqtt", "password_file"), ("mqtt", "acl_
 
 
 def load_config(path: str | None) -> Config:
-    """Parse and check the TOML file at ``path`` (the default file when None)."""
-    path = os.path.abspath(path or DEFAULT_CONFIG)
+    """Parse and check the TOML file at ``path``; None: no file, every key at its default."""
+    if path is None:
+        return _build({}, "", os.getcwd())
+    path = os.path.abspath(path)
     try:
         with open(path, "rb") as f:
             raw = tomllib.load(f)
@@ -217,6 +243,11 @@ def load_config(path: str | None) -> Config:
             raise ConfigError(f"unknown config section [{section}] in {path}")
         if not isinstance(raw[section], dict):
             raise ConfigError(f"config key {section} must be a [section]")
+    return _build(raw, path, os.path.dirname(path))
+
+
+def _build(raw: dict, path: str, base_dir: str) -> Config:
+    """The dataclasses from the parsed file (*raw*); relative paths of the file start at *base_dir*."""
     built = {}
     for name, cls in SECTIONS.items():
         values = dict(raw.get(name, {}))
@@ -229,10 +260,10 @@ def load_config(path: str | None) -> Config:
         if name == "cluster":
             values = _cluster_values(values)
         built[name] = from_mapping(cls, name, values)
-    base_dir = os.path.dirname(path)
     # Relative paths of the file start at its directory, whatever the node's working directory.
     node = built["node"]
-    built["node"] = dataclasses.replace(node, data_dir=resolve_path(node.data_dir, base_dir))
+    if node.data_dir:
+        built["node"] = dataclasses.replace(node, data_dir=resolve_path(node.data_dir, base_dir))
     for section, key in _FILE_KEYS:
         value = getattr(built[section], key)
         if value:
@@ -250,6 +281,20 @@ def with_flags(cfg: Config, node_changes: dict) -> Config:
     return dataclasses.replace(cfg, node=dataclasses.replace(cfg.node, **changes))
 
 
+def with_data_dir(cfg: Config, role: str, root: str = DATA_ROOT) -> Config:
+    """An unset ``data_dir`` becomes ``root/ROLE``, made if missing; a ConfigError asking for --data-dir
+    when it cannot be made (not root, no /var/lib/twistmq of its own)."""
+    if cfg.node.data_dir:
+        return cfg
+    path = os.path.join(root, role)
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"no data directory given and {path} cannot be made ({exc.strerror}): "
+                          "pass --data-dir DIR or set node.data_dir") from None
+    return dataclasses.replace(cfg, node=dataclasses.replace(cfg.node, data_dir=path))
+
+
 def settle(cfg: Config, from_flags: set[str] = frozenset()) -> Config:
     """Check files and listeners, apply the exposure rule, then fix ``allow_anonymous`` to a bool.
 
@@ -265,7 +310,7 @@ def settle(cfg: Config, from_flags: set[str] = frozenset()) -> Config:
     for key in FLAGS:
         flag = key in from_flags
         for description in getattr(cfg.node, key):
-            listeners.append(parse_listener(key, description, None if flag else cfg.path,
+            listeners.append(parse_listener(key, description, None if flag else cfg.source,
                                             None if flag else cfg.base_dir))
     mqtt = cfg.mqtt
     native_token = cfg.native.get("token", "")  # checked as a string when the native service is built

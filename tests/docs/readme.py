@@ -8,6 +8,10 @@ before it:
   (it stays up until the next ``##`` section), every other line runs in one
   ``bash -e -o pipefail`` script per stretch of lines;
 - ``<!-- readme: file PATH -->``: written to PATH before the blocks after it run;
+- ``<!-- readme: install -->``: the Install section's commands, run by
+  ``test_install.py`` (not by ``test_readme.py``) against a wheel installed in a
+  fresh virtual environment outside the checkout; a ``twistd -n ... twistmq node``
+  command starts a node in the background, as ``./dev run`` does;
 - ``<!-- readme: skip (REASON) -->``: not run, and REASON says why.
 
 Every block must carry one (``test_readme_blocks.py`` checks), so a new
@@ -25,7 +29,7 @@ README = os.path.join(ROOT, "README.md")
 
 MARKER = re.compile(r"^<!--\s*readme:\s*(\w+)\s*(.*?)\s*-->\s*$")
 FENCE = re.compile(r"^(`{3,})\s*([\w+-]*)\s*$")
-KINDS = ("run", "file", "skip")
+KINDS = ("run", "file", "skip", "install")
 EXAMPLE_DIR = "/tmp/twistmq"  # every example writes under here (rewritten to a temp dir by the tests)
 
 
@@ -89,8 +93,11 @@ def commands(script: str) -> list[str]:
 
 
 def is_node(command: str) -> bool:
-    """A command that starts a node (runs until stopped)."""
-    return command.startswith("./dev run ") or command == "./dev run"
+    """A command that starts a node (runs until stopped): ``./dev run``, or an installed ``twistd -n`` one."""
+    if command.startswith("./dev run ") or command == "./dev run":
+        return True
+    words = command.split()
+    return bool(words) and words[0].endswith("/twistd") and "-n" in words and "twistmq" in words
 
 
 def steps(script: str) -> list[tuple[str, str]]:

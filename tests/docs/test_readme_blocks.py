@@ -41,6 +41,8 @@ def test_parser_reads_markers_and_sections():
     assert readme.commands(got[1].text) == ["echo b    c"]
     assert readme.steps("a\n./dev run --mqtt x\nb\nc\n") == [("shell", "a\n"), ("node", "./dev run --mqtt x"),
                                                              ("shell", "b\nc\n")]
+    assert readme.is_node("/opt/twistmq/bin/twistd -n --pidfile= twistmq node --data-dir d")
+    assert not readme.is_node("/opt/twistmq/bin/twistd twistmq --help")
 
 
 def test_every_node_binds_loopback_listeners_only():

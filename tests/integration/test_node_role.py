@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
+import sys
 import urllib.request
+
+import pytest
 
 from tests.integration.node import TWISTD, NodeProcess
 
@@ -57,3 +62,24 @@ def test_metrics_and_clean_sigterm(tmp_path):
     assert any("node_stopped" in line for line in open(str(tmp_path / "data") + ".stderr.log"))
     again = NodeProcess(str(tmp_path / "data")).start()  # the data dir was released
     again.stop()
+
+
+def test_no_data_dir_and_no_default_one_asks_for_data_dir():
+    """Run unprivileged with neither --data-dir nor a config, a node that cannot make /var/lib/twistmq/node says
+    so in one line asking for --data-dir (exit 2), and makes nothing."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run the node as nobody")
+    if os.path.exists("/var/lib/twistmq"):
+        pytest.skip("/var/lib/twistmq exists here: nobody might be able to use it")
+    as_nobody = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/"}
+    probe = subprocess.run([*as_nobody, sys.executable, "-c", "import cluster"], capture_output=True, text=True,
+                           timeout=60, cwd="/", env=env)
+    if probe.returncode != 0:  # e.g. a pyenv interpreter under /root
+        pytest.skip(f"nobody cannot run this interpreter: {probe.stderr.strip()[-200:]}")
+    r = subprocess.run([*as_nobody, TWISTD, "-n", "--pidfile=", "twistmq", "node", "--mqtt",
+                        "tcp:0:interface=127.0.0.1"], capture_output=True, text=True, timeout=60, cwd="/", env=env)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == ("twistmq: no data directory given and /var/lib/twistmq/node cannot be made "
+                                "(Permission denied): pass --data-dir DIR or set node.data_dir"), r.stderr
+    assert not os.path.exists("/var/lib/twistmq")

@@ -8,6 +8,7 @@ cluster, a frame over the size cap, a request type the broker does not know.
 
 from __future__ import annotations
 
+import signal
 import socket
 import time
 import urllib.request
@@ -180,3 +181,11 @@ def test_rpc_metrics(broker):
     assert 'twistmq_rpc_call_seconds_bucket{le="+Inf",type="store.add_filter"}' in text
     connections = [line for line in text.splitlines() if line.startswith("twistmq_rpc_connections ")]
     assert connections and float(connections[0].split()[1]) >= 1
+
+
+def test_sighup_is_a_reload_not_a_stop(broker):
+    """SIGHUP (systemctl reload) is logged as a reload and the broker keeps serving its peers."""
+    broker.proc.send_signal(signal.SIGHUP)
+    wait_for_log(broker, "reload_ok role=broker")
+    assert broker.proc.poll() is None
+    assert add_filter(open_peer(broker), "after/hup") == "%LMQ%after/hup"

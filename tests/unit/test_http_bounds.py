@@ -13,7 +13,7 @@ from twisted.internet.testing import StringTransport
 from twisted.web import resource
 
 from cluster.runtime.http_bounds import BoundedSite, Refusal
-from cluster.http import DashboardFiles
+from cluster.runtime.http import DashboardFiles
 
 
 class Echo(resource.Resource):

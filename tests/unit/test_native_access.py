@@ -225,7 +225,7 @@ def test_replies_held_behind_a_slow_one_stop_the_serving(tmp_path):
 
 def test_proxy_native_udp_answers_a_datagram():
     """A proxy's UDP adapter answers (here: a token error) instead of failing on a counter it lacked."""
-    from cluster.proxy_native import ForwardingEngine, ProxyNativeService
+    from cluster.remote.proxy_native import ForwardingEngine, ProxyNativeService
     from store.config import NativeConfig
     service = ProxyNativeService(ForwardingEngine(None, {}), NativeConfig(token="s3cret"))
     proto = NativeUDPProtocol(service)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.runtime.config import load_config, settle, with_flags
+from cluster.runtime.config import find_config, load_config, settle, with_data_dir, with_flags
 from store.config import ConfigError
 
 
@@ -104,3 +104,39 @@ def test_config_path_that_is_a_directory_is_one_line(tmp_path):
     """--config pointing at a directory is a ConfigError, not a traceback."""
     with pytest.raises(ConfigError, match="is a directory"):
         load_config(str(tmp_path))
+
+
+def test_config_lookup_order_is_flag_then_environment_then_etc_then_defaults(tmp_path):
+    """--config wins over $TWISTMQ_CONFIG, which wins over the system file, which is used only if it exists."""
+    etc = tmp_path / "twistmq.toml"
+    env = {"TWISTMQ_CONFIG": "/from/env.toml"}
+    assert find_config("/from/flag.toml", env, str(etc)) == "/from/flag.toml"
+    assert find_config(None, env, str(etc)) == "/from/env.toml"
+    assert find_config(None, {}, str(etc)) is None
+    etc.write_text("")
+    assert find_config(None, {"TWISTMQ_CONFIG": ""}, str(etc)) == str(etc)
+
+
+def test_no_config_file_means_the_built_in_defaults(tmp_path, monkeypatch):
+    """Without a file every key has its default, whatever the working directory holds."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "conf").mkdir()
+    write(tmp_path / "conf" / "twistmq.toml", "[node]\nmqtt = \"tcp:1\"\n")  # not read: no lookup by cwd
+    cfg = load_config(None)
+    assert cfg.source == "defaults" and cfg.node.mqtt == ("tcp:1883:interface=127.0.0.1",)
+
+
+def test_an_unset_data_dir_is_made_under_the_data_root_per_role(tmp_path):
+    """data_dir unset: ROOT/ROLE, made on the spot; a data_dir given by file or flag is left alone."""
+    cfg = with_data_dir(load_config(None), "broker", str(tmp_path / "lib"))
+    assert cfg.node.data_dir == str(tmp_path / "lib" / "broker") and (tmp_path / "lib" / "broker").is_dir()
+    given = with_flags(load_config(None), {"data_dir": str(tmp_path / "d")})
+    assert with_data_dir(given, "node", str(tmp_path / "lib")).node.data_dir == str(tmp_path / "d")
+
+
+def test_a_data_root_that_cannot_be_made_asks_for_data_dir(tmp_path):
+    """When ROOT/ROLE cannot be made (here ROOT is a file) the error names it and asks for --data-dir."""
+    root = tmp_path / "file"
+    root.write_text("")
+    with pytest.raises(ConfigError, match=r"file/node cannot be made .*pass --data-dir DIR"):
+        with_data_dir(load_config(None), "node", str(root))
