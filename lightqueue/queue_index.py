@@ -139,10 +139,11 @@ class LightQueueIndex(DispatcherBase):
 
     # -- interest and resolution -------------------------------------------------------
 
-    def add_filter(self, topic_filter: str) -> str:
-        """Count one more subscriber of ``topic_filter``; create its light queue on first use."""
+    def add_filter(self, topic_filter: str, capped: bool = True) -> str:
+        """Count one more subscriber of ``topic_filter``; create its light queue on first use (``capped``: a
+        new filter may not pass the trie's shape bound)."""
         name = lmq_name(topic_filter)
-        if self.trie.add(topic_filter):
+        if self.trie.add(topic_filter, capped):
             self._resolved.clear()
         if name not in self._ids:
             self._create(name)

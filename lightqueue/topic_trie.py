@@ -104,10 +104,12 @@ class TopicTrie:
                                    f"'+' per depth), the most it matches per publish (max_filter_shapes = "
                                    f"{self.max_shapes}); this filter would add {len(new)}")
 
-    def add(self, topic_filter: str) -> bool:
+    def add(self, topic_filter: str, capped: bool = True) -> bool:
         """Count one more subscription to *topic_filter*; return True if it was not stored yet.
 
-        Raises ``TopicError`` for an invalid filter, leaving the trie unchanged.
+        Raises ``TopicError`` for an invalid filter, and ``FilterShapeLimit`` when
+        ``capped`` and it would pass ``max_shapes``, leaving the trie unchanged.
+        Uncapped adds (subscriptions accepted before a restart) may pass the cap.
         """
         count = self._counts.get(topic_filter)
         if count is not None:
@@ -115,7 +117,7 @@ class TopicTrie:
             return False
         validate_topic_filter(topic_filter)
         levels = topic_filter.split("/")
-        if self.max_shapes:
+        if self.max_shapes and capped:
             self._check_shapes(levels)
         shapes = self._shapes
         node = self._root

@@ -39,7 +39,7 @@ class SubscriptionRouter:
     @defer.inlineCallbacks
     def restore_subscription(self, session: Session, ss: SubscriptionState):
         """A stored subscription back as a live one: its filter registered again, its group joined."""
-        queue = yield self.store.add_filter(ss.topic_filter)
+        queue = yield self.store.add_filter(ss.topic_filter, restoring=True)  # accepted before: never refused
         sub = Subscription(ss.key, ss.topic_filter, queue, ss.qos, ss.no_local, ss.retain_as_published, ss.sub_id,
                            positions={p.group: p for p in ss.positions})
         if ss.share_group is not None:

@@ -259,12 +259,17 @@ class Queues(Protocol):
         position of a group this store does not serve.
         """
 
-    def add_filter(self, topic_filter: str) -> defer.Deferred[str]:
+    def add_filter(self, topic_filter: str, restoring: bool = False) -> defer.Deferred[str]:
         """Register one more subscriber's interest in ``topic_filter``; fires with its light queue's name.
 
         Messages appended after this fires and matching the filter are indexed in
         that queue. Reference-counted. Fails with ``InvalidArgument`` for an
-        invalid filter.
+        invalid filter, and with ``QuotaExceeded`` when a new filter would take
+        the store past its bound on matching work (``[store] max_filter_shapes``),
+        unless ``restoring``: the filter of a subscription accepted before (a
+        session restored after a restart, interest taken again after a
+        reconnect), which is never refused, so a lowered bound loses no stored
+        subscription.
         """
 
     def remove_filter(self, topic_filter: str) -> defer.Deferred[None]:

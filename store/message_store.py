@@ -139,7 +139,7 @@ class QueueIndex(Dispatcher, Protocol):
 
     def max_offset(self, queue: str) -> int: ...
 
-    def add_filter(self, topic_filter: str) -> str: ...
+    def add_filter(self, topic_filter: str, capped: bool = True) -> str: ...
 
     def remove_filter(self, topic_filter: str) -> None: ...
 
@@ -587,9 +587,10 @@ class MessageStore:
         """The queue offset the next entry will get."""
         return defer.maybeDeferred(self._require_index().max_offset, queue)
 
-    def add_filter(self, topic_filter: str) -> defer.Deferred:
-        """Register interest in a topic filter; fires with its light queue's name."""
-        return defer.maybeDeferred(self._require_index().add_filter, topic_filter)
+    def add_filter(self, topic_filter: str, capped: bool = True) -> defer.Deferred:
+        """Register interest in a topic filter; fires with its light queue's name (``capped``: within the
+        index's bound on filter shapes)."""
+        return defer.maybeDeferred(self._require_index().add_filter, topic_filter, capped)
 
     def remove_filter(self, topic_filter: str) -> defer.Deferred:
         """Drop one reference to a topic filter's interest."""

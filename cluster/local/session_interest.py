@@ -53,7 +53,8 @@ class SessionInterest:
         if (cid, key) in self._held:
             return defer.succeed(None)
         self._held[(cid, key)] = topic_filter
-        return self._inner.add_filter(topic_filter).addErrback(self._failed, "add", topic_filter)
+        # Subscriptions a proxy stored were accepted already: their interest is never refused for the shape bound.
+        return self._inner.add_filter(topic_filter, restoring=True).addErrback(self._failed, "add", topic_filter)
 
     def _drop(self, cid: str, key: str) -> None:
         topic_filter = self._held.pop((cid, key), None)

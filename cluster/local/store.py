@@ -148,14 +148,14 @@ class LocalStore:
         return self._store.get(queue, offset, min(max_count, MAX_GET_COUNT)).addCallback(build)
 
     @_typed
-    def add_filter(self, topic_filter: str) -> defer.Deferred:
+    def add_filter(self, topic_filter: str, restoring: bool = False) -> defer.Deferred:
         def failed(failure):
             failure.trap(TopicError, QueueNameError, UnicodeEncodeError)
             if failure.check(FilterShapeLimit):
                 raise api.QuotaExceeded(f"topic filter {topic_filter!r}: {failure.getErrorMessage()}")
             raise api.InvalidArgument(f"topic filter {topic_filter!r}: {failure.getErrorMessage()}")
 
-        return self._store.add_filter(topic_filter).addErrback(failed)
+        return self._store.add_filter(topic_filter, not restoring).addErrback(failed)
 
     @_typed
     def remove_filter(self, topic_filter: str) -> defer.Deferred:

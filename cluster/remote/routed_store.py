@@ -126,12 +126,12 @@ class RoutedStore:
             return defer.fail(exc)
         return store.read_queue(position, max_count)
 
-    def add_filter(self, topic_filter: str) -> defer.Deferred:
+    def add_filter(self, topic_filter: str, restoring: bool = False) -> defer.Deferred:
         try:
             groups = self.table.groups_of_filter(topic_filter)
         except Exception as exc:  # noqa: BLE001 - a bad filter is the inner stores' error to name
             return defer.fail(api.InvalidArgument(f"topic filter {topic_filter!r}: {exc}"))
-        return self._each(groups, lambda s: s.add_filter(topic_filter)).addCallback(lambda rs: rs[0][1])
+        return self._each(groups, lambda s: s.add_filter(topic_filter, restoring)).addCallback(lambda rs: rs[0][1])
 
     def remove_filter(self, topic_filter: str) -> defer.Deferred:
         return self._each(self.table.groups_of_filter(topic_filter),

@@ -117,7 +117,7 @@ class StoreServer:
             protocol.when_lost().addCallback(lambda _reason: self.connection_lost(protocol))
         return held
 
-    def _add_filter(self, protocol, topic_filter: str) -> defer.Deferred:
+    def _add_filter(self, protocol, topic_filter: str, restoring: bool = False) -> defer.Deferred:
         def added(queue: str) -> str:
             if protocol.gone:  # it went while the interest was being taken
                 self.store.remove_filter(topic_filter)
@@ -126,7 +126,7 @@ class StoreServer:
                 held.filters[topic_filter] = held.filters.get(topic_filter, 0) + 1
             return queue
 
-        return self.store.add_filter(topic_filter).addCallback(added)
+        return self.store.add_filter(topic_filter, restoring).addCallback(added)
 
     def _remove_filter(self, protocol, topic_filter: str) -> defer.Deferred:
         held = self._connections.get(protocol)

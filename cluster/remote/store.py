@@ -79,13 +79,13 @@ class RemoteStore:
 
     # -- interest -------------------------------------------------------------------------------------
 
-    def add_filter(self, topic_filter: str) -> defer.Deferred:
+    def add_filter(self, topic_filter: str, restoring: bool = False) -> defer.Deferred:
         """As ``Queues.add_filter``; the reference is remembered, to be taken again after a reconnect."""
         def added(queue: str) -> str:
             self._filters[topic_filter] = self._filters.get(topic_filter, 0) + 1
             return queue
 
-        return self._call("add_filter", (topic_filter,), {}).addCallback(added)
+        return self._call("add_filter", (topic_filter, restoring), {}).addCallback(added)
 
     def remove_filter(self, topic_filter: str) -> defer.Deferred:
         """As ``Queues.remove_filter``."""
@@ -102,7 +102,8 @@ class RemoteStore:
     def _reconnected(self) -> None:
         for topic_filter, count in list(self._filters.items()):
             for _ in range(count):
-                self._call("add_filter", (topic_filter,), {}).addErrback(self._again_failed, topic_filter)
+                # taken again after a reconnect: accepted before, never refused for the shape bound
+                self._call("add_filter", (topic_filter, True), {}).addErrback(self._again_failed, topic_filter)
         self._rewatch()
 
     @staticmethod

@@ -16,7 +16,8 @@ import time
 
 import pytest
 
-from mqtt_proxy.codec import Publish, PubAck, Subscribe, Subscription, SubscriptionOptions, SubAck, encode
+from mqtt_proxy.codec import (Properties, Publish, PubAck, Subscribe, Subscription, SubscriptionOptions, SubAck,
+                              encode)
 from tests.integration.admin_support import call
 from tests.integration.mqtt_raw import Closed
 from tests.integration.node import NodeProcess
@@ -307,3 +308,47 @@ def test_topic_queues_are_capped_counted_and_collected_when_idle(node):
     assert f"fresh-{tag}" in topic_queue_names(node)  # room again for a new first level
     pub.close()
     sub.close()
+
+
+def test_stored_subscriptions_survive_a_lowered_shape_cap(tmp_path):
+    """A restart with a max_filter_shapes below what stored sessions hold restores them all, and they deliver."""
+    data = str(tmp_path / "data")
+    filters = ["caps/+/a", "caps/x/+/b", "+/y/+/+/c"]  # several shapes each
+    (tmp_path / "wide").mkdir()
+    wide = NodeProcess(data, extra_args=["--config", write_config(tmp_path / "wide", "[mqtt]\nsys_interval = 0\n")])
+    wide.start()
+    try:
+        for i, topic_filter in enumerate(filters):
+            c = raw(wide.port(), client_id=f"capped-{i}", clean_start=False,
+                    properties=_expiry(3600))
+            c.send(Subscribe(1, (Subscription(topic_filter, SubscriptionOptions(qos=1)),)))
+            assert c.recv_until(SubAck)[0].reason_codes == (1,)
+            c.close()
+    finally:
+        wide.stop()
+    (tmp_path / "narrow").mkdir()
+    narrow = NodeProcess(data, extra_args=["--config", write_config(
+        tmp_path / "narrow", "[mqtt]\nsys_interval = 0\n[store]\nmax_filter_shapes = 2\n")]).start()
+    try:
+        topics = ["caps/1/a", "caps/x/2/b", "q/y/r/s/c"]
+        got = []
+        for i, topic in enumerate(topics):
+            c = raw(narrow.port(), client_id=f"capped-{i}", clean_start=False, properties=_expiry(3600))
+            pub = raw(narrow.port(), client_id=unique("capped-pub"))
+            pub.send(Publish(topic, b"kept", qos=1, packet_id=1))
+            pub.recv_until(PubAck)
+            pub.close()
+            packet, _ = c.recv_until(Publish)
+            got.append(packet.topic)
+            c.close()
+        assert got == topics
+        refused = raw(narrow.port(), client_id=unique("capped-new"))
+        refused.send(Subscribe(1, (Subscription("new/+/+/+/shape", SubscriptionOptions(qos=1)),)))
+        assert refused.recv_until(SubAck)[0].reason_codes == (QUOTA_EXCEEDED,)  # new SUBSCRIBEs meet the cap
+        refused.close()
+    finally:
+        narrow.stop()
+
+
+def _expiry(seconds: int) -> Properties:
+    return Properties(session_expiry_interval=seconds)

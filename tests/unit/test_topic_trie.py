@@ -234,6 +234,17 @@ def test_shape_cap_refuses_a_filter_and_leaves_the_trie_unchanged():
     assert trie.add("+/+/+")  # 5
 
 
+def test_a_restored_filter_is_never_refused_for_the_shape_cap():
+    """An uncapped add (a subscription accepted before a restart) may pass max_shapes; capped adds then refuse."""
+    trie = TopicTrie(max_shapes=3)
+    assert trie.add("a/+/c")  # 3 shapes: the cap
+    assert trie.add("+/+/+", capped=False)  # restored: stored although it passes the cap
+    assert trie.shapes == 6 and sorted(trie.match("x/y/z")) == ["+/+/+"]
+    with pytest.raises(FilterShapeLimit):
+        trie.add("q/r/s/+")  # a new SUBSCRIBE still meets the cap
+    assert trie.add("+/+/+") is False  # another subscriber of a stored filter: counted, never refused
+
+
 def test_shape_cap_bounds_the_nodes_one_match_visits():
     """However many adversarial filters are offered, the stored shapes (the visit bound) stay within the cap."""
     import random
