@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Protocol, runtime_checkable
+from typing import Any, Callable, NamedTuple, Protocol, runtime_checkable
 
 from twisted.internet import defer
 
@@ -35,8 +35,8 @@ from store import (
 from store.record import Message, Record
 
 __all__ = [
-    "AppendResult", "AppendStatus", "Fenced", "InvalidArgument", "InternalError", "MessageLog", "NativeAddress",
-    "NativeDelivery", "NativeError", "NativeItem", "NativeProduced", "NativeQueues", "NotFound", "OutboundState", "Owed",
+    "AppendResult", "AppendStatus", "Fenced", "InvalidArgument", "InternalError", "MessageLog", "NativeObject",
+    "NativeQueues", "NotFound", "OutboundState", "Owed",
     "QueuePosition", "Queues", "QuotaExceeded", "ReadResult", "QueuedMessage", "Retained", "RetainedMessage",
     "SessionMeta", "SessionState", "Sessions", "Store", "StoreError", "SubscriptionState", "Timers", "Unavailable",
     "Watch", "WrongGroup", "native_types",
@@ -88,12 +88,6 @@ class Fenced(StoreError):
     """
 
     code = "fenced"
-
-
-class NativeError(StoreError):
-    """A native-protocol request the queue engine refused; the message is the reply's ``reason``."""
-
-    code = "native_error"
 
 
 class InternalError(StoreError):
@@ -511,95 +505,33 @@ class Timers(Protocol):
 
 # -- native queues ----------------------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
-class NativeAddress:
-    """What a native request works on: exactly one of ``queue`` and ``topic``, and optionally a consumer group."""
-
-    queue: str | None = None
-    topic: str | None = None
-    group: str | None = None
-    """None: the queue's own cursor (consume/confirm) or group "default" (topics, POP)."""
-
-
-@dataclass(frozen=True, slots=True)
-class NativeItem:
-    """One message of a native produce (durations in seconds, relative to the produce)."""
-
-    data: bytes
-    delay_s: int = 0
-    ttl_s: int | None = None
-    """None: the configured default for queues, no expiry for topics."""
-    retry_s: int = 0
-    """0: at-most-once; > 0: a consumed message comes back after this long unless confirmed (queues only)."""
-    qos: int = 1
-    """Topics only."""
-    retain: bool = False
-    """Topics only."""
-
-
-@dataclass(frozen=True, slots=True)
-class NativeProduced:
-    """What a native produce resolves to."""
-
-    msg_ids: tuple[int | None, ...]
-    """One per item, in order; None for an item that was not stored."""
-    reason: str = ""
-    """Why some items were not stored (empty when all were)."""
-
-
-@dataclass(frozen=True, slots=True)
-class NativeDelivery:
-    """A message handed out by a native consume or pop."""
-
-    msg_id: int
-    data: bytes
-    attempts: int = 1
-    """Hand-outs so far (above 1: a redelivery)."""
-    topic: str | None = None
-    """For a message read from a topic: its full topic, qos and publisher."""
-    qos: int | None = None
-    client_id: str | None = None
-    dlq_queue: str | None = None
-    """For a dead letter: the queue it came from and its id there."""
-    dlq_msg_id: int | None = None
+NativeObject = dict[str, Any]
+"""A native protocol request or reply: one JSON object (``native_types`` names its actions and fields)."""
 
 
 @runtime_checkable
 class NativeQueues(Protocol):
-    """The native queue engine (queue_server semantics): produce/consume/confirm and POP pop/ack/change-invisible.
+    """The native queue engine (queue_server semantics) behind the native protocol: one door, a whole request.
 
-    Every result fires after the state it reports is durable. A request the
-    engine refuses fails with ``NativeError`` (the reason the client reads);
-    a malformed one with ``InvalidArgument``.
+    A native request goes whole to the broker group that owns its queue (by
+    name) or topic (by first level): produce/consume/confirm with delay, ttl and
+    retry, virtual queues, POP pop/ack/change-invisible-time, queue lists and
+    monitors. The broker validates it with the native codec and its engine
+    answers it, so both ends of a proxy need no knowledge of each action.
     """
 
-    def native_produce(self, address: NativeAddress,
-                       items: tuple[NativeItem, ...]) -> defer.Deferred[NativeProduced]:
-        """Store ``items`` to a queue (stored once, indexed in each real queue of a virtual one) or a topic."""
+    def native_request(self, request: NativeObject,
+                       max_data_bytes: int | None = None) -> defer.Deferred[NativeObject]:
+        """Serve one native request (the client's JSON object); fire with its reply object.
 
-    def native_consume(self, address: NativeAddress,
-                       max_data_bytes: int | None = None) -> defer.Deferred[NativeDelivery | None]:
-        """The next ready message for the address's consumer, or None when nothing is ready.
-
-        ``max_data_bytes`` bounds the reply (UDP): a bigger message fails with
-        ``NativeError`` and stays for a TCP consumer.
+        The reply is ``{"code": 0, ...}`` or, for a request that is malformed
+        or that the engine refuses, ``{"code": -1, "reason": ...}``: a bad
+        request is answered, never failed. It fires after the state it
+        reports is durable. ``max_data_bytes`` bounds the reply's data (a UDP
+        listener's budget). Fails only when the store cannot serve at all
+        (``Unavailable``).
         """
 
-    def native_confirm(self, address: NativeAddress, msg_id: int) -> defer.Deferred[None]:
-        """Confirm a consumed at-least-once message. ``NativeError`` if it is not in flight."""
 
-    def native_pop(self, address: NativeAddress, invisible_time_s: int | None = None,
-                   max_data_bytes: int | None = None) -> defer.Deferred[NativeDelivery | None]:
-        """POP: the next message for the group, invisible for ``invisible_time_s`` unless acked; None if none."""
-
-    def native_ack(self, address: NativeAddress, msg_id: int) -> defer.Deferred[None]:
-        """Acknowledge a popped message. ``NativeError`` if it is not in flight."""
-
-    def native_change_invisible_time(self, address: NativeAddress, msg_id: int,
-                                     invisible_time_s: int) -> defer.Deferred[int]:
-        """Make a popped message visible again ``invisible_time_s`` from now; fires with that time (ms)."""
-
-
-@runtime_checkable
 class Store(MessageLog, Queues, Sessions, Retained, Timers, NativeQueues, Protocol):
     """The whole store interface (one broker group's, or a cluster's behind one facade)."""

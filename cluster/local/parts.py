@@ -85,7 +85,7 @@ class StoreParts(StoreObserver):
     def local_store(self, group: str) -> LocalStore:
         """The store interface over these parts, as broker group ``group``."""
         return LocalStore(self.store, self.notifier, self.retained, self.timers, SessionStore(self.kv),
-                          self.native.engine, group=group)
+                          self.native.engine, group=group, native_topic_limits=self.native.topic_limits)
 
     def tree_parts(self) -> list[Part]:
         """The parts as service-tree children, in start order (the tree stops them in reverse)."""

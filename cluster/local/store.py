@@ -21,13 +21,13 @@ from typing import Callable
 
 from twisted.internet import defer
 
-from cluster.local.native import LocalNative
 from cluster.local.sessions import LocalSessions, position_offset
 from lightqueue.names import QueueNameError
 from lightqueue.native_engine import NativeEngine
 from lightqueue.retained_index import RetainedIndex
 from lightqueue.topic import TopicError, validate_topic_filter, validate_topic_name
 from lightqueue.topic_trie import FilterShapeLimit
+from mqtt_proxy.native import codec as native_codec
 from push.notifier import Notifier
 from store import api
 from store import record as rec
@@ -87,13 +87,15 @@ class LocalStore:
     """``store.api.Store`` over the in-process parts (see the module doc)."""
 
     def __init__(self, store: MessageStore, notifier: Notifier, retained: RetainedIndex, timers: TimerService,
-                 sessions: SessionStore, native: NativeEngine, group: str = DEFAULT_GROUP) -> None:
+                 sessions: SessionStore, native: NativeEngine, group: str = DEFAULT_GROUP,
+                 native_topic_limits: native_codec.TopicLimits | None = None) -> None:
         self._store = store
         self._notifier = notifier
         self._retained = retained
         self._timers = timers
         self._sessions = LocalSessions(sessions, group)
-        self._native = LocalNative(native)
+        self._engine = native
+        self._topic_limits = native_topic_limits
         self.group = group
         self._watches: dict[int, tuple[str, Callable[[str], None]]] = {}
 
@@ -326,28 +328,15 @@ class LocalStore:
 
     # -- native queues --------------------------------------------------------------------------------------------
 
-    @_typed
-    def native_produce(self, address: api.NativeAddress, items: tuple[api.NativeItem, ...]) -> defer.Deferred:
-        return self._native.native_produce(address, items)
-
-    @_typed
-    def native_consume(self, address: api.NativeAddress, max_data_bytes: int | None = None) -> defer.Deferred:
-        return self._native.native_consume(address, max_data_bytes)
-
-    @_typed
-    def native_confirm(self, address: api.NativeAddress, msg_id: int) -> defer.Deferred:
-        return self._native.native_confirm(address, msg_id)
-
-    @_typed
-    def native_pop(self, address: api.NativeAddress, invisible_time_s: int | None = None,
-                   max_data_bytes: int | None = None) -> defer.Deferred:
-        return self._native.native_pop(address, invisible_time_s, max_data_bytes)
-
-    @_typed
-    def native_ack(self, address: api.NativeAddress, msg_id: int) -> defer.Deferred:
-        return self._native.native_ack(address, msg_id)
-
-    @_typed
-    def native_change_invisible_time(self, address: api.NativeAddress, msg_id: int,
-                                     invisible_time_s: int) -> defer.Deferred:
-        return self._native.native_change_invisible_time(address, msg_id, invisible_time_s)
+    def native_request(self, request: api.NativeObject, max_data_bytes: int | None = None) -> defer.Deferred:
+        """Validate with the native codec (the wire's own rules) and let the engine answer; a bad request is
+        answered ``code: -1``, never failed."""
+        if not isinstance(request, dict):
+            return defer.fail(api.InvalidArgument(f"a native request is a JSON object, not {type(request).__name__}"))
+        if max_data_bytes is not None and (type(max_data_bytes) is not int or max_data_bytes <= 0):
+            return defer.fail(api.InvalidArgument("max_data_bytes must be a positive integer or None"))
+        try:
+            parsed = native_codec.parse_request(request, self._engine.config, self._topic_limits)
+        except native_codec.RequestError as exc:
+            return defer.succeed(api.native_types.error_reply(exc.reason, exc.echo))
+        return self._engine.handle(parsed, max_data_bytes=max_data_bytes)

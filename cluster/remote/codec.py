@@ -127,6 +127,10 @@ def _float() -> tuple[Callable, Callable]:
     return conv, conv
 
 
+def _as_is(value):
+    return value
+
+
 def _optional(inner: Any) -> tuple[Callable, Callable]:
     enc_i, dec_i = _converter(inner)
     return (lambda v: None if v is None else enc_i(v)), (lambda v: None if v is None else dec_i(v))
@@ -255,6 +259,8 @@ def _converter(hint: Any) -> tuple[Callable, Callable]:
         return _dataclass(hint)
     if isinstance(hint, type) and issubclass(hint, tuple) and hasattr(hint, "_fields"):
         return _named_tuple(hint)
+    if hint is typing.Any:  # a native request or reply: msgpack carries its JSON values as they are
+        return _as_is, _as_is
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (types.UnionType, typing.Union):
         rest = [a for a in args if a is not _NONE]

@@ -25,7 +25,8 @@ from twisted.internet import defer
 
 from cluster.routing import SlotTable
 from lightqueue.topic import filter_of
-from store import api
+from mqtt_proxy.native.codec import echo_of
+from store import api, native_types
 from store.record import Message
 
 log = logging.getLogger("twistmq.cluster.remote.routed_store")
@@ -61,6 +62,7 @@ class RoutedStore:
             raise ValueError(f"no store for broker groups {sorted(missing)}")
         self.table = table
         self.groups = groups
+        self.native_unavailable = 0  # native requests answered for a group that could not be reached
         self._watch_ids = itertools.count(1)
         self._watches: dict[int, tuple[str, list[tuple[api.Store, api.Watch]]]] = {}
         self._claims: dict[str, tuple[int, dict[str, int]]] = {}  # client id -> (home epoch, group -> epoch)
@@ -444,36 +446,48 @@ class RoutedStore:
 
     # -- native queues ----------------------------------------------------------------------------------------------
 
-    def _native(self, address: api.NativeAddress) -> api.Store:
-        if not isinstance(address, api.NativeAddress):
-            raise api.InvalidArgument(f"expected a NativeAddress, got {type(address).__name__}")
-        if address.queue is not None:
-            return self.groups[self.table.group_of_queue(address.queue)]
-        if address.topic is not None:
-            return self.groups[self.table.group_of_topic(address.topic)]
-        raise api.InvalidArgument("a native address needs a queue or a topic")
-
-    def _native_call(self, name: str, address: api.NativeAddress, *args) -> defer.Deferred:
+    def native_request(self, request: api.NativeObject, max_data_bytes: int | None = None) -> defer.Deferred:
+        """To the group of the request's queue (by name) or topic (by first level); a request naming neither
+        (lists, monitors) to every group, their replies merged. A group that cannot be reached answers
+        ``code: -1`` naming it: nothing is acknowledged that its broker did not store."""
+        if not isinstance(request, dict):
+            return defer.fail(api.InvalidArgument(f"a native request is a JSON object, not {type(request).__name__}"))
+        queue, topic = request.get("queue"), request.get("topic")
         try:
-            store = self._native(address)
-        except api.StoreError as exc:
-            return defer.fail(exc)
-        return getattr(store, name)(address, *args)
+            if isinstance(queue, str):
+                groups = (self.table.group_of_queue(queue),)
+            elif isinstance(topic, str):
+                groups = (self.table.group_of_topic(topic),)
+            else:
+                groups = self.table.groups
+        except Exception:  # noqa: BLE001 - a name routing cannot read: the first group's broker names the problem
+            groups = self.table.groups[:1]
+        ds = [self._native_in(g, request, max_data_bytes) for g in groups]
+        return ds[0] if len(ds) == 1 else defer.gatherResults(ds).addCallback(merged_native_replies)
 
-    def native_produce(self, address, items) -> defer.Deferred:
-        return self._native_call("native_produce", address, items)
+    def _native_in(self, group: str, request: dict, max_data_bytes: int | None) -> defer.Deferred:
+        def failed(failure):
+            failure.trap(api.StoreError)
+            self.native_unavailable += 1
+            log.warning("native_forward_failed group=%s reason=%s", group, failure.getErrorMessage())
+            return native_types.error_reply(f"broker group {group} unavailable: {failure.getErrorMessage()}",
+                                            echo_of(request))
 
-    def native_consume(self, address, max_data_bytes=None) -> defer.Deferred:
-        return self._native_call("native_consume", address, max_data_bytes)
+        return self.groups[group].native_request(request, max_data_bytes).addErrback(failed)
 
-    def native_confirm(self, address, msg_id) -> defer.Deferred:
-        return self._native_call("native_confirm", address, msg_id)
 
-    def native_pop(self, address, invisible_time_s=None, max_data_bytes=None) -> defer.Deferred:
-        return self._native_call("native_pop", address, invisible_time_s, max_data_bytes)
-
-    def native_ack(self, address, msg_id) -> defer.Deferred:
-        return self._native_call("native_ack", address, msg_id)
-
-    def native_change_invisible_time(self, address, msg_id, invisible_time_s) -> defer.Deferred:
-        return self._native_call("native_change_invisible_time", address, msg_id, invisible_time_s)
+def merged_native_replies(replies: list[dict]) -> dict:
+    """One reply from each group's: the first error, else the first reply with list fields concatenated and
+    counts summed."""
+    for reply in replies:
+        if reply.get("code", 0) != 0:
+            return reply
+    out = dict(replies[0])
+    for reply in replies[1:]:
+        for key, value in reply.items():
+            if isinstance(value, list) and isinstance(out.get(key), list):
+                out[key] = out[key] + value
+            elif isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("code", "seq", "action") \
+                    and isinstance(out.get(key), (int, float)):
+                out[key] = out[key] + value
+    return out

@@ -1,15 +1,11 @@
-"""The broker side of the remote store: a ``store.api.Store`` served over RPC, and native requests forwarded whole.
+"""The broker side of the remote store: a ``store.api.Store`` served over RPC.
 
-Request types (``Dispatcher`` rows):
-
-- ``store.<operation>`` for every operation of the interface: the body is the
-  store codec's call frame (``cluster.remote.codec``), the answer its result
-  frame, a failure the ``StoreError``'s code and message;
-- ``native.request``: the body is ``[request, max_data_bytes]``: one native
-  protocol request as a msgpack map (the JSON object a native client sent) and
-  the reply's data budget (nil, or a UDP listener's), the answer the engine's
-  reply map, so a proxy's native listener forwards requests without
-  understanding them.
+Request types (``Dispatcher`` rows): ``store.<operation>`` for every operation
+of the interface: the body is the store codec's call frame
+(``cluster.remote.codec``), the answer its result frame, a failure the
+``StoreError``'s code and message. Native requests are one of them
+(``native_request``: the JSON object a native client sent, whole, so a
+proxy's native listener forwards requests without understanding them).
 
 Filter interest (``add_filter``/``remove_filter``) and watches belong to the
 connection that took them, and go with it: a proxy that dies stops costing
@@ -36,7 +32,6 @@ from twisted.internet import defer
 
 from cluster.remote import codec as store_codec
 from cluster.rpc.dispatch import Dispatcher
-from mqtt_proxy.native import codec as native_codec
 from store import api
 
 log = logging.getLogger("twistmq.cluster.remote.server")
@@ -45,7 +40,6 @@ QUEUE_EVENT = "queue"
 """Topic of the event frame that carries a watched queue's news."""
 SESSION_EVENT = "session"
 """Topic of the event frame telling a session's old holder that another took it over: ``[client id, epoch]``."""
-NATIVE_REQUEST = "native.request"
 STORE_PREFIX = "store."
 
 
@@ -65,14 +59,12 @@ class _ConnectionWatches:
 
 
 class StoreServer:
-    """``StoreServer(store, clock, native_engine, native_config)``; ``register(dispatcher)`` adds its rows
+    """``StoreServer(store, clock)``; ``register(dispatcher)`` adds its rows
     (and counts the event frames it sends in the dispatcher's ``RpcMetrics``)."""
 
-    def __init__(self, store: api.Store, clock, native_engine=None, native_config=None) -> None:
+    def __init__(self, store: api.Store, clock) -> None:
         self.store = store
         self.clock = clock
-        self.native_engine = native_engine
-        self.native_config = native_config
         self._connections: dict[object, _ConnectionWatches] = {}
         self._members: dict[str, set] = {}  # peer node id -> its open connections that have called us
         self.metrics = None
@@ -81,8 +73,6 @@ class StoreServer:
         self.metrics = dispatcher.metrics
         for name in store_codec.OPERATIONS:
             dispatcher.register(request_type(name), self._operation(name))
-        if self.native_engine is not None:
-            dispatcher.register(NATIVE_REQUEST, self._native)
 
     # -- store operations -------------------------------------------------------------------------------
 
@@ -217,21 +207,3 @@ class StoreServer:
             protocol.send_event(SESSION_EVENT, msgpack.packb([client_id, epoch], use_bin_type=True))
             if self.metrics is not None:
                 self.metrics.events += 1
-
-    # -- native requests --------------------------------------------------------------------------------
-
-    def _native(self, protocol, body: bytes) -> defer.Deferred:
-        try:
-            frame = msgpack.unpackb(body, raw=False, strict_map_key=True)
-        except Exception as exc:  # noqa: BLE001 - garbage from the peer, any msgpack error
-            raise api.InvalidArgument(f"native request is not msgpack: {type(exc).__name__}") from None
-        if (type(frame) is not list or len(frame) != 2 or not isinstance(frame[0], dict)
-                or not (frame[1] is None or (type(frame[1]) is int and frame[1] > 0))):
-            raise api.InvalidArgument("a native request frame is [request map, max_data_bytes or nil]")
-        request, budget = frame
-        try:
-            parsed = native_codec.parse_request(request, self.native_config)
-        except native_codec.RequestError as exc:
-            return defer.succeed(msgpack.packb(api.native_types.error_reply(exc.reason, exc.echo), use_bin_type=True))
-        d = self.native_engine.handle(parsed, max_data_bytes=budget)
-        return d.addCallback(lambda reply: msgpack.packb(reply, use_bin_type=True))

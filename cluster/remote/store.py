@@ -24,11 +24,10 @@ import itertools
 import logging
 from typing import Callable
 
-import msgpack
 from twisted.internet import defer
 
 from cluster.remote import codec as store_codec
-from cluster.remote.server import NATIVE_REQUEST, QUEUE_EVENT, request_type
+from cluster.remote.server import QUEUE_EVENT, request_type
 from cluster.rpc.peer import PeerClient
 from cluster.rpc.protocol import RemoteError
 from store import api
@@ -244,38 +243,6 @@ class RemoteStore:
     def cancel_timer(self, timer_id: int) -> defer.Deferred[bool]:
         return self._call("cancel_timer", (timer_id,), {})
 
-    def native_produce(self, address: api.NativeAddress, items: tuple[api.NativeItem,
-                       ...]) -> defer.Deferred[api.NativeProduced]:
-        return self._call("native_produce", (address, items), {})
-
-    def native_consume(self, address: api.NativeAddress,
-                       max_data_bytes: int | None = None) -> defer.Deferred[api.NativeDelivery | None]:
-        return self._call("native_consume", (address, max_data_bytes), {})
-
-    def native_confirm(self, address: api.NativeAddress, msg_id: int) -> defer.Deferred[None]:
-        return self._call("native_confirm", (address, msg_id), {})
-
-    def native_pop(self, address: api.NativeAddress, invisible_time_s: int | None = None,
-                   max_data_bytes: int | None = None) -> defer.Deferred[api.NativeDelivery | None]:
-        return self._call("native_pop", (address, invisible_time_s, max_data_bytes), {})
-
-    def native_ack(self, address: api.NativeAddress, msg_id: int) -> defer.Deferred[None]:
-        return self._call("native_ack", (address, msg_id), {})
-
-    def native_change_invisible_time(self, address: api.NativeAddress, msg_id: int,
-                                     invisible_time_s: int) -> defer.Deferred[int]:
-        return self._call("native_change_invisible_time", (address, msg_id, invisible_time_s), {})
-
-    # -- native forwarding ------------------------------------------------------------------------------
-
-    def native_request(self, request: dict, max_data_bytes: int | None = None) -> defer.Deferred:
-        """Forward one native protocol request (the client's JSON object) whole; fires with the reply dict.
-
-        ``max_data_bytes`` bounds the reply's data (a UDP listener's budget), as ``NativeEngine.handle``'s.
-        """
-        body = msgpack.packb([request, max_data_bytes], use_bin_type=True)
-        if self.wait_connected > 0 and not self.peer.connected:
-            d = self._when_connected().addCallback(lambda _: self.peer.call(NATIVE_REQUEST, body))
-        else:
-            d = self.peer.call(NATIVE_REQUEST, body)
-        return d.addCallbacks(lambda body: msgpack.unpackb(body, raw=False), _as_store_error)
+    def native_request(self, request: api.NativeObject,
+                       max_data_bytes: int | None = None) -> defer.Deferred[api.NativeObject]:
+        return self._call("native_request", (request, max_data_bytes), {})

@@ -121,7 +121,7 @@ class BrokerParts:
         self.local = SessionInterest(local_store, SessionStore(self.state.kv))
         self.metrics = RpcMetrics()
         self.dispatcher = Dispatcher(reactor, self.metrics)
-        self.server = StoreServer(self.local, reactor, self.state.native.engine, self.state.native_config)
+        self.server = StoreServer(self.local, reactor)
         self.server.register(self.dispatcher)
         local_store.add_claim_listener(self.server.session_claimed)  # takeovers reach the old holder
         settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes)

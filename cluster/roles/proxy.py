@@ -113,7 +113,7 @@ class ProxyParts:
         mqtt = cfg.mqtt
         self.auth_executor, auth, acl = client_security(reactor, cfg)
         self.mqtt = build_front_end(self.store, reactor, mqtt, cfg.limits, auth, acl, holder=cluster.node_id)
-        self.native = ProxyNativeService(ForwardingEngine(self.table, self.remotes),
+        self.native = ProxyNativeService(ForwardingEngine(self.store),
                                          from_mapping(NativeConfig, "native", cfg.native), topic_limits(cfg.limits))
         self.lag = ReactorLagProbe(reactor)
         self.streams, self.datagrams = self._listeners()

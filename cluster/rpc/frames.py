@@ -32,8 +32,9 @@ __all__ = ["Call", "Error", "Event", "FrameDecoder", "FrameError", "FrameType", 
 
 MAX_VARINT_BYTES = 5  # 35 bits: any length a sane cap allows
 
-RPC_VERSION = 1
-"""The RPC protocol version (frames and the store codec's schema): peers must speak the same."""
+RPC_VERSION = 2
+"""The RPC protocol version (frames and the store codec's schema): peers must speak the same. 2: ``add_filter``
+takes ``restoring``; a native request is the store operation ``native_request`` (no ``native.request`` type)."""
 
 
 class FrameError(Exception):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
 from cluster.remote import codec as store_codec
@@ -399,84 +401,88 @@ def test_timer_errors(store):
     assert bad.status is api.AppendStatus.MESSAGE_ILLEGAL
 
 
-# -- native queues ---------------------------------------------------------------------------------------------
+# -- native queues (one door: native_request, the client's JSON object whole) ---------------------------------
 
-Q = api.NativeAddress(queue="jobs")
+def native(store, **request) -> dict:
+    """One native request through the interface; its reply object."""
+    return store.wait(store.store.native_request(request))
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
 
 
 def test_native_produce_consume_confirm(store):
     """An at-least-once message is handed out once, comes back after retry unless confirmed, then is gone."""
-    produced = store.wait(store.store.native_produce(Q, (api.NativeItem(b"\x00\xffjob", retry_s=2),)))
-    (msg_id,) = produced.msg_ids
-    d = store.wait(store.store.native_consume(Q))
-    assert (d.msg_id, d.data, d.attempts) == (msg_id, b"\x00\xffjob", 1)
-    assert store.wait(store.store.native_consume(Q)) is None  # in flight: invisible
+    produced = native(store, action="produce", queue="jobs", data=b64(b"\x00\xffjob"), encoding="base64", retry=2)
+    msg_id = produced["msg_id"]
+    d = native(store, action="consume", queue="jobs", encoding="base64")
+    assert (d["msg_id"], base64.b64decode(d["data"]), d.get("attempts", 1)) == (msg_id, b"\x00\xffjob", 1)
+    assert "data" not in native(store, action="consume", queue="jobs")  # in flight: invisible
     store.run_for(2.1)
-    again = store.wait(store.store.native_consume(Q))
-    assert (again.msg_id, again.attempts) == (msg_id, 2)
-    assert store.wait(store.store.native_confirm(Q, msg_id)) is None
+    again = native(store, action="consume", queue="jobs")
+    assert (again["msg_id"], again["attempts"]) == (msg_id, 2)
+    assert native(store, action="confirm", queue="jobs", msg_id=msg_id)["code"] == 0
     store.run_for(3)
-    assert store.wait(store.store.native_consume(Q)) is None
+    assert "data" not in native(store, action="consume", queue="jobs")
 
 
 def test_native_batch_and_delayed_produce(store):
     """A batch answers one id per item in order; a delayed item is consumable only after its delay."""
-    produced = store.wait(store.store.native_produce(
-        Q, (api.NativeItem(b"a"), api.NativeItem(b"b"), api.NativeItem(b"late", delay_s=1))))
-    assert produced.reason == "" and len(produced.msg_ids) == 3 and all(i is not None for i in produced.msg_ids)
-    assert [store.wait(store.store.native_consume(Q)).data for _ in range(2)] == [b"a", b"b"]
-    assert store.wait(store.store.native_consume(Q)) is None
+    produced = native(store, action="produce", queue="jobs", batch=["a", "b", {"data": "late", "delay": 1}])
+    assert produced["code"] == 0 and len(produced["msg_ids"]) == 3 and all(i is not None for i in produced["msg_ids"])
+    assert [native(store, action="consume", queue="jobs")["data"] for _ in range(2)] == ["a", "b"]
+    assert "data" not in native(store, action="consume", queue="jobs")
     store.run_for(1.2)
-    late = store.wait(store.store.native_consume(Q))
-    assert (late.data, late.msg_id) == (b"late", produced.msg_ids[2])
+    late = native(store, action="consume", queue="jobs")
+    assert (late["data"], late["msg_id"]) == ("late", produced["msg_ids"][2])
 
 
 def test_native_topic_consume_reads_mqtt_publishes(store):
     """Consuming a topic reads MQTT publishes of its first level, with their topic, qos and publisher."""
     appended = store.wait(store.store.append(publish("sensors/7/t", b"7", qos=1, client_id="dev7")))
-    d = store.wait(store.store.native_consume(api.NativeAddress(topic="sensors")))
-    assert (d.msg_id, d.data, d.topic, d.qos, d.client_id) == (appended.offset, b"7", "sensors/7/t", 1, "dev7")
-    produced = store.wait(store.store.native_produce(api.NativeAddress(topic="sensors/8/cmd"),
-                                                      (api.NativeItem(b"on", qos=0),)))
-    d2 = store.wait(store.store.native_consume(api.NativeAddress(topic="sensors")))
-    assert (d2.msg_id, d2.topic, d2.qos) == (produced.msg_ids[0], "sensors/8/cmd", 0)
+    d = native(store, action="consume", topic="sensors")
+    assert (d["msg_id"], d["data"], d["msg_topic"], d["qos"], d["client_id"]) == \
+        (appended.offset, "7", "sensors/7/t", 1, "dev7")
+    produced = native(store, action="produce", topic="sensors/8/cmd", data="on", qos=0)
+    d2 = native(store, action="consume", topic="sensors")
+    assert (d2["msg_id"], d2["msg_topic"], d2["qos"]) == (produced["msg_id"], "sensors/8/cmd", 0)
 
 
 def test_native_errors(store):
-    """Malformed requests fail with InvalidArgument; requests the engine refuses with NativeError."""
-    both = api.NativeAddress(queue="q", topic="t")
-    assert isinstance(store.error(store.store.native_consume(both)), api.InvalidArgument)
-    assert isinstance(store.error(store.store.native_produce(api.NativeAddress(queue="a,b"),
-                                                              (api.NativeItem(b"x"),))), api.InvalidArgument)
-    assert isinstance(store.error(store.store.native_produce(Q, (api.NativeItem(b"x", delay_s=5, ttl_s=5),))),
-                      api.InvalidArgument)
-    err = store.error(store.store.native_confirm(Q, 424242))
-    assert isinstance(err, api.NativeError) and "not in flight" in str(err)
+    """A malformed request or one the engine refuses is answered code -1 with a reason, never failed."""
+    for bad in ({"action": "consume", "queue": "q", "topic": "t"}, {"action": "produce", "queue": "a,b", "data": "x"},
+                {"action": "produce", "queue": "jobs", "data": "x", "delay": 5, "ttl": 5}, {"action": "fly"}):
+        reply = native(store, **bad)
+        assert reply["code"] == -1 and reply["reason"], bad
+    refused = native(store, action="confirm", queue="jobs", msg_id=424242)
+    assert refused["code"] == -1 and "not in flight" in refused["reason"]
+    assert isinstance(store.error(store.store.native_request(["not", "an", "object"])), api.InvalidArgument)
 
 
 def test_pop_ack_and_change_invisible_time(store):
     """A popped message is invisible for its time, comes back when moved earlier, and is gone once acked."""
-    group = api.NativeAddress(queue="jobs", group="workers")
-    (msg_id,) = store.wait(store.store.native_produce(Q, (api.NativeItem(b"p"),))).msg_ids
-    d = store.wait(store.store.native_pop(group, invisible_time_s=30))
-    assert (d.msg_id, d.data) == (msg_id, b"p")
-    assert store.wait(store.store.native_pop(group, invisible_time_s=30)) is None
-    visible_at = store.wait(store.store.native_change_invisible_time(group, msg_id, 1))
-    assert visible_at == store.now_ms() + 1000
+    msg_id = native(store, action="produce", queue="jobs", data="p")["msg_id"]
+    d = native(store, action="pop", queue="jobs", group="workers", invisible_time=30)
+    assert (d["msg_id"], d["data"]) == (msg_id, "p")
+    assert "data" not in native(store, action="pop", queue="jobs", group="workers", invisible_time=30)
+    moved = native(store, action="change_invisible_time", queue="jobs", group="workers", msg_id=msg_id,
+                   invisible_time=1)
+    assert moved["visible_at"] == store.now_ms() + 1000
     store.run_for(1.1)
-    again = store.wait(store.store.native_pop(group))
-    assert (again.msg_id, again.attempts) == (msg_id, 2)
-    assert store.wait(store.store.native_ack(group, msg_id)) is None
+    again = native(store, action="pop", queue="jobs", group="workers")
+    assert (again["msg_id"], again["attempts"]) == (msg_id, 2)
+    assert native(store, action="ack", queue="jobs", group="workers", msg_id=msg_id)["code"] == 0
     store.run_for(31)
-    assert store.wait(store.store.native_pop(group)) is None
+    assert "data" not in native(store, action="pop", queue="jobs", group="workers")
 
 
 def test_pop_errors(store):
-    """Acking twice, or moving the invisible time of what is not in flight, fails with NativeError."""
-    group = api.NativeAddress(queue="jobs", group="workers")
-    (msg_id,) = store.wait(store.store.native_produce(Q, (api.NativeItem(b"p"),))).msg_ids
-    store.wait(store.store.native_pop(group))
-    store.wait(store.store.native_ack(group, msg_id))
-    assert isinstance(store.error(store.store.native_ack(group, msg_id)), api.NativeError)
-    assert isinstance(store.error(store.store.native_change_invisible_time(group, msg_id, 5)), api.NativeError)
-    assert isinstance(store.error(store.store.native_pop(group, invisible_time_s=0)), api.InvalidArgument)
+    """Acking twice, or moving the invisible time of what is not in flight, is refused; a zero invisible time too."""
+    msg_id = native(store, action="produce", queue="jobs", data="p")["msg_id"]
+    native(store, action="pop", queue="jobs", group="workers")
+    native(store, action="ack", queue="jobs", group="workers", msg_id=msg_id)
+    assert native(store, action="ack", queue="jobs", group="workers", msg_id=msg_id)["code"] == -1
+    assert native(store, action="change_invisible_time", queue="jobs", group="workers", msg_id=msg_id,
+                  invisible_time=5)["code"] == -1
+    assert native(store, action="pop", queue="jobs", group="workers", invisible_time=0)["code"] == -1

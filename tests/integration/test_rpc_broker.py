@@ -157,9 +157,9 @@ def test_native_requests_are_forwarded_whole(broker):
     peer = open_peer(broker)
 
     def native(request: dict, budget=None) -> dict:
-        result = peer.call("native.request", msgpack.packb([request, budget]))
+        result = peer.call("store.native_request", store_codec.pack_call("native_request", (request, budget)))
         assert isinstance(result, Result), result
-        return msgpack.unpackb(result.body)
+        return store_codec.unpack_result("native_request", result.body)
 
     reply = native({"action": "produce", "queue": "jobs", "data": "x" * 300, "seq": 3})
     assert reply["code"] == 0 and reply["seq"] == 3 and reply["msg_id"] >= 0
@@ -168,7 +168,7 @@ def test_native_requests_are_forwarded_whole(broker):
     assert native({"action": "consume", "queue": "jobs"})["data"] == "x" * 300  # it stayed for a TCP consumer
     bad = native({"action": "fly"})
     assert bad["code"] == -1 and bad["reason"]
-    malformed = peer.call("native.request", msgpack.packb({"action": "produce"}))
+    malformed = peer.call("store.native_request", msgpack.packb({"action": "produce"}))
     assert isinstance(malformed, Error) and malformed.code == "invalid_argument"
 
 

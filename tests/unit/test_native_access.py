@@ -227,7 +227,7 @@ def test_proxy_native_udp_answers_a_datagram():
     """A proxy's UDP adapter answers (here: a token error) instead of failing on a counter it lacked."""
     from cluster.remote.proxy_native import ForwardingEngine, ProxyNativeService
     from store.config import NativeConfig
-    service = ProxyNativeService(ForwardingEngine(None, {}), NativeConfig(token="s3cret"))
+    service = ProxyNativeService(ForwardingEngine(None), NativeConfig(token="s3cret"))
     proto = NativeUDPProtocol(service)
     transport = FakeDatagramTransport()
     proto.makeConnection(transport)

@@ -166,11 +166,14 @@ def test_retained_messages_merge_across_groups(cluster):
 def test_native_queue_lives_in_its_names_group(cluster):
     """A native produce and consume go to the group of the queue's name."""
     store = cluster.store
-    address = api.NativeAddress(queue="jobs")
-    produced = cluster.wait(store.native_produce(address, (api.NativeItem(b"job-1"),)))
-    assert produced.msg_ids[0] is not None
-    delivery = cluster.wait(store.native_consume(address))
-    assert delivery.data == b"job-1"
+    produced = cluster.wait(store.native_request({"action": "produce", "queue": "jobs", "data": "job-1"}))
+    assert produced["code"] == 0 and produced["msg_id"] is not None
+    home = cluster.table.group_of_queue("jobs")
+    other = next(g for g in cluster.parts_by_group if g != home)
+    listed = {g: cluster.wait(cluster.store.groups[g].native_request({"action": "queue_list"})) for g in (home, other)}
+    assert "jobs" in str(listed[home]["queues"]) and "jobs" not in str(listed[other]["queues"])
+    delivery = cluster.wait(store.native_request({"action": "consume", "queue": "jobs"}))
+    assert delivery["data"] == "job-1"
 
 
 def test_a_position_of_an_unknown_group_is_wrong_group(cluster):

@@ -15,7 +15,6 @@ from cluster.rpc.peer import PeerClient
 from cluster.rpc.protocol import RpcProtocol, RpcSettings
 from cluster.rpc.server import RpcServerFactory
 from store import api
-from store.config import NativeConfig
 from store.record import Message, RecordKind
 from tests.contract.conftest import T0, Parts
 
@@ -30,7 +29,7 @@ class Rig:
         self.clock.advance(T0)
         self.parts = Parts(path, self.clock)
         self.dispatcher = Dispatcher(self.clock)
-        self.server = StoreServer(self.parts.local(), self.clock, self.parts.engine, NativeConfig())
+        self.server = StoreServer(self.parts.local(), self.clock)
         self.server.register(self.dispatcher)
         self.factory = RpcServerFactory(Hello("twistmq", "b1", "broker", 1), SETTINGS, self.clock, self.dispatcher)
         self.factory.on_lost(self.server.connection_lost)
