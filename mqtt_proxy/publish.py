@@ -299,7 +299,7 @@ class Publisher:
                 self._puback(conn, packet_id)
         elif qos == 2:
             session.state.hold_inbound_qos2(packet_id)
-            d = session.write("put_inbound_qos2", packet_id) if session.persistent else None
+            d = session.save_inbound_qos2(packet_id) if session.persistent else None
 
             def answer(durable=True):
                 if conn.session is session:
@@ -337,7 +337,7 @@ class Publisher:
         def answer(_=None):
             if conn.session is session:  # a failed delete at worst refuses a late duplicate: answer anyway
                 conn.send(PubComp(pid))
-        d = session.write("delete_inbound_qos2", pid) if session.persistent else None
+        d = session.delete_inbound_qos2(pid) if session.persistent else None
         if d is None:
             answer()
         else:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable
 from mqtt_proxy.codec import PubRel, encode, encode_publish, patch_publish
 from mqtt_proxy.session_state import (DeleteOutbound, DeleteReleased, GroupAcked, PumpSoon,
                                       Resend, SaveOutbound, SaveReleased, SendPubRel, SessionState)
-from store.api import Fenced, OutboundState, QueuePosition, ReadResult, SubscriptionState
+from store.api import Fenced, OutboundState, QueuePosition, ReadResult, SessionMeta, SubscriptionState
 
 if TYPE_CHECKING:
     from mqtt_proxy.delivery import SessionContext
@@ -121,10 +121,41 @@ class Session:
         """How many more QoS>0 messages may be in flight now."""
         return self.state.window
 
-    # -- durable state --------------------------------------------------------------------
+    # -- durable state: one typed write per operation of ``store.api.Sessions``, each with the epoch --------
 
-    def write(self, name: str, *args):
-        """Call the session write ``name`` of the store with this client id, ``args`` and the epoch.
+    def save_session(self, meta: SessionMeta):
+        """Store the session's meta (it names the client itself)."""
+        return self._write(self.sessions.put_session, meta)
+
+    def delete_session(self):
+        return self._write(self.sessions.delete_session, self.client_id)
+
+    def save_subscription(self, subscription: SubscriptionState):
+        return self._write(self.sessions.put_subscription, self.client_id, subscription)
+
+    def delete_subscription(self, key: str):
+        return self._write(self.sessions.delete_subscription, self.client_id, key)
+
+    def save_outbound(self, outbound: OutboundState):
+        return self._write(self.sessions.put_outbound, self.client_id, outbound)
+
+    def delete_outbound(self, packet_id: int):
+        return self._write(self.sessions.delete_outbound, self.client_id, packet_id)
+
+    def save_released(self, packet_id: int):
+        return self._write(self.sessions.put_released, self.client_id, packet_id)
+
+    def delete_released(self, packet_id: int):
+        return self._write(self.sessions.delete_released, self.client_id, packet_id)
+
+    def save_inbound_qos2(self, packet_id: int):
+        return self._write(self.sessions.put_inbound_qos2, self.client_id, packet_id)
+
+    def delete_inbound_qos2(self, packet_id: int):
+        return self._write(self.sessions.delete_inbound_qos2, self.client_id, packet_id)
+
+    def _write(self, operation, *args):
+        """Call ``operation`` of the store with ``args`` and the epoch.
 
         Returns a Deferred that fires True once the write is durable, False if
         it failed (handled here: a ``Fenced`` refusal means a newer holder took
@@ -133,10 +164,8 @@ class Session:
         """
         if self.fenced:
             return None
-        call = getattr(self.sessions, name)
-        # put_session's SessionMeta names the client itself; every other write takes the client id first.
-        d = call(*args, self.epoch) if name == "put_session" else call(self.client_id, *args, self.epoch)
-        return d.addCallbacks(_true, self._write_failed, errbackArgs=(name,))
+        name = operation.__name__
+        return operation(*args, self.epoch).addCallbacks(_true, self._write_failed, errbackArgs=(name,))
 
     def _write_failed(self, failure, name: str) -> bool:
         if failure.check(Fenced):
@@ -159,13 +188,13 @@ class Session:
                 if self.conn is not None:
                     self.conn.write(encode(PubRel(a.packet_id), self.state.level))
             elif kind is SaveOutbound:
-                self.write("put_outbound", OutboundState(a.packet_id, a.sub_key, a.position, a.qos))
+                self.save_outbound(OutboundState(a.packet_id, a.sub_key, a.position, a.qos))
             elif kind is DeleteOutbound:
-                self.write("delete_outbound", a.packet_id)
+                self.delete_outbound(a.packet_id)
             elif kind is SaveReleased:
-                self.write("put_released", a.packet_id)
+                self.save_released(a.packet_id)
             elif kind is DeleteReleased:
-                self.write("delete_released", a.packet_id)
+                self.delete_released(a.packet_id)
             elif kind is GroupAcked:
                 a.group.acked(a.position)
             elif kind is Resend:
@@ -467,4 +496,4 @@ class Session:
         for key in dirty:
             sub = self.subs.get(key)
             if sub is not None and sub.share is None:
-                self.write("put_subscription", sub.state())
+                self.save_subscription(sub.state())

@@ -192,12 +192,12 @@ class SessionRegistry:
             session.max_packet_size = max_packet_size
             session.alias_maximum = alias_maximum
             if session.persistent:
-                yield session.write("put_session", SessionMeta(client_id, expiry, level, None))
+                yield session.save_session(SessionMeta(client_id, expiry, level, None))
                 session.stored = True
             elif session.stored:
                 # Scans of a RocksDB range full of tombstones get slow: only delete what was written.
                 session.stored = False
-                yield session.write("delete_session")
+                yield session.delete_session()
             if session.fenced:  # claimed elsewhere while we were connecting: the other connection has it
                 conn.refuse(ReasonCode.SERVER_UNAVAILABLE)
                 return
@@ -351,7 +351,7 @@ class SessionRegistry:
         if not session.persistent:
             self.end_session(session)
         else:
-            session.write("put_session", SessionMeta(session.client_id, session.expiry, session.level,
+            session.save_session(SessionMeta(session.client_id, session.expiry, session.level,
                                                      self.now_ms()))
             session.stored = True
             self._schedule_expiry(session, self.now_ms())
@@ -388,7 +388,7 @@ class SessionRegistry:
             self._release(session.client_id, session.epoch)
             return defer.succeed(None)
         session.stored = False
-        d = session.write("delete_session")
+        d = session.delete_session()
         self._release(session.client_id, session.epoch)  # after the delete: writes of an id apply in call order
         return d
 

@@ -76,7 +76,7 @@ def handle_subscribe(router, conn, packet):
                 session.state.own_subs()[topic_filter] = sub
             is_new = True
         if session.persistent:
-            writes.append(session.write("put_subscription", sub.state()))
+            writes.append(session.save_subscription(sub.state()))
         codes.append(qos)
         if sub.share is None and opts.retain_handling != RetainHandling.DO_NOT_SEND \
                 and not (opts.retain_handling == RetainHandling.SEND_IF_NEW_SUBSCRIPTION and not is_new):
@@ -130,7 +130,7 @@ def handle_unsubscribe(router, conn, packet):
             session.unwatch(sub)
         router.remove_filter(sub.topic_filter)
         if session.persistent:
-            writes.append(session.write("delete_subscription", topic_filter))
+            writes.append(session.delete_subscription(topic_filter))
         codes.append(ReasonCode.SUCCESS)
     yield defer.gatherResults([d for d in writes if d is not None])
     if conn.session is session:
