@@ -196,7 +196,9 @@ class Session:
             elif kind is DeleteReleased:
                 self.delete_released(a.packet_id)
             elif kind is GroupAcked:
-                a.group.acked(a.position)
+                sub = self.subs.get(a.group)
+                if sub is not None and sub.share is not None:  # gone: leaving the group took its messages back
+                    sub.share.acked(a.position)
             elif kind is Resend:
                 self._resend(a)
             else:
@@ -433,18 +435,21 @@ class Session:
         return written
 
     def send_retained(self, record, sub: Subscription) -> None:
-        """Send a retained message in answer to a subscribe (RETAIN set, not tied to an offset)."""
-        qos = min(sub.qos, record.qos)
-        if qos and self.window <= 0:
-            return  # the window is full of live traffic: skip rather than overrun the client
-        pid = self.state.offer_retained(qos)
-        self._send(record, qos, pid, sub, retain=True)
+        """Send a retained message in answer to a subscribe, if the window has room."""
+        for record, qos, pid, retain in self.state.retained_read(sub, record).sends:
+            self._send(record, qos, pid, sub, False, retain)
 
-    def send_group_message(self, record, qos: int, sub: Subscription, group, position: QueuePosition) -> int | None:
-        """Send one message of a shared group; return its packet id (None for QoS 0)."""
-        pid = self.state.offer_group(sub, position, qos, group)
-        self._send(record, qos, pid, sub)
-        return pid
+    def send_group_message(self, message, sub: Subscription, now_ms: int):
+        """Offer one message of ``sub``'s shared group to this member: the state machine's Delivery, sent.
+
+        Stopped: no room here (the group tries another member); ``expired``: nobody gets it.
+        """
+        d = self.state.messages_read(sub, (message,), message.position, self.client_id, now_ms, sub.key)
+        if d.expired:
+            self.delivery.stats.messages_expired += d.expired
+        for m, qos, pid, retain in d.sends:
+            self._send(m.record, qos, pid, sub, False, retain)
+        return d
 
     def _send(self, record, qos: int, pid: int | None, sub: Subscription, dup: bool = False,
               retain: bool | None = None) -> None:

@@ -57,7 +57,7 @@ class Outbound:
     position: object  # the message's QueuePosition (opaque here; None for a retained one)
     qos: int
     released: bool = False  # QoS 2: PUBREC seen, PUBREL sent, waiting for PUBCOMP
-    group: object | None = None
+    group: str | None = None  # a shared group's: the member's subscription key (the group keeps the offset)
 
 
 # -- actions: what the adapter must do -------------------------------------------------------------
@@ -103,9 +103,9 @@ class DeleteReleased:
 
 @dataclass(frozen=True, slots=True)
 class GroupAcked:
-    """Tell a shared group its message at ``position`` is done with."""
+    """Tell the shared group of subscription ``group`` (its key) that its message at ``position`` is done with."""
 
-    group: object
+    group: str
     position: object
 
 
@@ -264,34 +264,34 @@ class SessionState:
                 return pid
         raise SessionStateError("no free packet identifier")
 
-    def offer(self, sub, position, qos: int) -> tuple[int | None, list]:
-        """A queue message goes out at ``qos``: its packet id (None at QoS 0) and what to persist."""
-        if not qos:
-            return None, []
-        pid = self._allocate_pid()
-        self.own_outbound()[pid] = Outbound(sub.key, position, qos)
-        if self.persistent:
-            return pid, [SaveOutbound(pid, sub.key, position, qos)]
-        return pid, []
+    def retained_read(self, sub, record) -> Delivery:
+        """Event: a retained ``record`` matches a new subscription; its one send carries the record itself.
 
-    def offer_retained(self, qos: int) -> int | None:
-        """A retained message on subscribe: its packet id (None at QoS 0); never persisted."""
-        if not qos:
-            return None
-        pid = self._allocate_pid()
-        self.own_outbound()[pid] = Outbound(None, None, qos)
-        return pid
+        It goes out with RETAIN set (MQTT-3.3.1-8) at the lower of its QoS and the
+        subscription's, not tied to a queue position and never persisted; with the
+        window full of live traffic it is skipped rather than overrun the client
+        (a stopped Delivery with no sends).
+        """
+        d = Delivery(None)
+        qos = record.qos if record.qos < sub.qos else sub.qos
+        if qos and self.window <= 0:
+            d.stopped = True
+            return d
+        pid = None
+        if qos:
+            pid = self._allocate_pid()
+            self.own_outbound()[pid] = Outbound(None, None, qos)
+        d.sends.append((record, qos, pid, True))
+        return d
 
-    def offer_group(self, sub, position, qos: int, group) -> int | None:
-        """A shared group's message: its packet id (None at QoS 0); the group keeps the offset."""
-        if not qos:
-            return None
-        pid = self._allocate_pid()
-        self.own_outbound()[pid] = Outbound(sub.key, position, qos, group=group)
-        return pid
-
-    def messages_read(self, sub, messages, next_position, client_id: str, now_ms: int) -> Delivery:
+    def messages_read(self, sub, messages, next_position, client_id: str, now_ms: int,
+                      group: str | None = None) -> Delivery:
         """Event: ``messages`` were read from one of ``sub``'s positions, ``next_position`` right after them.
+
+        With ``group`` (the shared subscription's key) they are a shared group's,
+        handed to this member one at a time: the same decisions, but the group
+        keeps the offset, so nothing is persisted and the group is told when each
+        is done (``GroupAcked``); a stopped Delivery means this member has no room.
 
         Decides per message, in order: the QoS granted (the lower of the message's
         and the subscription's, MQTT-3.8.4-8), whether the window has room (a QoS
@@ -310,7 +310,8 @@ class SessionState:
         no_local = sub.no_local
         as_published = sub.retain_as_published
         outbound = self.own_outbound()
-        save = self.persistent
+        save = self.persistent and group is None
+        key = sub.key
         for m in messages:
             record = m.record
             qos = record.qos if record.qos < granted else granted
@@ -330,9 +331,9 @@ class SessionState:
             if qos:
                 window -= 1
                 pid = self._allocate_pid()
-                outbound[pid] = Outbound(sub.key, m.position, qos)
+                outbound[pid] = Outbound(key, m.position, qos, False, group)
                 if save:
-                    d.actions.append(SaveOutbound(pid, sub.key, m.position, qos))
+                    d.actions.append(SaveOutbound(pid, key, m.position, qos))
             else:
                 pid = None
             sends.append((m, qos, pid, record.retain and as_published))
