@@ -62,7 +62,7 @@ class Subscription:
 
 
 def _state_attr(name: str) -> property:
-    return property(lambda self: getattr(self.state, name), lambda self, value: setattr(self.state, name, value))
+    return property(lambda self: getattr(self.state, name), doc=f"The state machine's ``{name}`` (read only).")
 
 
 def _true(_) -> bool:
@@ -100,7 +100,7 @@ class Session:
         self._pump_again = False
         self._pump_scheduled = False
 
-    # The session's protocol state lives in SessionState; these read and write it there.
+    # The session's protocol state lives in SessionState and changes only through its events; these read it.
     level = _state_attr("level")
     expiry = _state_attr("expiry")
     subs = _state_attr("subs")

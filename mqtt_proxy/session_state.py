@@ -21,11 +21,12 @@ from types import MappingProxyType
 from typing import Mapping
 
 from mqtt_proxy import message_props
-from mqtt_proxy.codec import encode_properties
+from mqtt_proxy.codec import ReasonCode, encode_properties
 from mqtt_proxy.codec.wire import PacketType
 
 NEVER_EXPIRES = 0xFFFFFFFF
 NO_PACKET_IDS: Mapping[int, None] = MappingProxyType({})  # shared by every session until it holds one
+NO_ACTIONS: tuple = ()  # what most events return
 
 
 class _NoEntries(dict):
@@ -47,6 +48,16 @@ MAX_PACKET_ID = 65535
 
 class SessionStateError(Exception):
     """The adapter misused the state machine (not the peer misbehaving): e.g. no packet id is free."""
+
+
+class PeerError(Exception):
+    """The client broke the protocol: the adapter answers with ``reason_code`` (a DISCONNECT's, or the
+    acknowledgement's where the packet has one) and logs ``text``."""
+
+    def __init__(self, reason_code: int, text: str) -> None:
+        super().__init__(text)
+        self.reason_code = reason_code
+        self.text = text
 
 
 @dataclass(slots=True)
@@ -209,7 +220,59 @@ class SessionState:
     def persistent(self) -> bool:
         return self.expiry > 0
 
+    # -- the session's life --------------------------------------------------------------------
+
+    def restored(self, outbound, released, inbound_qos2) -> tuple:
+        """Event: the session comes back from the store after a restart: ``outbound`` (``OutboundState``-like:
+        ``packet_id``, ``subscription_key``, ``position``, ``qos``) in flight, ``released`` QoS 2 ids awaiting
+        PUBCOMP, ``inbound_qos2`` ids received and not yet released (MQTT-4.1.0-1)."""
+        for o in outbound:
+            self.own_outbound()[o.packet_id] = Outbound(o.subscription_key, o.position, o.qos)
+        for pid in released:
+            self.own_outbound()[pid] = Outbound(None, None, 2, released=True)
+        for pid in inbound_qos2:
+            self._hold_inbound_qos2(pid)
+        return NO_ACTIONS
+
+    def subscribed(self, key: str, sub) -> tuple:
+        """Event: a subscription ``key`` was made (or restored); ``sub`` carries its options for ``messages_read``."""
+        self.own_subs()[key] = sub
+        return NO_ACTIONS
+
+    def unsubscribed(self, key: str) -> tuple:
+        """Event: subscription ``key`` is gone; what it has in flight is resent no more (``resend_plan``)."""
+        self.subs.pop(key, None)
+        return NO_ACTIONS
+
+    def ended(self) -> tuple:
+        """Event: the session ends (expiry, clean start, takeover elsewhere): it holds nothing any more."""
+        self.subs = NO_ENTRIES
+        self.outbound = NO_ENTRIES
+        return NO_ACTIONS
+
     # -- connection ----------------------------------------------------------------------------
+
+    def connect_accepted(self, expiry: int, will, receive_maximum: int = 65535, max_packet_size: int = 0,
+                         alias_maximum: int = 0) -> tuple:
+        """Event: a CONNECT for this session passed: its Session Expiry Interval, will and (v5) the client's
+        Receive Maximum, Maximum Packet Size and Topic Alias Maximum hold from now on (MQTT-3.1.2)."""
+        self.expiry = expiry
+        self.will = will
+        self.receive_maximum = receive_maximum
+        self.max_packet_size = max_packet_size
+        self.alias_maximum = alias_maximum
+        return NO_ACTIONS
+
+    def disconnect_received(self, expiry_interval: int | None, expiry_max: int) -> tuple:
+        """Event: DISCONNECT, with the Session Expiry Interval it carries (v5; None: unchanged), capped at
+        ``expiry_max``. ``PeerError`` when a session made non-persistent at CONNECT asks to persist (MQTT-3.14.2-2)."""
+        if expiry_interval is None:
+            return NO_ACTIONS
+        if self.expiry == 0 and expiry_interval != 0:
+            raise PeerError(ReasonCode.PROTOCOL_ERROR,
+                            "a session expiry interval on DISCONNECT after 0 at CONNECT (MQTT-3.14.2-2)")
+        self.expiry = min(expiry_interval, expiry_max) if expiry_interval != NEVER_EXPIRES else NEVER_EXPIRES
+        return NO_ACTIONS
 
     def attach(self, level: int) -> None:
         """A connection (fresh or resumed) is bound: aliases start over (MQTT-3.3.2-7), a pending will is off."""
@@ -444,6 +507,9 @@ class SessionState:
 
     def hold_inbound_qos2(self, packet_id: int) -> None:
         """A QoS 2 message with ``packet_id`` was stored: a resend of it is acknowledged, not stored again."""
+        self._hold_inbound_qos2(packet_id)
+
+    def _hold_inbound_qos2(self, packet_id: int) -> None:
         if self.inbound_qos2 is NO_PACKET_IDS:
             self.inbound_qos2 = {}  # made when first needed: most sessions never see QoS 2
         self.inbound_qos2[packet_id] = None

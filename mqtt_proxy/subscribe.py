@@ -73,7 +73,7 @@ def handle_subscribe(router, conn, packet):
                     return
                 sub = session.subs[topic_filter]
             else:
-                session.state.own_subs()[topic_filter] = sub
+                session.state.subscribed(topic_filter, sub)
             is_new = True
         if session.persistent:
             writes.append(session.save_subscription(sub.state()))
@@ -119,10 +119,11 @@ def handle_unsubscribe(router, conn, packet):
     codes = []
     writes = []
     for topic_filter in packet.topic_filters:
-        sub = session.subs.pop(topic_filter, None)
+        sub = session.subs.get(topic_filter)
         if sub is None:
             codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
             continue
+        session.state.unsubscribed(topic_filter)
         if sub.share is not None:
             sub.share.member_left(session, sub)
             router.drop_group_member(sub)

@@ -6,12 +6,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from mqtt_proxy.codec import Properties, Will
+from mqtt_proxy.codec import Properties, ReasonCode, Will
 from mqtt_proxy.codec.properties import decode_properties
 from mqtt_proxy.codec.wire import PacketType
 from mqtt_proxy.session_state import (NEVER_EXPIRES, DeleteOutbound, DeleteReleased, GroupAcked, PublishWill,
-                                      PumpSoon, Resend, SaveOutbound, SaveReleased, ScheduleWill, SendPubRel,
-                                      SessionState, SessionStateError)
+                                      PeerError, PumpSoon, Resend, SaveOutbound, SaveReleased, ScheduleWill,
+                                      SendPubRel, SessionState, SessionStateError)
 
 
 @dataclass
@@ -47,11 +47,13 @@ def read(*records: Rec, first: int = 10) -> list[Msg]:
     return [Msg(first + i, r) for i, r in enumerate(records)]
 
 
-def connected(expiry: int = 0, max_inflight: int = 100, receive_maximum: int = 65535) -> tuple[SessionState, Sub]:
+def connected(expiry: int = 0, max_inflight: int = 100, receive_maximum: int = 65535, will=None,
+              max_packet_size: int = 0, alias_maximum: int = 0) -> tuple[SessionState, Sub]:
+    """A session through the events production feeds it: CONNECT accepted, a subscription, the link bound."""
     state = SessionState(5, expiry, max_inflight)
-    state.receive_maximum = receive_maximum
+    state.connect_accepted(expiry, will, receive_maximum, max_packet_size, alias_maximum)
     sub = Sub("t/#")
-    state.own_subs()[sub.key] = sub
+    state.subscribed(sub.key, sub)
     state.attach(5)
     return state, sub
 
@@ -202,7 +204,7 @@ def test_resend_of_unsubscribed_message_completes_it():
     """MQTT-4.4.0-1: a message whose subscription is gone is not resent; its packet id is freed."""
     state, sub = connected(expiry=60)
     pid, _ = offer(state, sub, 1, 1)
-    del state.subs[sub.key]
+    state.unsubscribed(sub.key)
     assert state.resend_plan() == [DeleteOutbound(pid)]
     assert state.outbound == {}
 
@@ -217,39 +219,34 @@ def test_group_message_is_acked_to_the_group_at_pubcomp():
 
 def test_will_is_published_on_unexpected_close():
     """MQTT-3.1.2-8: the will is published when the connection closes without a normal DISCONNECT."""
-    state, _ = connected()
-    state.will = w = will()
+    state, _ = connected(will=(w := will()))
     assert state.detach(publish_will=True) == [PublishWill(w)]
     assert state.will is None
 
 
 def test_normal_disconnect_discards_the_will():
     """MQTT-3.1.2-10: after a DISCONNECT with reason 0x00 the will is removed, not published."""
-    state, _ = connected()
-    state.will = will()
+    state, _ = connected(will=will())
     assert state.detach(publish_will=False) == []
     assert state.will is None
 
 
 def test_will_delay_is_scheduled_and_capped_by_session_expiry():
     """MQTT-3.1.3-9 / 3.1.3.2.2: a delayed will waits its delay, but no longer than the session lives."""
-    state, _ = connected(expiry=30)
-    state.will = w = will(delay=100)
+    state, _ = connected(expiry=30, will=(w := will(delay=100)))
     assert state.detach(publish_will=True) == [ScheduleWill(w, 30)]
     assert state.pending_will is w
 
 
 def test_will_delay_on_a_non_persistent_session_publishes_at_once():
     """MQTT-3.1.3-9 / 3.1.3.2.2: a session that ends with its connection sends its will at once."""
-    state, _ = connected(expiry=0)
-    state.will = w = will(delay=100)
+    state, _ = connected(expiry=0, will=(w := will(delay=100)))
     assert state.detach(publish_will=True) == [PublishWill(w)]
 
 
 def test_return_before_will_delay_cancels_the_will():
     """MQTT-3.1.3-9: a new connection to the session before the delay passes means no will."""
-    state, _ = connected(expiry=60)
-    state.will = will(delay=10)
+    state, _ = connected(expiry=60, will=will(delay=10))
     state.detach(publish_will=True)
     state.attach(5)
     assert state.pending_will is None
@@ -258,8 +255,7 @@ def test_return_before_will_delay_cancels_the_will():
 
 def test_session_expiry_publishes_a_pending_will_first():
     """3.1.3.2.2 / MQTT-3.1.2-23: when the session expires before the will delay, the will goes out then."""
-    state, _ = connected(expiry=5)
-    state.will = w = will(delay=100)
+    state, _ = connected(expiry=5, will=(w := will(delay=100)))
     state.detach(publish_will=True)
     assert state.expired() == [PublishWill(w)]
     assert state.expired() == []
@@ -271,14 +267,53 @@ def test_expiry_deadline():
     assert state.expiry_deadline_ms(1_000) is None  # connected: no deadline
     state.detach(publish_will=False)
     assert state.expiry_deadline_ms(1_000) == 31_000
-    state.expiry = NEVER_EXPIRES
+    state.attach(5)
+    state.disconnect_received(NEVER_EXPIRES, NEVER_EXPIRES)  # the client's DISCONNECT asks for forever
+    state.detach(publish_will=False)
     assert state.expiry_deadline_ms(1_000) is None
+
+
+def test_disconnect_cannot_make_a_non_persistent_session_persistent():
+    """MQTT-3.14.2-2: a Session Expiry Interval on DISCONNECT after 0 at CONNECT is the client's protocol error."""
+    state, _ = connected(expiry=0)
+    with pytest.raises(PeerError) as caught:
+        state.disconnect_received(60, 3600)
+    assert caught.value.reason_code == ReasonCode.PROTOCOL_ERROR and state.expiry == 0
+    assert state.disconnect_received(None, 3600) == () and state.expiry == 0
+
+
+def test_disconnect_expiry_replaces_the_connects_within_the_servers_cap():
+    """3.14.2.2.2: DISCONNECT may change a persistent session's expiry; the server's maximum still bounds it."""
+    state, _ = connected(expiry=60)
+    state.disconnect_received(100_000, 3600)
+    assert state.expiry == 3600
+    state.disconnect_received(0, 3600)
+    assert state.expiry == 0 and not state.persistent
+
+
+def test_a_restored_session_resends_what_it_had_in_flight():
+    """MQTT-4.4.0-1 / MQTT-4.3.3-10: after a restart, stored in-flight messages go out again and received QoS 2 ids
+    are still held (a resend is not stored twice)."""
+    from store.api import OutboundState
+    state = SessionState(5, 60, 100)
+    state.subscribed("t/#", Sub("t/#"))
+    state.restored([OutboundState(4, "t/#", 40, 1)], [5], [9])
+    state.attach(5)
+    assert state.resend_plan() == [Resend(4, "t/#", 40), SendPubRel(5)]
+    assert 9 in state.inbound_qos2 and state.window == 98
+
+
+def test_an_ended_session_holds_nothing():
+    """MQTT-3.1.2-4 / 4.1: a session that ends (clean start, expiry) keeps no subscription or message in flight."""
+    state, sub = connected(expiry=60)
+    offer(state, sub, 1, 1)
+    state.ended()
+    assert not state.subs and not state.outbound and state.resend_plan() == []
 
 
 def test_topic_aliases_are_bounded_and_reset_per_connection():
     """MQTT-3.1.2-26 / MQTT-3.3.2-7: no alias above the client's Topic Alias Maximum; none carried to a new link."""
-    state, _ = connected()
-    state.alias_maximum = 2
+    state, _ = connected(alias_maximum=2)
     assert state.alias_for("a") == (1, False)
     assert state.alias_for("a") == (1, True)
     assert state.alias_for("b") == (2, False)
@@ -370,8 +405,7 @@ def test_unsent_messages_free_their_ids_and_are_read_again():
 def test_publish_properties_carry_a_topic_alias_then_an_empty_topic():
     """3.3.2.3.4 / MQTT-3.3.2-7: the first PUBLISH on a topic names it and sets the alias; later ones send only the
     alias (an empty topic name)."""
-    state, _ = connected()
-    state.alias_maximum = 5
+    state, _ = connected(alias_maximum=5)
     topic, block, assigned = state.publish_properties(Rec(topic="a/b"), 0, NOW)
     props, _ = decode_properties(block, 0, len(block), PacketType.PUBLISH)
     assert (topic, assigned, props.topic_alias) == ("a/b", "a/b", 1)
@@ -395,9 +429,7 @@ def test_publish_properties_carry_remaining_expiry_and_subscription_id():
 def test_too_large_publish_is_dropped_as_if_delivered_and_its_alias_withdrawn():
     """MQTT-3.1.2-24/-25: nothing over the client's Maximum Packet Size is sent; it is discarded as if delivered
     (its packet id completes), and an alias it would have set is not used later, since the client never saw it."""
-    state, sub = connected(expiry=60)
-    state.max_packet_size = 100
-    state.alias_maximum = 5
+    state, sub = connected(expiry=60, max_packet_size=100, alias_maximum=5)
     assert not state.too_large(100) and state.too_large(101)
     d = state.messages_read(Sub(sub.key), read(Rec(topic="big")), 11, "me", NOW)
     (_, _, pid, _) = d.sends[0]
