@@ -48,7 +48,7 @@ class MQTTServerProtocol:
 
     __slots__ = ("front", "clock", "transport", "connected", "factory", "parser", "level", "session", "client_id",
                  "username", "asked", "acl_username", "peer_host", "paused", "refusal", "connect_seen",
-                 "server_keep_alive", "inbound_aliases", "inbound_inflight", "pending_puts", "deadline_bucket",
+                 "server_keep_alive", "pending_puts", "deadline_bucket",
                  "_reading_paused", "_backlog", "_keep_alive", "last_rx", "_closing", "_corked", "_corked_bytes")
 
     def __init__(self, front, clock) -> None:
@@ -69,8 +69,6 @@ class MQTTServerProtocol:
         self.refusal = None
         self.connect_seen = False
         self.server_keep_alive = None
-        self.inbound_aliases: dict[int, str] | None = None  # made by the first topic alias (v5)
-        self.inbound_inflight = 0
         self.pending_puts = 0
         self.deadline_bucket = None  # the DeadlineWheel's, while a deadline is set
         self._reading_paused = False
@@ -80,6 +78,16 @@ class MQTTServerProtocol:
         self._closing = False
         self._corked: list | None = None  # writes held while a batch is being sent (see cork)
         self._corked_bytes = 0
+
+    @property
+    def inbound_inflight(self) -> int:
+        """The client's QoS 1/2 PUBLISHes not yet acknowledged (its session machine counts them; read only)."""
+        return self.session.state.inbound_inflight if self.session is not None else 0
+
+    @property
+    def inbound_aliases(self) -> dict[int, str] | None:
+        """The topic aliases the client set on this connection (kept by its session machine; read only)."""
+        return self.session.state.inbound_aliases if self.session is not None else None
 
     # -- transport events -----------------------------------------------------------------
 

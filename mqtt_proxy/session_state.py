@@ -113,6 +113,27 @@ class DeleteReleased:
 
 
 @dataclass(frozen=True, slots=True)
+class SendPubRec:
+    """Send PUBREC for ``packet_id`` again: a QoS 2 resend of a message already stored (MQTT-4.3.3-9)."""
+
+    packet_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class SaveInboundQos2:
+    """Persist that inbound QoS 2 ``packet_id`` is stored and not yet released, before its PUBREC."""
+
+    packet_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteInboundQos2:
+    """Forget a persisted inbound QoS 2 packet id, before its PUBCOMP."""
+
+    packet_id: int
+
+
+@dataclass(frozen=True, slots=True)
 class GroupAcked:
     """Tell the shared group of subscription ``group`` (its key) that its message at ``position`` is done with."""
 
@@ -185,8 +206,8 @@ class SessionState:
     """
 
     __slots__ = ("level", "expiry", "max_inflight", "connected", "subs", "outbound", "inbound_qos2",
-                 "receive_maximum", "max_packet_size", "alias_maximum", "aliases", "will", "pending_will",
-                 "_next_pid")
+                 "inbound_inflight", "inbound_aliases", "receive_maximum", "max_packet_size", "alias_maximum",
+                 "aliases", "will", "pending_will", "_next_pid")
 
     def __init__(self, level: int, expiry: int, max_inflight: int) -> None:
         self.level = level
@@ -196,6 +217,8 @@ class SessionState:
         self.subs: dict[str, object] = NO_ENTRIES  # own_subs() before adding one
         self.outbound: dict[int, Outbound] = NO_ENTRIES  # own_outbound() before adding one
         self.inbound_qos2: Mapping[int, None] = NO_PACKET_IDS  # QoS 2 ids received, not released yet
+        self.inbound_inflight = 0  # the client's QoS 1/2 PUBLISHes on this connection not yet acknowledged
+        self.inbound_aliases: dict[int, str] | None = None  # the client's topic aliases, made by the first (v5)
         self.receive_maximum = 65535  # the client's, v5
         self.max_packet_size = 0  # the client's, 0 = no limit
         self.alias_maximum = 0  # topic aliases the client accepts from us
@@ -275,10 +298,13 @@ class SessionState:
         return NO_ACTIONS
 
     def attach(self, level: int) -> None:
-        """A connection (fresh or resumed) is bound: aliases start over (MQTT-3.3.2-7), a pending will is off."""
+        """A connection (fresh or resumed) is bound: aliases both ways and inbound flow control start over
+        (MQTT-3.3.2-7/-12), a pending will is off."""
         self.connected = True
         self.level = level
         self.aliases = None
+        self.inbound_inflight = 0  # flow control and the client's aliases are the connection's (MQTT-3.3.2-12)
+        self.inbound_aliases = None
         self.pending_will = None
 
     def detach(self, publish_will: bool) -> list:
@@ -503,21 +529,78 @@ class SessionState:
                 actions.append(Resend(pid, o.sub_key, o.position))
         return actions
 
-    # -- inbound QoS 2 -------------------------------------------------------------------------
+    # -- inbound PUBLISH: flow control, topic aliases, exactly once ------------------------------------
 
-    def hold_inbound_qos2(self, packet_id: int) -> None:
-        """A QoS 2 message with ``packet_id`` was stored: a resend of it is acknowledged, not stored again."""
+    def inbound_room(self, receive_maximum: int) -> int:
+        """How many more QoS 1/2 PUBLISHes the client may have unacknowledged now (our ``receive_maximum``)."""
+        return receive_maximum - self.inbound_inflight
+
+    def publish_received(self, packet_id: int, qos: int, receive_maximum: int) -> tuple:
+        """Event: a QoS 1/2 PUBLISH arrived (before the publish decision).
+
+        ``(SendPubRec,)`` for a QoS 2 resend of a message already stored: it is
+        acknowledged, not stored again (MQTT-4.3.3-9); ``PeerError``
+        (0x93) when it is one more than our Receive Maximum allows unacknowledged (3.3.4).
+        """
+        if qos == 2 and packet_id in self.inbound_qos2:
+            return (SendPubRec(packet_id),)
+        if self.inbound_inflight >= receive_maximum:
+            raise PeerError(ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
+                            f"more than {receive_maximum} unacknowledged QoS 1/2 PUBLISHes")
+        return NO_ACTIONS
+
+    def publish_accepted(self, qos: int, bind_alias: tuple[int, str] | None) -> tuple:
+        """Event: the publish decision accepted a PUBLISH: at QoS 1/2 it is unacknowledged until stored; a Topic
+        Alias it set (``(alias, topic)``) holds for the rest of this connection (MQTT-3.3.2-12)."""
+        if qos:
+            self.inbound_inflight += 1
+        if bind_alias is not None:
+            if self.inbound_aliases is None:
+                self.inbound_aliases = {}  # made by the first alias: most clients set none
+            alias, topic = bind_alias
+            self.inbound_aliases[alias] = topic
+        return NO_ACTIONS
+
+    def publishes_accepted(self, count: int) -> tuple:
+        """Event: ``count`` plain QoS 1 PUBLISHes of one read were accepted (the fast path's ``publish_accepted``:
+        it takes no more than ``inbound_room`` gave)."""
+        self.inbound_inflight += count
+        return NO_ACTIONS
+
+    def publish_stored(self, packet_id: int, qos: int) -> tuple:
+        """Event: the store took a QoS 1/2 PUBLISH. QoS 1: acknowledged now (PUBACK). QoS 2: its packet id is
+        held until PUBREL, so a resend is not stored twice; ``(SaveInboundQos2,)`` first in a persistent session
+        (a restart must remember it), then PUBREC."""
+        if qos == 1:
+            self.inbound_inflight -= 1
+            return NO_ACTIONS
         self._hold_inbound_qos2(packet_id)
+        return (SaveInboundQos2(packet_id),) if self.persistent else NO_ACTIONS
+
+    def publish_failed(self, packet_id: int, qos: int) -> tuple:
+        """Event: a QoS 1/2 PUBLISH was not stored (or its QoS 2 packet id not made durable): it is no longer
+        unacknowledged, and never promised exactly once."""
+        if qos:
+            self.inbound_inflight -= 1
+        if qos == 2 and packet_id in self.inbound_qos2:
+            del self.inbound_qos2[packet_id]
+        return NO_ACTIONS
+
+    def pubrel_received(self, packet_id: int) -> tuple:
+        """Event: PUBREL ends ``packet_id``'s exactly-once hold: a later PUBLISH with it is a new message
+        (MQTT-4.3.3-11); ``(DeleteInboundQos2,)`` in a persistent session, then PUBCOMP (MQTT-4.3.3-10).
+        ``PeerError`` (0x92, the PUBCOMP's reason code) for an id not held."""
+        if packet_id not in self.inbound_qos2:
+            raise PeerError(ReasonCode.PACKET_IDENTIFIER_NOT_FOUND, f"PUBREL for packet id {packet_id} not held")
+        del self.inbound_qos2[packet_id]
+        if self.inbound_inflight > 0:
+            self.inbound_inflight -= 1
+        return (DeleteInboundQos2(packet_id),) if self.persistent else NO_ACTIONS
 
     def _hold_inbound_qos2(self, packet_id: int) -> None:
         if self.inbound_qos2 is NO_PACKET_IDS:
             self.inbound_qos2 = {}  # made when first needed: most sessions never see QoS 2
         self.inbound_qos2[packet_id] = None
-
-    def release_inbound_qos2(self, packet_id: int) -> None:
-        """PUBREL (or a failed store) ends ``packet_id``'s exactly-once hold."""
-        if packet_id in self.inbound_qos2:
-            del self.inbound_qos2[packet_id]
 
     # -- the PUBLISH's form ----------------------------------------------------------------------
 

@@ -9,9 +9,10 @@ import pytest
 from mqtt_proxy.codec import Properties, ReasonCode, Will
 from mqtt_proxy.codec.properties import decode_properties
 from mqtt_proxy.codec.wire import PacketType
-from mqtt_proxy.session_state import (NEVER_EXPIRES, DeleteOutbound, DeleteReleased, GroupAcked, PublishWill,
-                                      PeerError, PumpSoon, Resend, SaveOutbound, SaveReleased, ScheduleWill,
-                                      SendPubRel, SessionState, SessionStateError)
+from mqtt_proxy.session_state import (NEVER_EXPIRES, DeleteInboundQos2, DeleteOutbound, DeleteReleased,
+                                      GroupAcked, PeerError, PublishWill, PumpSoon, Resend, SaveInboundQos2,
+                                      SaveOutbound, SaveReleased, ScheduleWill, SendPubRec, SendPubRel, SessionState,
+                                      SessionStateError)
 
 
 @dataclass
@@ -292,7 +293,7 @@ def test_disconnect_expiry_replaces_the_connects_within_the_servers_cap():
 
 
 def test_a_restored_session_resends_what_it_had_in_flight():
-    """MQTT-4.4.0-1 / MQTT-4.3.3-10: after a restart, stored in-flight messages go out again and received QoS 2 ids
+    """MQTT-4.4.0-1 / MQTT-4.3.3-9: after a restart, stored in-flight messages go out again and received QoS 2 ids
     are still held (a resend is not stored twice)."""
     from store.api import OutboundState
     state = SessionState(5, 60, 100)
@@ -309,6 +310,64 @@ def test_an_ended_session_holds_nothing():
     offer(state, sub, 1, 1)
     state.ended()
     assert not state.subs and not state.outbound and state.resend_plan() == []
+
+
+# -- inbound PUBLISH: flow control, the client's topic aliases, exactly once --------------------------------------
+
+def test_inbound_past_receive_maximum_is_the_peers_error():
+    """3.3.4 (0x93): a QoS 1/2 PUBLISH beyond the server's Receive Maximum unacknowledged is a protocol error; a
+    stored one makes room again."""
+    state, _ = connected()
+    assert state.inbound_room(2) == 2
+    for pid in (1, 2):
+        assert state.publish_received(pid, 1, 2) == ()
+        state.publish_accepted(1, None)
+    with pytest.raises(PeerError) as caught:
+        state.publish_received(3, 1, 2)
+    assert caught.value.reason_code == ReasonCode.RECEIVE_MAXIMUM_EXCEEDED
+    assert state.publish_stored(1, 1) == () and state.inbound_room(2) == 1
+    state.publishes_accepted(1)  # the fast path's count of a read's plain QoS 1 PUBLISHes
+    assert state.inbound_room(2) == 0
+
+
+def test_inbound_qos2_is_held_until_pubrel_and_a_resend_is_not_stored_again():
+    """MQTT-4.3.3-9/-10/-11: until PUBREL a resend of a stored QoS 2 id is answered with PUBREC only; a persistent
+    session persists the id; after PUBREL (answered with PUBCOMP) the id is new again."""
+    state, _ = connected(expiry=60)
+    state.publish_received(7, 2, 10)
+    state.publish_accepted(2, None)
+    assert state.publish_stored(7, 2) == (SaveInboundQos2(7),)
+    assert state.publish_received(7, 2, 10) == (SendPubRec(7),)
+    assert state.pubrel_received(7) == (DeleteInboundQos2(7),)
+    assert state.publish_received(7, 2, 10) == () and state.inbound_room(10) == 10
+
+
+def test_pubrel_for_an_id_not_held_is_answered_with_0x92():
+    """MQTT-4.3.3-10 / 3.7.2.1: a PUBREL for a packet id not held gets PUBCOMP with Packet Identifier Not Found."""
+    state, _ = connected()
+    with pytest.raises(PeerError) as caught:
+        state.pubrel_received(5)
+    assert caught.value.reason_code == ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
+
+
+def test_a_failed_store_frees_the_slot_and_the_qos2_hold():
+    """MQTT-4.3.3-9: a QoS 2 id that could not be made durable is not held (never promise exactly once without it)."""
+    state, _ = connected(expiry=60)
+    state.publish_accepted(2, None)
+    state.publish_stored(4, 2)
+    state.publish_failed(4, 2)
+    assert 4 not in state.inbound_qos2 and state.inbound_room(10) == 10
+
+
+def test_the_clients_topic_aliases_and_flow_control_are_its_connections():
+    """MQTT-3.3.2-12: the client's topic aliases hold for its connection only; a new one starts with none, and with
+    nothing unacknowledged."""
+    state, _ = connected(expiry=60)
+    state.publish_accepted(1, (1, "a/b"))
+    assert state.inbound_aliases == {1: "a/b"} and state.inbound_room(10) == 9
+    state.detach(publish_will=False)
+    state.attach(5)
+    assert state.inbound_aliases is None and state.inbound_room(10) == 10
 
 
 def test_topic_aliases_are_bounded_and_reset_per_connection():
