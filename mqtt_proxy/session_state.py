@@ -16,6 +16,7 @@ Nothing here imports Twisted, the store or push: it runs the same under a test w
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
@@ -58,6 +59,47 @@ class PeerError(Exception):
         super().__init__(text)
         self.reason_code = reason_code
         self.text = text
+
+
+class Phase(enum.Enum):
+    """Where one connection is in its life; its protocol object holds one and changes it only with ``Phase.after``."""
+
+    AWAITING_CONNECT = "awaiting_connect"
+    """Nothing read yet: the first packet must be CONNECT (MQTT-3.1.0-1)."""
+    CONNECTING = "connecting"
+    """CONNECT read and being answered (authentication, the session claim): later packets wait for CONNACK."""
+    CONNECTED = "connected"
+    """CONNACK sent and the session bound: packets are handled as they come."""
+    CLOSING = "closing"
+    """Closing (refused, disconnected, timed out, a protocol error): nothing more is read or written."""
+
+    def after(self, event: "PhaseEvent") -> "Phase":
+        """The phase ``event`` leads to; ``SessionStateError`` for an event the phase does not take (our misuse)."""
+        following = _PHASES.get((self, event))
+        if following is None:
+            raise SessionStateError(f"{event.name} in phase {self.name}")
+        return following
+
+
+class PhaseEvent(enum.Enum):
+    """What moves a connection from one phase to the next."""
+
+    CONNECT = "connect"
+    """The client's CONNECT was read."""
+    CONNACK = "connack"
+    """CONNECT was answered with success and the session is bound."""
+    CLOSE = "close"
+    """The connection is being closed, for whatever reason."""
+
+
+_PHASES = {
+    (Phase.AWAITING_CONNECT, PhaseEvent.CONNECT): Phase.CONNECTING,
+    (Phase.CONNECTING, PhaseEvent.CONNACK): Phase.CONNECTED,
+    (Phase.AWAITING_CONNECT, PhaseEvent.CLOSE): Phase.CLOSING,
+    (Phase.CONNECTING, PhaseEvent.CLOSE): Phase.CLOSING,
+    (Phase.CONNECTED, PhaseEvent.CLOSE): Phase.CLOSING,
+    (Phase.CLOSING, PhaseEvent.CLOSE): Phase.CLOSING,
+}
 
 
 @dataclass(slots=True)

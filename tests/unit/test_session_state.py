@@ -546,3 +546,20 @@ def test_idle_sessions_share_one_empty_mapping_until_they_hold_something():
     assert list(a.subs) == ["t/#"] and not b.subs
     a.own_outbound()[1] = "x"
     assert a.outbound == {1: "x"} and not b.outbound
+
+
+# -- the connection's phase: CONNECT first, CONNACK, then closing; no way back ------------------------------------
+
+def test_connection_phases_follow_connect_connack_close():
+    """MQTT-3.1.0-1/-2: a connection reads CONNECT first and only once, is connected after CONNACK, and once closing
+    stays closing; an event a phase does not take is the adapter's error, not the peer's."""
+    from mqtt_proxy.session_state import Phase, PhaseEvent
+    phase = Phase.AWAITING_CONNECT.after(PhaseEvent.CONNECT)
+    assert phase is Phase.CONNECTING
+    assert phase.after(PhaseEvent.CONNACK) is Phase.CONNECTED
+    assert Phase.CONNECTED.after(PhaseEvent.CLOSE).after(PhaseEvent.CLOSE) is Phase.CLOSING
+    assert Phase.AWAITING_CONNECT.after(PhaseEvent.CLOSE) is Phase.CLOSING
+    for phase, event in [(Phase.CONNECTED, PhaseEvent.CONNECT), (Phase.AWAITING_CONNECT, PhaseEvent.CONNACK),
+                         (Phase.CLOSING, PhaseEvent.CONNACK), (Phase.CLOSING, PhaseEvent.CONNECT)]:
+        with pytest.raises(SessionStateError):
+            phase.after(event)
