@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from mqtt_proxy.codec import PubRel, encode, encode_publish, patch_publish
-from mqtt_proxy.session_state import (DeleteOutbound, DeleteReleased, GroupAcked, PumpSoon,
+from mqtt_proxy.session_state import (DeleteOutbound, DeleteReleased, GroupAcked, PeerError, PumpSoon,
                                       Resend, SaveOutbound, SaveReleased, SendPubRel, SessionState)
 from store.api import Fenced, OutboundState, QueuePosition, ReadResult, SessionMeta, SubscriptionState
 
@@ -351,7 +351,8 @@ class Session:
             else:
                 written = self._send_plain(d.sends, sub)
             if written < len(d.sends):
-                self.carry_out(state.unsent(d, written))
+                d = state.unsent(d, written)
+                self.carry_out(d.actions)
         finally:
             conn.uncork()
         more = len(messages) == PUMP_BATCH and not d.stopped
@@ -465,31 +466,40 @@ class Session:
         elif form is None:
             data = encode_publish(record.topic, record.body, qos, retain, True, pid, None, state.level)
         else:
-            data = encode_publish(form[0], record.body, qos, retain, dup, pid, form[1], state.level)
+            data = encode_publish(form.topic, record.body, qos, retain, dup, pid, form.properties, state.level)
         if state.max_packet_size and state.too_large(len(data)):
-            self.carry_out(state.dropped_too_large(pid, form[2] if form is not None else None))
+            self.carry_out(state.dropped_too_large(pid, form.assigned_alias if form is not None else None))
             return
         self.conn.write(data)
         self.delivery.stats.sent(len(data))
 
     # -- acknowledgements ------------------------------------------------------------------
 
+    # An acknowledgement of a packet id not in flight is the client's error, but a harmless one (a late
+    # duplicate after a resend): it is ignored, as before.
+
     def on_puback(self, pid: int) -> bool:
         """QoS 1 completed; False if the packet id was not in flight."""
-        return self._acked(self.state.puback(pid))
+        try:
+            self.carry_out(self.state.puback(pid))
+        except PeerError:
+            return False
+        return True
 
     def on_pubrec(self, pid: int, failed: bool) -> bool:
         """QoS 2 received by the client: release it (or drop it if the client refused it)."""
-        return self._acked(self.state.pubrec(pid, failed))
+        try:
+            self.carry_out(self.state.pubrec(pid, failed))
+        except PeerError:
+            return False
+        return True
 
     def on_pubcomp(self, pid: int) -> bool:
         """QoS 2 finished."""
-        return self._acked(self.state.pubcomp(pid))
-
-    def _acked(self, actions) -> bool:
-        if actions is None:
+        try:
+            self.carry_out(self.state.pubcomp(pid))
+        except PeerError:
             return False
-        self.carry_out(actions)
         return True
 
     def _persist_positions(self) -> None:

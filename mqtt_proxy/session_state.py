@@ -1,15 +1,28 @@
-"""Sans-I/O state of one MQTT session: subscriptions, packet ids, the in-flight window, topic aliases, the will.
+"""The MQTT session machine, sans I/O: subscriptions, packet ids, both windows, topic aliases, the will, the phase.
 
-``SessionState`` does no I/O and keeps no timers (h11's pattern): events go in
-as method calls (messages read at a position, the connection filling mid-read,
-PUBACK/PUBREC/PUBCOMP received, a PUBLISH too large to send, the connection
-attached or detached, the will's moment), and the actions the adapter must carry
-out come back: a ``Delivery`` per read (send these records with this QoS, packet
-id and RETAIN flag; advance the position to here; count these expired), the
-topic and properties of a v5 PUBLISH (topic alias included), and small frozen
-dataclasses for the rest (send a PUBREL, persist or delete an outbound entry,
-tell a shared group a message is done, schedule or publish the will).
-``session.py`` is the Twisted-side adapter that feeds it, encodes and writes.
+``SessionState`` is a closed state machine (h11's pattern): it does no I/O,
+keeps no timers, and its state changes only through its events, which are
+method calls: the session's life (``connect_accepted``, ``attach``,
+``detach``, ``disconnect_received``, ``expired``, ``restored``,
+``subscribed``/``unsubscribed``, ``ended``), what a read of a queue brings
+(``messages_read``, for a session's own subscriptions and, one message at a
+time, for a shared group's; ``retained_read``; ``unsent``), the client's
+acknowledgements (``puback``, ``pubrec``, ``pubcomp``), and its PUBLISHes
+(``publish_received``, ``publish_accepted``, ``publish_stored``,
+``publish_failed``, ``pubrel_received``). Each answers with actions: a
+``Delivery`` per read (send these records with this QoS, packet id and RETAIN
+flag; advance the position to here; count these expired), the ``PublishForm``
+of a v5 PUBLISH (topic alias included), and small frozen dataclasses for the
+rest (send a PUBREL or PUBREC, persist or delete an outbound entry or an
+inbound QoS 2 id, tell a shared group, by its subscription key, that a message
+is done, schedule or publish the will). What the client did wrong is a
+``PeerError`` (a reason code and a line); what the adapter did wrong, a
+``SessionStateError``. The adapter reads the state, never writes it.
+
+``Phase`` is a connection's place in its life (CONNECT, CONNACK, closing), with
+its transition table. ``session.py`` is the Twisted-side adapter that feeds
+the session machine, encodes and writes; ``publish.py`` feeds it the client's
+PUBLISHes; ``shared.py`` offers a group's messages to its members' machines.
 
 Nothing here imports Twisted, the store or push: it runs the same under a test with no reactor.
 """
@@ -215,6 +228,20 @@ class ScheduleWill:
 PUMP_SOON = PumpSoon()
 
 
+class PublishForm:
+    """How one v5 PUBLISH goes out (``publish_properties``): a slotted object, one per message sent with properties."""
+
+    __slots__ = ("topic", "properties", "assigned_alias")
+
+    def __init__(self, topic: str, properties: bytes, assigned_alias: str | None) -> None:
+        self.topic = topic
+        """The topic name to send: empty when the client knows the topic's alias already (3.3.2.3.4)."""
+        self.properties = properties
+        """The encoded properties block."""
+        self.assigned_alias = assigned_alias
+        """The topic whose alias this PUBLISH introduces (withdrawn if it is never sent), or None."""
+
+
 class Delivery:
     """What to do with one read of a subscription's queue: ``SessionState.messages_read``'s answer.
 
@@ -339,8 +366,8 @@ class SessionState:
         self.expiry = min(expiry_interval, expiry_max) if expiry_interval != NEVER_EXPIRES else NEVER_EXPIRES
         return NO_ACTIONS
 
-    def attach(self, level: int) -> None:
-        """A connection (fresh or resumed) is bound: aliases both ways and inbound flow control start over
+    def attach(self, level: int) -> tuple:
+        """Event: a connection (fresh or resumed) is bound: aliases both ways and inbound flow control start over
         (MQTT-3.3.2-7/-12), a pending will is off."""
         self.connected = True
         self.level = level
@@ -348,9 +375,10 @@ class SessionState:
         self.inbound_inflight = 0  # flow control and the client's aliases are the connection's (MQTT-3.3.2-12)
         self.inbound_aliases = None
         self.pending_will = None
+        return NO_ACTIONS
 
     def detach(self, publish_will: bool) -> list:
-        """The connection is gone: shared-group and retained sends are forgotten; the will, if due, goes out.
+        """Event: the connection is gone: shared-group and retained sends are forgotten; the will, if due, goes out.
 
         A Will Delay Interval defers the will, which goes out when the delay or the
         session ends, whichever is first (3.1.3.2.2); a return in time cancels it (MQTT-3.1.3-9).
@@ -370,7 +398,7 @@ class SessionState:
         return [PublishWill(will)]
 
     def expired(self) -> list:
-        """The session expired: a will still waiting on its delay goes out now (the session ends first)."""
+        """Event: the session expired: a will still waiting on its delay goes out now (the session ends first)."""
         will, self.pending_will = self.pending_will, None
         return [PublishWill(will)] if will is not None else []
 
@@ -470,43 +498,47 @@ class SessionState:
             sends.append((m, qos, pid, record.retain and as_published))
         return d
 
-    def unsent(self, d: Delivery, written: int) -> list:
+    def unsent(self, d: Delivery, written: int) -> Delivery:
         """Event: the connection filled after ``written`` of ``d.sends`` went out; the rest wait for the next read.
 
-        Their packet ids are free again (a persisted one is deleted) and ``d.position`` goes back to the first
-        of them, so nothing is skipped.
+        The answer replaces ``d`` (which stays as it was): the sends that went, the
+        position back at the first that did not, so nothing is skipped, the expired
+        messages before it, and as ``actions`` (to carry out now) what frees the
+        packet ids of the rest (a persisted one is deleted).
         """
         rest = d.sends[written:]
         if not rest:
-            return []
-        del d.sends[written:]
-        d.position = rest[0][0].position
-        d.stopped = True
+            return d
+        u = Delivery(rest[0][0].position)
+        u.sends = d.sends[:written]
+        u.stopped = True
+        u.expired = d.expired
         if d._expired_at is not None:  # expired messages after the first unsent one are read (and counted) again
-            d.expired = sum(1 for at in d._expired_at if at <= written)
-        actions: list = []
+            u.expired = sum(1 for at in d._expired_at if at <= written)
+        actions = u.actions
         for _, _, pid, _ in rest:
             if pid is not None:
                 actions += self.complete(pid)
-        return actions
+        return u
 
     # -- acknowledgements ----------------------------------------------------------------------
 
-    def puback(self, packet_id: int) -> list | None:
-        """QoS 1 done (MQTT-4.3.2-5): the packet id is free again. None if it was not a QoS 1 in flight."""
+    def puback(self, packet_id: int) -> list:
+        """QoS 1 done (MQTT-4.3.2-5): the packet id is free again. ``PeerError`` if it was not a QoS 1 in flight."""
         o = self.outbound.get(packet_id)
         if o is None or o.qos != 1:
-            return None
+            raise PeerError(ReasonCode.PACKET_IDENTIFIER_NOT_FOUND, f"PUBACK for packet id {packet_id} not in flight")
         if o.group is None and not self.persistent:  # the common case: nothing to count or to delete
             del self.outbound[packet_id]
             return [PUMP_SOON]
         return self.complete(packet_id) + [PUMP_SOON]
 
-    def pubrec(self, packet_id: int, failed: bool) -> list | None:
-        """QoS 2 received: release it with PUBREL (MQTT-4.3.3-4), or drop it if the client refused it."""
+    def pubrec(self, packet_id: int, failed: bool) -> list:
+        """QoS 2 received: release it with PUBREL (MQTT-4.3.3-4), or drop it if the client refused it.
+        ``PeerError`` if it was not a QoS 2 in flight."""
         o = self.outbound.get(packet_id)
         if o is None or o.qos != 2:
-            return None
+            raise PeerError(ReasonCode.PACKET_IDENTIFIER_NOT_FOUND, f"PUBREC for packet id {packet_id} not in flight")
         if failed:
             return self.complete(packet_id) + [PUMP_SOON]
         actions = []
@@ -519,11 +551,11 @@ class SessionState:
         actions.append(SendPubRel(packet_id))
         return actions
 
-    def pubcomp(self, packet_id: int) -> list | None:
-        """QoS 2 finished: the packet id is free again. None if it was not released."""
+    def pubcomp(self, packet_id: int) -> list:
+        """QoS 2 finished: the packet id is free again. ``PeerError`` if it was not released."""
         o = self.outbound.get(packet_id)
         if o is None or not o.released:
-            return None
+            raise PeerError(ReasonCode.PACKET_IDENTIFIER_NOT_FOUND, f"PUBCOMP for packet id {packet_id} not released")
         del self.outbound[packet_id]
         actions = []
         if o.group is not None:
@@ -646,8 +678,8 @@ class SessionState:
 
     # -- the PUBLISH's form ----------------------------------------------------------------------
 
-    def publish_properties(self, record, sub_id: int, now_ms: int) -> tuple[str, bytes, str | None] | None:
-        """A v5 PUBLISH's topic, encoded properties and newly assigned alias (its topic), or None when none are needed.
+    def publish_properties(self, record, sub_id: int, now_ms: int) -> PublishForm | None:
+        """Event: ``record`` goes out: the form of its v5 PUBLISH, or None when it needs no properties.
 
         Properties go along when the message carries v5 fields (the remaining Message
         Expiry Interval, MQTT-3.3.2-6; payload format, content type, response topic,
@@ -671,7 +703,7 @@ class SessionState:
                 topic = ""
             else:
                 assigned = topic
-        return topic, encode_properties(properties, PacketType.PUBLISH), assigned
+        return PublishForm(topic, encode_properties(properties, PacketType.PUBLISH), assigned)
 
     def too_large(self, size: int) -> bool:
         """Whether a packet of ``size`` bytes is more than the client's Maximum Packet Size (MQTT-3.1.2-24)."""

@@ -95,8 +95,9 @@ def test_puback_for_unknown_or_qos2_id_is_refused():
     """MQTT-4.3.2-3: only a PUBACK for a QoS 1 id in flight completes it; others are reported as unknown."""
     state, sub = connected()
     pid, _ = offer(state, sub, 1, 2)
-    assert state.puback(pid) is None
-    assert state.puback(pid + 1) is None
+    for unknown in (pid, pid + 1):
+        with pytest.raises(PeerError):
+            state.puback(unknown)
     assert pid in state.outbound
 
 
@@ -112,7 +113,8 @@ def test_qos2_pubrec_sends_pubrel_and_pubcomp_completes():
     """MQTT-4.3.3-4/-5: PUBREC is answered with PUBREL, and the id stays in use until PUBCOMP."""
     state, sub = connected(expiry=60)
     pid, _ = offer(state, sub, 3, 2)
-    assert state.pubcomp(pid) is None  # PUBCOMP before PUBREC: not released yet
+    with pytest.raises(PeerError):
+        state.pubcomp(pid)  # PUBCOMP before PUBREC: not released yet
     assert state.pubrec(pid, failed=False) == [DeleteOutbound(pid), SaveReleased(pid), SendPubRel(pid)]
     assert state.owed(sub.key) == []  # the client has the message: its position is no longer owed
     assert state.window == 99  # ... but the packet id is still taken
@@ -455,8 +457,8 @@ def test_unsent_messages_free_their_ids_and_are_read_again():
     gone = Rec(properties={EXPIRES_AT: str(NOW - 1)})
     d = state.messages_read(Sub(sub.key), read(Rec(), Rec(), gone, Rec()), 14, "me", NOW)
     pids = [p for _, _, p, _ in d.sends]
-    actions = state.unsent(d, 1)
-    assert sorted(actions, key=lambda a: a.packet_id) == [DeleteOutbound(pids[1]), DeleteOutbound(pids[2])]
+    d = state.unsent(d, 1)
+    assert sorted(d.actions, key=lambda a: a.packet_id) == [DeleteOutbound(pids[1]), DeleteOutbound(pids[2])]
     assert list(state.outbound) == [pids[0]] and [m.position for m, *_ in d.sends] == [10]
     assert d.position == 11 and d.stopped and d.expired == 0
 
@@ -465,10 +467,12 @@ def test_publish_properties_carry_a_topic_alias_then_an_empty_topic():
     """3.3.2.3.4 / MQTT-3.3.2-7: the first PUBLISH on a topic names it and sets the alias; later ones send only the
     alias (an empty topic name)."""
     state, _ = connected(alias_maximum=5)
-    topic, block, assigned = state.publish_properties(Rec(topic="a/b"), 0, NOW)
+    form = state.publish_properties(Rec(topic="a/b"), 0, NOW)
+    topic, block, assigned = form.topic, form.properties, form.assigned_alias
     props, _ = decode_properties(block, 0, len(block), PacketType.PUBLISH)
     assert (topic, assigned, props.topic_alias) == ("a/b", "a/b", 1)
-    topic, block, assigned = state.publish_properties(Rec(topic="a/b"), 0, NOW)
+    form = state.publish_properties(Rec(topic="a/b"), 0, NOW)
+    topic, block, assigned = form.topic, form.properties, form.assigned_alias
     assert (topic, assigned) == ("", None)
 
 
@@ -477,7 +481,8 @@ def test_publish_properties_carry_remaining_expiry_and_subscription_id():
     along; with nothing to add, a v5 PUBLISH goes without properties, and a 3.1.1 one never has any."""
     from store.record import EXPIRES_AT
     state, _ = connected()
-    topic, block, _ = state.publish_properties(Rec(properties={EXPIRES_AT: str(NOW + 4500)}), 7, NOW)
+    form = state.publish_properties(Rec(properties={EXPIRES_AT: str(NOW + 4500)}), 7, NOW)
+    topic, block, _ = form.topic, form.properties, form.assigned_alias
     props, _ = decode_properties(block, 0, len(block), PacketType.PUBLISH)
     assert (topic, props.message_expiry_interval, tuple(props.subscription_identifiers)) == ("t/1", 5, (7,))
     assert state.publish_properties(Rec(), 0, NOW) is None
@@ -492,10 +497,12 @@ def test_too_large_publish_is_dropped_as_if_delivered_and_its_alias_withdrawn():
     assert not state.too_large(100) and state.too_large(101)
     d = state.messages_read(Sub(sub.key), read(Rec(topic="big")), 11, "me", NOW)
     (_, _, pid, _) = d.sends[0]
-    _, _, assigned = state.publish_properties(Rec(topic="big"), 0, NOW)
+    form = state.publish_properties(Rec(topic="big"), 0, NOW)
+    _, _, assigned = form.topic, form.properties, form.assigned_alias
     assert state.dropped_too_large(pid, assigned) == [DeleteOutbound(pid)]
     assert state.outbound == {} and state.window == 100
-    topic, _, assigned = state.publish_properties(Rec(topic="big"), 0, NOW)
+    form = state.publish_properties(Rec(topic="big"), 0, NOW)
+    topic, _, assigned = form.topic, form.properties, form.assigned_alias
     assert (topic, assigned) == ("big", "big")
 
 
