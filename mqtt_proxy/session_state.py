@@ -327,8 +327,20 @@ class SessionState:
         return NO_ACTIONS
 
     def subscribed(self, key: str, sub) -> tuple:
-        """Event: a subscription ``key`` was made (or restored); ``sub`` carries its options for ``messages_read``."""
+        """Event: a subscription ``key`` was made (or restored). ``sub`` is the adapter's, kept here so a session
+        holds one dict of subscriptions (per-client memory, issue 17); this machine reads and sets only its options
+        (``qos``, ``no_local``, ``retain_as_published``, ``sub_id``), and ``messages_read`` is given it."""
         self.own_subs()[key] = sub
+        return NO_ACTIONS
+
+    def resubscribed(self, key: str, qos: int, no_local: bool, retain_as_published: bool, sub_id: int) -> tuple:
+        """Event: a SUBSCRIBE repeats subscription ``key``: its options are replaced, what it is owed is kept
+        (MQTT-3.8.4-3); the next read goes by the new ones."""
+        sub = self.subs[key]
+        sub.qos = qos
+        sub.no_local = no_local
+        sub.retain_as_published = retain_as_published
+        sub.sub_id = sub_id
         return NO_ACTIONS
 
     def unsubscribed(self, key: str) -> tuple:

@@ -51,10 +51,7 @@ def handle_subscribe(router, conn, packet):
             continue
         qos = min(opts.qos, 2)
         if existing is not None:
-            existing.qos = qos
-            existing.no_local = opts.no_local
-            existing.retain_as_published = opts.retain_as_published
-            existing.sub_id = sub_id
+            session.state.resubscribed(topic_filter, qos, opts.no_local, opts.retain_as_published, sub_id)
             sub = existing
             is_new = False
         else:

@@ -294,6 +294,17 @@ def test_disconnect_expiry_replaces_the_connects_within_the_servers_cap():
     assert state.expiry == 0 and not state.persistent
 
 
+def test_a_repeated_subscribe_replaces_the_options_and_keeps_what_is_owed():
+    """MQTT-3.8.4-3: a SUBSCRIBE for an existing filter replaces its options; messages in flight stay owed, and the
+    next read goes by the new maximum QoS."""
+    state, sub = connected(expiry=60)
+    offer(state, sub, 1, 1)
+    state.resubscribed(sub.key, 0, False, True, 0)
+    assert state.owed(sub.key) == [1]
+    d = state.messages_read(state.subs[sub.key], read(Rec(qos=1, retain=True)), 11, "me", NOW)
+    assert [(qos, pid, retain) for _, qos, pid, retain in d.sends] == [(0, None, True)]
+
+
 def test_a_restored_session_resends_what_it_had_in_flight():
     """MQTT-4.4.0-1 / MQTT-4.3.3-9: after a restart, stored in-flight messages go out again and received QoS 2 ids
     are still held (a resend is not stored twice)."""
