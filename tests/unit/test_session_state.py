@@ -159,11 +159,16 @@ def test_server_cap_bounds_the_window_below_receive_maximum():
 def test_packet_ids_wrap_and_skip_ids_in_use():
     """MQTT-2.2.1-3: a new packet id is one not in use; ids wrap from 65535 back to 1."""
     state, sub = connected(max_inflight=70000)
-    state._next_pid = 65535
+
+    def acknowledged(count: int) -> None:  # the next ``count`` ids go out and come back
+        for position in range(count):
+            state.puback(offer(state, sub, position, 1)[0])
+
+    acknowledged(65534)  # ids 1..65534: the next is 65535
     a, _ = offer(state, sub, 1, 1)
     b, _ = offer(state, sub, 2, 1)
     assert (a, b) == (65535, 1)
-    state._next_pid = 65535
+    acknowledged(65533)  # ids 2..65534: the next is 65535 again, and 65535 and 1 are still in flight
     c, _ = offer(state, sub, 3, 1)
     assert c == 2
 
