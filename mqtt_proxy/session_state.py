@@ -263,7 +263,8 @@ class Delivery:
         self.stopped = False
         """The window (or the connection) filled before the read's end: pump again after acknowledgements."""
         self.actions: list = []
-        """Carry these out before the sends: in-flight messages to persist."""
+        """Carry these out: before the sends of a read (in-flight messages to persist); at once for ``unsent``'s
+        answer (the packet ids of what was not sent, freed)."""
         self._expired_at: list[int] | None = None  # len(sends) at each expired message: ``unsent`` recounts
 
 
@@ -271,7 +272,8 @@ class SessionState:
     """One client id's session state, connected or not, with no I/O.
 
     ``subs`` maps a subscription key to the session's Subscription objects
-    (``session.py``); this class reads only their ``key``.
+    (``session.py``); this class reads and (``resubscribed``) sets only their
+    options. A shared group is named by its member's subscription key.
     """
 
     __slots__ = ("level", "expiry", "max_inflight", "connected", "subs", "outbound", "inbound_qos2",
