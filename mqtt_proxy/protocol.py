@@ -25,6 +25,7 @@ from mqtt_proxy.codec import (
 from mqtt_proxy.codec.errors import UnsupportedProtocolVersion
 from mqtt_proxy.codec.reason import DISCONNECT_CODES
 from mqtt_proxy.codec.packets import PING_RESP, Auth, Properties
+from mqtt_proxy.session_state import Phase, PhaseEvent
 from mqtt_proxy.subscribe import handle_subscribe, handle_unsubscribe
 from mqtt_proxy.twisted_internals import raise_send_limit, share_log_strings
 from store.api import AppendStatus as PutStatus
@@ -34,6 +35,8 @@ log = logging.getLogger("twistmq.mqtt.protocol")
 CONNECT_TIMEOUT_S = 10.0
 CORK_FLUSH_BYTES = 65536  # a corked batch goes to the transport at this size, so back-pressure still applies
 MAX_BACKLOG = 1000  # packets received between CONNECT and CONNACK
+AWAITING_CONNECT, CONNECTING, CONNECTED, CLOSING = (Phase.AWAITING_CONNECT, Phase.CONNECTING, Phase.CONNECTED,
+                                                    Phase.CLOSING)
 
 
 @implementer(IProtocol, ILoggingContext, IPushProducer)
@@ -47,9 +50,9 @@ class MQTTServerProtocol:
     """
 
     __slots__ = ("front", "clock", "transport", "connected", "factory", "parser", "level", "session", "client_id",
-                 "username", "asked", "acl_username", "peer_host", "paused", "refusal", "connect_seen",
-                 "server_keep_alive", "inbound_aliases", "inbound_inflight", "pending_puts", "deadline_bucket",
-                 "_reading_paused", "_backlog", "_keep_alive", "last_rx", "_closing", "_corked", "_corked_bytes")
+                 "username", "asked", "acl_username", "peer_host", "paused", "refusal", "phase",
+                 "server_keep_alive", "pending_puts", "deadline_bucket",
+                 "_reading_paused", "_backlog", "_keep_alive", "last_rx", "_corked", "_corked_bytes")
 
     def __init__(self, front, clock) -> None:
         self.front = front
@@ -69,19 +72,26 @@ class MQTTServerProtocol:
         self.peer_host = "?"
         self.paused = False  # the transport's write buffer is full
         self.refusal = None
-        self.connect_seen = False
+        self.phase = AWAITING_CONNECT  # changed only by _phase_event
         self.server_keep_alive = None
-        self.inbound_aliases: dict[int, str] | None = None  # made by the first topic alias (v5)
-        self.inbound_inflight = 0
         self.pending_puts = 0
         self.deadline_bucket = None  # the DeadlineWheel's, while a deadline is set
         self._reading_paused = False
         self._backlog: list | None = None  # packets after CONNECT, while it is being answered
         self._keep_alive = None  # None until CONNACK: the deadline is CONNECT's; then seconds, 0 = none
         self.last_rx = 0.0  # when data last came (reactor seconds): keep-alive, and a PUBLISH's born time
-        self._closing = False
         self._corked: list | None = None  # writes held while a batch is being sent (see cork)
         self._corked_bytes = 0
+
+    @property
+    def inbound_inflight(self) -> int:
+        """The client's QoS 1/2 PUBLISHes not yet acknowledged (its session machine counts them; read only)."""
+        return self.session.state.inbound_inflight if self.session is not None else 0
+
+    @property
+    def inbound_aliases(self) -> dict[int, str] | None:
+        """The topic aliases the client set on this connection (kept by its session machine; read only)."""
+        return self.session.state.inbound_aliases if self.session is not None else None
 
     # -- transport events -----------------------------------------------------------------
 
@@ -125,7 +135,7 @@ class MQTTServerProtocol:
         i, n = 0, len(packets)
         publishes = self.front.publisher.handle_publishes
         while i < n:
-            if self._closing:
+            if self.phase is CLOSING:
                 return
             packet = packets[i]
             if type(packet) is Publish and self.session is not None:
@@ -140,7 +150,7 @@ class MQTTServerProtocol:
     def _parse_failed(self, exc: ProtocolError) -> None:
         self.front.stats.protocol_errors += 1
         log.info("protocol_error peer=%s client=%s error=%s", self.peer_host, self.client_id, exc)
-        if not self.connect_seen:
+        if self.phase is AWAITING_CONNECT:
             if isinstance(exc, UnsupportedProtocolVersion):
                 self.level = 5 if exc.requested_level == 5 else 4
                 self.refuse(ReasonCode.UNSUPPORTED_PROTOCOL_VERSION)
@@ -156,15 +166,17 @@ class MQTTServerProtocol:
     # -- packets -----------------------------------------------------------------------------
 
     def _dispatch(self, packet) -> None:
-        if self._closing:
+        phase = self.phase
+        if phase is CONNECTED:
+            self._handle(packet)
             return
-        if not self.connect_seen:
+        if phase is AWAITING_CONNECT:
             if type(packet) is not Connect:
                 self._parse_failed(ProtocolError(ReasonCode.PROTOCOL_ERROR, "the first packet must be CONNECT"))
                 return
             self._on_connect(packet)
             return
-        if self.session is None:
+        if phase is CONNECTING:
             if type(packet) is Connect:
                 self.protocol_violation(ReasonCode.PROTOCOL_ERROR, "a second CONNECT (MQTT-3.1.0-2)")
                 return
@@ -173,8 +185,6 @@ class MQTTServerProtocol:
             self._backlog.append(packet)  # CONNECT is still being answered
             if len(self._backlog) > MAX_BACKLOG:
                 self._pause_reading()
-            return
-        self._handle(packet)
 
     def _handle(self, packet) -> None:
         kind = type(packet)
@@ -208,7 +218,7 @@ class MQTTServerProtocol:
         self.protocol_violation(ReasonCode.UNSPECIFIED_ERROR, f"{what} failed")
 
     def _on_connect(self, packet: Connect) -> None:
-        self.connect_seen = True
+        self._phase_event(PhaseEvent.CONNECT)
         self.level = packet.protocol_level
         self.asked = packet
         if self.refusal is not None:
@@ -228,15 +238,16 @@ class MQTTServerProtocol:
     def _connected(self, _, keep_alive: int) -> None:
         self.front.deadlines.cancel(self)
         self.asked = None
-        if self.session is None or self._closing:
+        if self.session is None or self.phase is CLOSING:
             return
+        self._phase_event(PhaseEvent.CONNACK)
         self._keep_alive = keep_alive
         self.parser.max_packet_size = self.front.limits.max_packet_size  # authenticated: the full limit
         if keep_alive:
             self.front.deadlines.schedule(self, self.last_rx + keep_alive * 1.5)
         backlog, self._backlog = self._backlog or (), None
         for packet in backlog:
-            if self._closing or self.session is None:
+            if self.phase is CLOSING or self.session is None:
                 break
             self._handle(packet)
         if self._reading_paused and self.pending_puts <= self.front.limits.max_pending_puts // 2:
@@ -246,7 +257,7 @@ class MQTTServerProtocol:
 
     def deadline_due(self, now: float) -> float | None:
         """The DeadlineWheel's check: close a connection past its deadline, else name the next one."""
-        if self._closing:
+        if self.phase is CLOSING:
             return None
         keep_alive = self._keep_alive
         if keep_alive is None:  # no CONNACK yet
@@ -264,11 +275,11 @@ class MQTTServerProtocol:
     # -- output -----------------------------------------------------------------------------
 
     def send(self, packet) -> None:
-        if not self._closing:
+        if self.phase is not CLOSING:
             self.write(encode(packet, self.level))
 
     def write(self, data: bytes) -> None:
-        if self._closing:
+        if self.phase is CLOSING:
             return
         corked = self._corked
         if corked is None:
@@ -300,7 +311,7 @@ class MQTTServerProtocol:
         if corked:
             self._corked = []
             self._corked_bytes = 0
-            if not self._closing:
+            if self.phase is not CLOSING:
                 self.transport.write(corked[0] if len(corked) == 1 else b"".join(corked))
 
     def refuse(self, reason: int) -> None:
@@ -311,7 +322,7 @@ class MQTTServerProtocol:
         log.info("connect_refused client=%r user=%r peer=%s reason=0x%02X", asked and asked.client_id,
                  asked and asked.username, self.peer_host, int(reason))
         self.transport.write(encode(ConnAck(False, reason), self.level))
-        self._closing = True
+        self._phase_event(PhaseEvent.CLOSE)
         self.transport.loseConnection()
 
     def protocol_violation(self, reason: int, message: str) -> None:
@@ -325,20 +336,23 @@ class MQTTServerProtocol:
 
     def close(self, reason: int | None, reason_string: str | None = None) -> None:
         """Close the connection, telling a v5 client why when ``reason`` is given."""
-        if self._closing:
+        if self.phase is CLOSING:
             return
-        if reason is not None and self.level == MQTT_5 and self.connect_seen:
+        if reason is not None and self.level == MQTT_5 and self.phase is not AWAITING_CONNECT:
             if reason not in DISCONNECT_CODES:
                 reason = ReasonCode.UNSPECIFIED_ERROR
             props = Properties(reason_string=reason_string[:200]) if reason_string else Properties()
             self.transport.write(encode(Disconnect(reason, props), MQTT_5))
-        self._closing = True
+        self._phase_event(PhaseEvent.CLOSE)
         self.transport.loseConnection()
 
     def _abort(self) -> None:
-        self._closing = True
+        self._phase_event(PhaseEvent.CLOSE)
         self.transport.abortConnection() if hasattr(self.transport, "abortConnection") \
             else self.transport.loseConnection()
+
+    def _phase_event(self, event: PhaseEvent) -> None:
+        self.phase = self.phase.after(event)
 
     def cert_identity(self) -> str | None:
         """The verified client-certificate identity, when the transport is mutual TLS."""

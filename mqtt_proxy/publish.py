@@ -25,6 +25,7 @@ from mqtt_proxy.config import LimitsConfig, MQTTConfig
 from mqtt_proxy.inbound import InboundBatcher
 from mqtt_proxy.publish_rules import Origin, PublishRules, Refuse, Route, decide
 from mqtt_proxy.ratelog import RateLimitedLog
+from mqtt_proxy.session_state import PeerError
 from mqtt_proxy.stats import BrokerStats
 from store import record as rec
 from store.api import AppendStatus, QuotaExceeded, Retained, Timers, Unavailable
@@ -84,8 +85,10 @@ class Publisher:
         """
         if self.acl.configured:
             return i
-        valid, max_payload, cap = self.valid_topics, self.limits.max_payload, self.config.receive_maximum
-        inflight, session, client_id = conn.inbound_inflight, conn.session, conn.client_id
+        valid, max_payload = self.valid_topics, self.limits.max_payload
+        session, client_id = conn.session, conn.client_id
+        state = session.state
+        room = room_before = state.inbound_room(self.config.receive_maximum)  # QoS 1 ones the client may send
         born = int(conn.last_rx * 1000)  # born when its bytes arrived (the read's time, no clock call each)
         plain = (conn, None, None)  # a QoS 0 publish's origin: batch_stored answers it
         Message = rec.Message
@@ -103,9 +106,9 @@ class Publisher:
                     or len(payload) > max_payload or topic[0] == "$"):
                 break
             if qos:
-                if inflight >= cap:
+                if room <= 0:
                     break
-                inflight += 1
+                room -= 1
                 origins.append((conn, session, packet.packet_id))
             else:
                 origins.append(plain)
@@ -113,7 +116,8 @@ class Publisher:
             size += len(payload)
             i += 1
         if i > start:
-            conn.inbound_inflight = inflight
+            if room != room_before:
+                state.publishes_accepted(room_before - room)
             stats = self.stats
             stats.messages_received += i - start
             stats.bytes_received += size
@@ -143,10 +147,9 @@ class Publisher:
                         done.put_finished(finished)
                     done, finished = conn, 0
                 finished += 1
-                if packet_id is not None:
-                    conn.inbound_inflight -= 1
-                    if conn.session is session:
-                        self._puback(conn, packet_id)
+                if packet_id is not None and conn.session is session:
+                    session.state.publish_stored(packet_id, 1)
+                    self._puback(conn, packet_id)
             if finished:
                 done.put_finished(finished)
         finally:
@@ -179,20 +182,21 @@ class Publisher:
         props = packet.properties
         qos = packet.qos
         self.stats.received(len(packet.payload))
+        state = session.state
         if qos:
-            if packet.packet_id in session.inbound_qos2 and qos == 2:
-                # A resend of a QoS 2 message already stored: acknowledge, do not store again.
-                conn.send(PubRec(packet.packet_id))
+            try:
+                resend = state.publish_received(packet.packet_id, qos, self.config.receive_maximum)
+            except PeerError as exc:
+                conn.protocol_violation(exc.reason_code, exc.text)
                 return
-            if conn.inbound_inflight >= self.config.receive_maximum:
-                conn.protocol_violation(ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
-                                        f"more than {self.config.receive_maximum} unacknowledged QoS 1/2 PUBLISHes")
+            if resend:  # a QoS 2 message already stored: acknowledge, do not store again
+                conn.send(PubRec(packet.packet_id))
                 return
         now = self.now_ms()
         topic = packet.topic
         verdict = decide(self.rules, Origin.CLIENT, topic, len(packet.payload), packet.retain,
                          username=conn.acl_username, client_id=session.client_id, now_ms=now,
-                         alias=props.topic_alias if level == MQTT_5 else None, aliases=conn.inbound_aliases,
+                         alias=props.topic_alias if level == MQTT_5 else None, aliases=state.inbound_aliases,
                          topic_checked=topic in self.valid_topics)
         if type(verdict) is Refuse:
             if verdict.peer_error:
@@ -202,11 +206,7 @@ class Publisher:
                                 conn.username, topic, verdict.why)
             self._refuse(conn, qos, packet.packet_id, verdict.reason)
             return
-        if verdict.bind_alias is not None:
-            if conn.inbound_aliases is None:
-                conn.inbound_aliases = {}
-            alias, bound = verdict.bind_alias
-            conn.inbound_aliases[alias] = bound
+        state.publish_accepted(qos, verdict.bind_alias)
         if topic == verdict.topic and topic not in self.valid_topics:  # devices publish to the same topics
             if len(self.valid_topics) >= VALID_TOPICS_CACHE:
                 self.valid_topics.clear()
@@ -216,8 +216,6 @@ class Publisher:
         record_props = message_props.to_record(props, now) if level == MQTT_5 else {}
         message = rec.Message(topic, packet.payload, MQTT_PUBLISH, qos, packet.retain,
                               session.client_id, now, record_props)
-        if qos:
-            conn.inbound_inflight += 1
         conn.put_started()
         packet_id = packet.packet_id
         route = verdict.route
@@ -293,23 +291,23 @@ class Publisher:
         if result.status is not PUT_OK:
             log.error("put_failed client=%s status=%s reason=%s", session.client_id, result.status.name,
                       result.reason)
-            _refuse_after_store(conn, qos, packet_id, result.status is AppendStatus.SERVICE_NOT_AVAILABLE)
+            _refuse_after_store(conn, session, qos, packet_id,
+                                result.status is AppendStatus.SERVICE_NOT_AVAILABLE)
             return
         if qos == 1:
-            conn.inbound_inflight -= 1
-            if conn.session is session:
+            if conn.session is session:  # else the link is gone, and its in-flight count with it
+                session.state.publish_stored(packet_id, 1)
                 self._puback(conn, packet_id)
-        elif qos == 2:
-            session.state.hold_inbound_qos2(packet_id)
-            d = session.write("put_inbound_qos2", packet_id) if session.persistent else None
+        elif qos == 2:  # held even with the link gone: the client's resend after it returns is not stored twice
+            save = session.state.publish_stored(packet_id, 2)
+            d = session.save_inbound_qos2(packet_id) if save else None
 
             def answer(durable=True):
                 if conn.session is session:
                     if durable:
                         conn.send(PubRec(packet_id))
                     else:  # never promise exactly once without the packet id stored
-                        session.state.release_inbound_qos2(packet_id)
-                        _refuse_after_store(conn, 2, packet_id)
+                        _refuse_after_store(conn, session, 2, packet_id)
             if d is None:
                 answer()
             else:
@@ -320,36 +318,36 @@ class Publisher:
         if failure.check(QuotaExceeded):
             self.refusals.event("retained_quota", "retained_quota_exceeded client=%s error=%s", session.client_id,
                                 failure.getErrorMessage())
-            if qos:
-                conn.inbound_inflight -= 1
+            if qos and conn.session is session:
+                session.state.publish_failed(packet_id, qos)
             self._refuse(conn, qos, packet_id, ReasonCode.QUOTA_EXCEEDED)
             return
         log.error("put_failed client=%s error=%s", session.client_id, failure.getErrorMessage())
-        _refuse_after_store(conn, qos, packet_id, bool(failure.check(Unavailable)))
+        _refuse_after_store(conn, session, qos, packet_id, bool(failure.check(Unavailable)))
 
     def handle_pubrel(self, conn, packet) -> None:
         """Second half of inbound QoS 2: forget the packet id (durably), then PUBCOMP."""
         session = conn.session
         pid = packet.packet_id
-        if pid not in session.inbound_qos2:
-            conn.send(PubComp(pid, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND if conn.level == MQTT_5 else 0))
+        try:
+            delete = session.state.pubrel_received(pid)
+        except PeerError as exc:
+            conn.send(PubComp(pid, exc.reason_code if conn.level == MQTT_5 else 0))
             return
-        session.state.release_inbound_qos2(pid)
-        conn.inbound_inflight = max(0, conn.inbound_inflight - 1)
 
         def answer(_=None):
             if conn.session is session:  # a failed delete at worst refuses a late duplicate: answer anyway
                 conn.send(PubComp(pid))
-        d = session.write("delete_inbound_qos2", pid) if session.persistent else None
+        d = session.delete_inbound_qos2(pid) if delete else None
         if d is None:
             answer()
         else:
             d.addCallback(answer)
 
 
-def _refuse_after_store(conn, qos: int, packet_id, unavailable: bool = False) -> None:
-    if qos:
-        conn.inbound_inflight -= 1
+def _refuse_after_store(conn, session, qos: int, packet_id, unavailable: bool = False) -> None:
+    if qos and conn.session is session:
+        session.state.publish_failed(packet_id, qos)
     if unavailable:
         # The store (a broker group, for a proxy) cannot be reached: no acknowledgement, and the client goes,
         # so it reconnects and sends its unacknowledged messages again once the group is back.

@@ -16,7 +16,6 @@ from mqtt_proxy.auth.acl import ACL
 from mqtt_proxy.config import LimitsConfig
 from mqtt_proxy.delivery import SessionContext
 from mqtt_proxy.session import Session, Subscription
-from mqtt_proxy.session_state import NO_ENTRIES
 from mqtt_proxy.shared import SharedGroup
 from store.api import Owed, Store, SubscriptionState
 
@@ -79,12 +78,12 @@ class SubscriptionRouter:
             lambda f: log.warning("remove_filter_failed filter=%s error=%s", topic_filter, f.getErrorMessage()))
 
     def release(self, session: Session) -> None:
-        """The session ends: its filters leave the store and its group memberships end."""
+        """The session ends: its filters leave the store, its group memberships end, its state holds nothing."""
         for sub in session.subs.values():
             self.remove_filter(sub.topic_filter)
             if sub.share is not None:
                 self.drop_group_member(sub)
-        session.subs = NO_ENTRIES
+        session.state.ended()
 
     def owed(self):
         """Retention holder part: per shared group and broker group, its committed position."""

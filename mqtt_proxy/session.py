@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from mqtt_proxy.codec import PubRel, encode, encode_publish, patch_publish
-from mqtt_proxy.session_state import (DeleteOutbound, DeleteReleased, GroupAcked, PumpSoon,
+from mqtt_proxy.session_state import (DeleteOutbound, DeleteReleased, Delivery, GroupAcked, PeerError, PumpSoon,
                                       Resend, SaveOutbound, SaveReleased, SendPubRel, SessionState)
-from store.api import Fenced, OutboundState, QueuePosition, ReadResult, SubscriptionState
+from store.api import Fenced, OutboundState, QueuePosition, ReadResult, SessionMeta, SubscriptionState
 
 if TYPE_CHECKING:
     from mqtt_proxy.auth.acl import ReadCheck
@@ -65,7 +65,7 @@ class Subscription:
 
 
 def _state_attr(name: str) -> property:
-    return property(lambda self: getattr(self.state, name), lambda self, value: setattr(self.state, name, value))
+    return property(lambda self: getattr(self.state, name), doc=f"The state machine's ``{name}`` (read only).")
 
 
 def _true(_) -> bool:
@@ -106,7 +106,7 @@ class Session:
         self.reads: ReadCheck | None = None  # the connected identity's read access (None: no ACL configured)
         self.retained_backlog = None  # subscribe.RetainedBacklog: retained messages waiting for room
 
-    # The session's protocol state lives in SessionState; these read and write it there.
+    # The session's protocol state lives in SessionState and changes only through its events; these read it.
     level = _state_attr("level")
     expiry = _state_attr("expiry")
     subs = _state_attr("subs")
@@ -127,10 +127,41 @@ class Session:
         """How many more QoS>0 messages may be in flight now."""
         return self.state.window
 
-    # -- durable state --------------------------------------------------------------------
+    # -- durable state: one typed write per operation of ``store.api.Sessions``, each with the epoch --------
 
-    def write(self, name: str, *args):
-        """Call the session write ``name`` of the store with this client id, ``args`` and the epoch.
+    def save_session(self, meta: SessionMeta):
+        """Store the session's meta (it names the client itself)."""
+        return self._write(self.sessions.put_session, meta)
+
+    def delete_session(self):
+        return self._write(self.sessions.delete_session, self.client_id)
+
+    def save_subscription(self, subscription: SubscriptionState):
+        return self._write(self.sessions.put_subscription, self.client_id, subscription)
+
+    def delete_subscription(self, key: str):
+        return self._write(self.sessions.delete_subscription, self.client_id, key)
+
+    def save_outbound(self, outbound: OutboundState):
+        return self._write(self.sessions.put_outbound, self.client_id, outbound)
+
+    def delete_outbound(self, packet_id: int):
+        return self._write(self.sessions.delete_outbound, self.client_id, packet_id)
+
+    def save_released(self, packet_id: int):
+        return self._write(self.sessions.put_released, self.client_id, packet_id)
+
+    def delete_released(self, packet_id: int):
+        return self._write(self.sessions.delete_released, self.client_id, packet_id)
+
+    def save_inbound_qos2(self, packet_id: int):
+        return self._write(self.sessions.put_inbound_qos2, self.client_id, packet_id)
+
+    def delete_inbound_qos2(self, packet_id: int):
+        return self._write(self.sessions.delete_inbound_qos2, self.client_id, packet_id)
+
+    def _write(self, operation, *args):
+        """Call ``operation`` of the store with ``args`` and the epoch.
 
         Returns a Deferred that fires True once the write is durable, False if
         it failed (handled here: a ``Fenced`` refusal means a newer holder took
@@ -139,10 +170,8 @@ class Session:
         """
         if self.fenced:
             return None
-        call = getattr(self.sessions, name)
-        # put_session's SessionMeta names the client itself; every other write takes the client id first.
-        d = call(*args, self.epoch) if name == "put_session" else call(self.client_id, *args, self.epoch)
-        return d.addCallbacks(_true, self._write_failed, errbackArgs=(name,))
+        name = operation.__name__
+        return operation(*args, self.epoch).addCallbacks(_true, self._write_failed, errbackArgs=(name,))
 
     def _write_failed(self, failure, name: str) -> bool:
         if failure.check(Fenced):
@@ -165,15 +194,17 @@ class Session:
                 if self.conn is not None:
                     self.conn.write(encode(PubRel(a.packet_id), self.state.level))
             elif kind is SaveOutbound:
-                self.write("put_outbound", OutboundState(a.packet_id, a.sub_key, a.position, a.qos))
+                self.save_outbound(OutboundState(a.packet_id, a.sub_key, a.position, a.qos))
             elif kind is DeleteOutbound:
-                self.write("delete_outbound", a.packet_id)
+                self.delete_outbound(a.packet_id)
             elif kind is SaveReleased:
-                self.write("put_released", a.packet_id)
+                self.save_released(a.packet_id)
             elif kind is DeleteReleased:
-                self.write("delete_released", a.packet_id)
+                self.delete_released(a.packet_id)
             elif kind is GroupAcked:
-                a.group.acked(a.position)
+                sub = self.subs.get(a.group)
+                if sub is not None and sub.share is not None:  # gone: leaving the group took its messages back
+                    sub.share.acked(a.position)
             elif kind is Resend:
                 self._resend(a)
             else:
@@ -337,7 +368,8 @@ class Session:
             else:
                 written = self._send_plain(d.sends, sub)
             if written < len(d.sends):
-                self.carry_out(state.unsent(d, written))
+                d = state.unsent(d, written)
+                self.carry_out(d.actions)
         finally:
             conn.uncork()
         more = len(read) == PUMP_BATCH and not d.stopped
@@ -436,22 +468,26 @@ class Session:
         return written
 
     def send_retained(self, record, sub: Subscription) -> None:
-        """Send a retained message in answer to a subscribe (RETAIN set, not tied to an offset)."""
-        qos = min(sub.qos, record.qos)
-        if qos and self.window <= 0:
-            return  # the window is full of live traffic (callers wait for room: subscribe.RetainedBacklog)
-        pid = self.state.offer_retained(qos)
-        self._send(record, qos, pid, sub, retain=True)
+        """Send a retained message in answer to a subscribe, if the window has room."""
+        for record, qos, pid, retain in self.state.retained_read(sub, record).sends:
+            self._send(record, qos, pid, sub, False, retain)
 
-    def send_group_message(self, record, qos: int, sub: Subscription, group, position: QueuePosition) -> int | None:
-        """Send one message of a shared group; return its packet id (None for QoS 0, or not readable: skipped)."""
+    def send_group_message(self, message, sub: Subscription, now_ms: int):
+        """Offer one message of ``sub``'s shared group to this member: the state machine's Delivery, sent.
+
+        Stopped: no room here (the group tries another member); ``expired``: nobody gets it. A message the
+        identity connected now may not read is skipped (an empty Delivery: the group goes past it).
+        """
         reads = self.reads
-        if reads is not None and not reads.whole(sub.topic_filter) and not reads.can_read(record.topic):
-            self._denied(1, record.topic)
-            return None
-        pid = self.state.offer_group(sub, position, qos, group)
-        self._send(record, qos, pid, sub)
-        return pid
+        if reads is not None and not reads.whole(sub.topic_filter) and not reads.can_read(message.record.topic):
+            self._denied(1, message.record.topic)
+            return Delivery(message.position)
+        d = self.state.messages_read(sub, (message,), message.position, self.client_id, now_ms, sub.key)
+        if d.expired:
+            self.delivery.stats.messages_expired += d.expired
+        for m, qos, pid, retain in d.sends:
+            self._send(m.record, qos, pid, sub, False, retain)
+        return d
 
     def _send(self, record, qos: int, pid: int | None, sub: Subscription, dup: bool = False,
               retain: bool | None = None) -> None:
@@ -467,31 +503,40 @@ class Session:
         elif form is None:
             data = encode_publish(record.topic, record.body, qos, retain, True, pid, None, state.level)
         else:
-            data = encode_publish(form[0], record.body, qos, retain, dup, pid, form[1], state.level)
+            data = encode_publish(form.topic, record.body, qos, retain, dup, pid, form.properties, state.level)
         if state.max_packet_size and state.too_large(len(data)):
-            self.carry_out(state.dropped_too_large(pid, form[2] if form is not None else None))
+            self.carry_out(state.dropped_too_large(pid, form.assigned_alias if form is not None else None))
             return
         self.conn.write(data)
         self.delivery.stats.sent(len(data))
 
     # -- acknowledgements ------------------------------------------------------------------
 
+    # An acknowledgement of a packet id not in flight is the client's error, but a harmless one (a late
+    # duplicate after a resend): it is ignored, as before.
+
     def on_puback(self, pid: int) -> bool:
         """QoS 1 completed; False if the packet id was not in flight."""
-        return self._acked(self.state.puback(pid))
+        try:
+            self.carry_out(self.state.puback(pid))
+        except PeerError:
+            return False
+        return True
 
     def on_pubrec(self, pid: int, failed: bool) -> bool:
         """QoS 2 received by the client: release it (or drop it if the client refused it)."""
-        return self._acked(self.state.pubrec(pid, failed))
+        try:
+            self.carry_out(self.state.pubrec(pid, failed))
+        except PeerError:
+            return False
+        return True
 
     def on_pubcomp(self, pid: int) -> bool:
         """QoS 2 finished."""
-        return self._acked(self.state.pubcomp(pid))
-
-    def _acked(self, actions) -> bool:
-        if actions is None:
+        try:
+            self.carry_out(self.state.pubcomp(pid))
+        except PeerError:
             return False
-        self.carry_out(actions)
         return True
 
     def _persist_positions(self) -> None:
@@ -503,4 +548,4 @@ class Session:
         for key in dirty:
             sub = self.subs.get(key)
             if sub is not None and sub.share is None:
-                self.write("put_subscription", sub.state())
+                self.save_subscription(sub.state())

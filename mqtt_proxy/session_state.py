@@ -1,31 +1,46 @@
-"""Sans-I/O state of one MQTT session: subscriptions, packet ids, the in-flight window, topic aliases, the will.
+"""The MQTT session machine, sans I/O: subscriptions, packet ids, both windows, topic aliases, the will, the phase.
 
-``SessionState`` does no I/O and keeps no timers (h11's pattern): events go in
-as method calls (messages read at a position, the connection filling mid-read,
-PUBACK/PUBREC/PUBCOMP received, a PUBLISH too large to send, the connection
-attached or detached, the will's moment), and the actions the adapter must carry
-out come back: a ``Delivery`` per read (send these records with this QoS, packet
-id and RETAIN flag; advance the position to here; count these expired), the
-topic and properties of a v5 PUBLISH (topic alias included), and small frozen
-dataclasses for the rest (send a PUBREL, persist or delete an outbound entry,
-tell a shared group a message is done, schedule or publish the will).
-``session.py`` is the Twisted-side adapter that feeds it, encodes and writes.
+``SessionState`` is a closed state machine (h11's pattern): it does no I/O,
+keeps no timers, and its state changes only through its events, which are
+method calls: the session's life (``connect_accepted``, ``attach``,
+``detach``, ``disconnect_received``, ``expired``, ``restored``,
+``subscribed``/``unsubscribed``, ``ended``), what a read of a queue brings
+(``messages_read``, for a session's own subscriptions and, one message at a
+time, for a shared group's; ``retained_read``; ``unsent``), the client's
+acknowledgements (``puback``, ``pubrec``, ``pubcomp``), and its PUBLISHes
+(``publish_received``, ``publish_accepted``, ``publish_stored``,
+``publish_failed``, ``pubrel_received``). Each answers with actions: a
+``Delivery`` per read (send these records with this QoS, packet id and RETAIN
+flag; advance the position to here; count these expired), the ``PublishForm``
+of a v5 PUBLISH (topic alias included), and small frozen dataclasses for the
+rest (send a PUBREL or PUBREC, persist or delete an outbound entry or an
+inbound QoS 2 id, tell a shared group, by its subscription key, that a message
+is done, schedule or publish the will). What the client did wrong is a
+``PeerError`` (a reason code and a line); what the adapter did wrong, a
+``SessionStateError``. The adapter reads the state, never writes it.
+
+``Phase`` is a connection's place in its life (CONNECT, CONNACK, closing), with
+its transition table. ``session.py`` is the Twisted-side adapter that feeds
+the session machine, encodes and writes; ``publish.py`` feeds it the client's
+PUBLISHes; ``shared.py`` offers a group's messages to its members' machines.
 
 Nothing here imports Twisted, the store or push: it runs the same under a test with no reactor.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import enum
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
 
 from mqtt_proxy import message_props
-from mqtt_proxy.codec import encode_properties
+from mqtt_proxy.codec import ReasonCode, encode_properties
 from mqtt_proxy.codec.wire import PacketType
 
 NEVER_EXPIRES = 0xFFFFFFFF
 NO_PACKET_IDS: Mapping[int, None] = MappingProxyType({})  # shared by every session until it holds one
+NO_ACTIONS: tuple = ()  # what most events return
 
 
 class _NoEntries(dict):
@@ -49,6 +64,57 @@ class SessionStateError(Exception):
     """The adapter misused the state machine (not the peer misbehaving): e.g. no packet id is free."""
 
 
+class PeerError(Exception):
+    """The client broke the protocol: the adapter answers with ``reason_code`` (a DISCONNECT's, or the
+    acknowledgement's where the packet has one) and logs ``text``."""
+
+    def __init__(self, reason_code: int, text: str) -> None:
+        super().__init__(text)
+        self.reason_code = reason_code
+        self.text = text
+
+
+class Phase(enum.Enum):
+    """Where one connection is in its life; its protocol object holds one and changes it only with ``Phase.after``."""
+
+    AWAITING_CONNECT = "awaiting_connect"
+    """Nothing read yet: the first packet must be CONNECT (MQTT-3.1.0-1)."""
+    CONNECTING = "connecting"
+    """CONNECT read and being answered (authentication, the session claim): later packets wait for CONNACK."""
+    CONNECTED = "connected"
+    """CONNACK sent and the session bound: packets are handled as they come."""
+    CLOSING = "closing"
+    """Closing (refused, disconnected, timed out, a protocol error): nothing more is read or written."""
+
+    def after(self, event: "PhaseEvent") -> "Phase":
+        """The phase ``event`` leads to; ``SessionStateError`` for an event the phase does not take (our misuse)."""
+        following = _PHASES.get((self, event))
+        if following is None:
+            raise SessionStateError(f"{event.name} in phase {self.name}")
+        return following
+
+
+class PhaseEvent(enum.Enum):
+    """What moves a connection from one phase to the next."""
+
+    CONNECT = "connect"
+    """The client's CONNECT was read."""
+    CONNACK = "connack"
+    """CONNECT was answered with success and the session is bound."""
+    CLOSE = "close"
+    """The connection is being closed, for whatever reason."""
+
+
+_PHASES = {
+    (Phase.AWAITING_CONNECT, PhaseEvent.CONNECT): Phase.CONNECTING,
+    (Phase.CONNECTING, PhaseEvent.CONNACK): Phase.CONNECTED,
+    (Phase.AWAITING_CONNECT, PhaseEvent.CLOSE): Phase.CLOSING,
+    (Phase.CONNECTING, PhaseEvent.CLOSE): Phase.CLOSING,
+    (Phase.CONNECTED, PhaseEvent.CLOSE): Phase.CLOSING,
+    (Phase.CLOSING, PhaseEvent.CLOSE): Phase.CLOSING,
+}
+
+
 @dataclass(slots=True)
 class Outbound:
     """A QoS 1/2 PUBLISH sent and not yet completed."""
@@ -57,7 +123,7 @@ class Outbound:
     position: object  # the message's QueuePosition (opaque here; None for a retained one)
     qos: int
     released: bool = False  # QoS 2: PUBREC seen, PUBREL sent, waiting for PUBCOMP
-    group: object | None = None
+    group: str | None = None  # a shared group's: the member's subscription key (the group keeps the offset)
 
 
 # -- actions: what the adapter must do -------------------------------------------------------------
@@ -102,10 +168,31 @@ class DeleteReleased:
 
 
 @dataclass(frozen=True, slots=True)
-class GroupAcked:
-    """Tell a shared group its message at ``position`` is done with."""
+class SendPubRec:
+    """Send PUBREC for ``packet_id`` again: a QoS 2 resend of a message already stored (MQTT-4.3.3-9)."""
 
-    group: object
+    packet_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class SaveInboundQos2:
+    """Persist that inbound QoS 2 ``packet_id`` is stored and not yet released, before its PUBREC."""
+
+    packet_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteInboundQos2:
+    """Forget a persisted inbound QoS 2 packet id, before its PUBCOMP."""
+
+    packet_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupAcked:
+    """Tell the shared group of subscription ``group`` (its key) that its message at ``position`` is done with."""
+
+    group: str
     position: object
 
 
@@ -141,6 +228,20 @@ class ScheduleWill:
 PUMP_SOON = PumpSoon()
 
 
+class PublishForm:
+    """How one v5 PUBLISH goes out (``publish_properties``): a slotted object, one per message sent with properties."""
+
+    __slots__ = ("topic", "properties", "assigned_alias")
+
+    def __init__(self, topic: str, properties: bytes, assigned_alias: str | None) -> None:
+        self.topic = topic
+        """The topic name to send: empty when the client knows the topic's alias already (3.3.2.3.4)."""
+        self.properties = properties
+        """The encoded properties block."""
+        self.assigned_alias = assigned_alias
+        """The topic whose alias this PUBLISH introduces (withdrawn if it is never sent), or None."""
+
+
 class Delivery:
     """What to do with one read of a subscription's queue: ``SessionState.messages_read``'s answer.
 
@@ -162,7 +263,8 @@ class Delivery:
         self.stopped = False
         """The window (or the connection) filled before the read's end: pump again after acknowledgements."""
         self.actions: list = []
-        """Carry these out before the sends: in-flight messages to persist."""
+        """Carry these out: before the sends of a read (in-flight messages to persist); at once for ``unsent``'s
+        answer (the packet ids of what was not sent, freed)."""
         self._expired_at: list[int] | None = None  # len(sends) at each expired message: ``unsent`` recounts
 
 
@@ -170,12 +272,13 @@ class SessionState:
     """One client id's session state, connected or not, with no I/O.
 
     ``subs`` maps a subscription key to the session's Subscription objects
-    (``session.py``); this class reads only their ``key``.
+    (``session.py``); this class reads and (``resubscribed``) sets only their
+    options. A shared group is named by its member's subscription key.
     """
 
     __slots__ = ("level", "expiry", "max_inflight", "connected", "subs", "outbound", "inbound_qos2",
-                 "receive_maximum", "max_packet_size", "alias_maximum", "aliases", "will", "pending_will",
-                 "_next_pid")
+                 "inbound_inflight", "inbound_aliases", "receive_maximum", "max_packet_size", "alias_maximum",
+                 "aliases", "will", "pending_will", "_next_pid")
 
     def __init__(self, level: int, expiry: int, max_inflight: int) -> None:
         self.level = level
@@ -185,6 +288,8 @@ class SessionState:
         self.subs: dict[str, object] = NO_ENTRIES  # own_subs() before adding one
         self.outbound: dict[int, Outbound] = NO_ENTRIES  # own_outbound() before adding one
         self.inbound_qos2: Mapping[int, None] = NO_PACKET_IDS  # QoS 2 ids received, not released yet
+        self.inbound_inflight = 0  # the client's QoS 1/2 PUBLISHes on this connection not yet acknowledged
+        self.inbound_aliases: dict[int, str] | None = None  # the client's topic aliases, made by the first (v5)
         self.receive_maximum = 65535  # the client's, v5
         self.max_packet_size = 0  # the client's, 0 = no limit
         self.alias_maximum = 0  # topic aliases the client accepts from us
@@ -209,17 +314,85 @@ class SessionState:
     def persistent(self) -> bool:
         return self.expiry > 0
 
+    # -- the session's life --------------------------------------------------------------------
+
+    def restored(self, outbound, released, inbound_qos2) -> tuple:
+        """Event: the session comes back from the store after a restart: ``outbound`` (``OutboundState``-like:
+        ``packet_id``, ``subscription_key``, ``position``, ``qos``) in flight, ``released`` QoS 2 ids awaiting
+        PUBCOMP, ``inbound_qos2`` ids received and not yet released (MQTT-4.1.0-1)."""
+        for o in outbound:
+            self.own_outbound()[o.packet_id] = Outbound(o.subscription_key, o.position, o.qos)
+        for pid in released:
+            self.own_outbound()[pid] = Outbound(None, None, 2, released=True)
+        for pid in inbound_qos2:
+            self._hold_inbound_qos2(pid)
+        return NO_ACTIONS
+
+    def subscribed(self, key: str, sub) -> tuple:
+        """Event: a subscription ``key`` was made (or restored). ``sub`` is the adapter's, kept here so a session
+        holds one dict of subscriptions (per-client memory, issue 17); this machine reads and sets only its options
+        (``qos``, ``no_local``, ``retain_as_published``, ``sub_id``), and ``messages_read`` is given it."""
+        self.own_subs()[key] = sub
+        return NO_ACTIONS
+
+    def resubscribed(self, key: str, qos: int, no_local: bool, retain_as_published: bool, sub_id: int) -> tuple:
+        """Event: a SUBSCRIBE repeats subscription ``key``: its options are replaced, what it is owed is kept
+        (MQTT-3.8.4-3); the next read goes by the new ones."""
+        sub = self.subs[key]
+        sub.qos = qos
+        sub.no_local = no_local
+        sub.retain_as_published = retain_as_published
+        sub.sub_id = sub_id
+        return NO_ACTIONS
+
+    def unsubscribed(self, key: str) -> tuple:
+        """Event: subscription ``key`` is gone; what it has in flight is resent no more (``resend_plan``)."""
+        self.subs.pop(key, None)
+        return NO_ACTIONS
+
+    def ended(self) -> tuple:
+        """Event: the session ends (expiry, clean start, takeover elsewhere): it holds nothing any more."""
+        self.subs = NO_ENTRIES
+        self.outbound = NO_ENTRIES
+        return NO_ACTIONS
+
     # -- connection ----------------------------------------------------------------------------
 
-    def attach(self, level: int) -> None:
-        """A connection (fresh or resumed) is bound: aliases start over (MQTT-3.3.2-7), a pending will is off."""
+    def connect_accepted(self, expiry: int, will, receive_maximum: int = 65535, max_packet_size: int = 0,
+                         alias_maximum: int = 0) -> tuple:
+        """Event: a CONNECT for this session passed: its Session Expiry Interval, will and (v5) the client's
+        Receive Maximum, Maximum Packet Size and Topic Alias Maximum hold from now on (MQTT-3.1.2)."""
+        self.expiry = expiry
+        self.will = will
+        self.receive_maximum = receive_maximum
+        self.max_packet_size = max_packet_size
+        self.alias_maximum = alias_maximum
+        return NO_ACTIONS
+
+    def disconnect_received(self, expiry_interval: int | None, expiry_max: int) -> tuple:
+        """Event: DISCONNECT, with the Session Expiry Interval it carries (v5; None: unchanged), capped at
+        ``expiry_max``. ``PeerError`` when a session made non-persistent at CONNECT asks to persist (MQTT-3.14.2-2)."""
+        if expiry_interval is None:
+            return NO_ACTIONS
+        if self.expiry == 0 and expiry_interval != 0:
+            raise PeerError(ReasonCode.PROTOCOL_ERROR,
+                            "a session expiry interval on DISCONNECT after 0 at CONNECT (MQTT-3.14.2-2)")
+        self.expiry = min(expiry_interval, expiry_max) if expiry_interval != NEVER_EXPIRES else NEVER_EXPIRES
+        return NO_ACTIONS
+
+    def attach(self, level: int) -> tuple:
+        """Event: a connection (fresh or resumed) is bound: aliases both ways and inbound flow control start over
+        (MQTT-3.3.2-7/-12), a pending will is off."""
         self.connected = True
         self.level = level
         self.aliases = None
+        self.inbound_inflight = 0  # flow control and the client's aliases are the connection's (MQTT-3.3.2-12)
+        self.inbound_aliases = None
         self.pending_will = None
+        return NO_ACTIONS
 
     def detach(self, publish_will: bool) -> list:
-        """The connection is gone: shared-group and retained sends are forgotten; the will, if due, goes out.
+        """Event: the connection is gone: shared-group and retained sends are forgotten; the will, if due, goes out.
 
         A Will Delay Interval defers the will, which goes out when the delay or the
         session ends, whichever is first (3.1.3.2.2); a return in time cancels it (MQTT-3.1.3-9).
@@ -239,7 +412,7 @@ class SessionState:
         return [PublishWill(will)]
 
     def expired(self) -> list:
-        """The session expired: a will still waiting on its delay goes out now (the session ends first)."""
+        """Event: the session expired: a will still waiting on its delay goes out now (the session ends first)."""
         will, self.pending_will = self.pending_will, None
         return [PublishWill(will)] if will is not None else []
 
@@ -264,34 +437,34 @@ class SessionState:
                 return pid
         raise SessionStateError("no free packet identifier")
 
-    def offer(self, sub, position, qos: int) -> tuple[int | None, list]:
-        """A queue message goes out at ``qos``: its packet id (None at QoS 0) and what to persist."""
-        if not qos:
-            return None, []
-        pid = self._allocate_pid()
-        self.own_outbound()[pid] = Outbound(sub.key, position, qos)
-        if self.persistent:
-            return pid, [SaveOutbound(pid, sub.key, position, qos)]
-        return pid, []
+    def retained_read(self, sub, record) -> Delivery:
+        """Event: a retained ``record`` matches a new subscription; its one send carries the record itself.
 
-    def offer_retained(self, qos: int) -> int | None:
-        """A retained message on subscribe: its packet id (None at QoS 0); never persisted."""
-        if not qos:
-            return None
-        pid = self._allocate_pid()
-        self.own_outbound()[pid] = Outbound(None, None, qos)
-        return pid
+        It goes out with RETAIN set (MQTT-3.3.1-8) at the lower of its QoS and the
+        subscription's, not tied to a queue position and never persisted; with the
+        window full of live traffic it is skipped rather than overrun the client
+        (a stopped Delivery with no sends).
+        """
+        d = Delivery(None)
+        qos = record.qos if record.qos < sub.qos else sub.qos
+        if qos and self.window <= 0:
+            d.stopped = True
+            return d
+        pid = None
+        if qos:
+            pid = self._allocate_pid()
+            self.own_outbound()[pid] = Outbound(None, None, qos)
+        d.sends.append((record, qos, pid, True))
+        return d
 
-    def offer_group(self, sub, position, qos: int, group) -> int | None:
-        """A shared group's message: its packet id (None at QoS 0); the group keeps the offset."""
-        if not qos:
-            return None
-        pid = self._allocate_pid()
-        self.own_outbound()[pid] = Outbound(sub.key, position, qos, group=group)
-        return pid
-
-    def messages_read(self, sub, messages, next_position, client_id: str, now_ms: int) -> Delivery:
+    def messages_read(self, sub, messages, next_position, client_id: str, now_ms: int,
+                      group: str | None = None) -> Delivery:
         """Event: ``messages`` were read from one of ``sub``'s positions, ``next_position`` right after them.
+
+        With ``group`` (the shared subscription's key) they are a shared group's,
+        handed to this member one at a time: the same decisions, but the group
+        keeps the offset, so nothing is persisted and the group is told when each
+        is done (``GroupAcked``); a stopped Delivery means this member has no room.
 
         Decides per message, in order: the QoS granted (the lower of the message's
         and the subscription's, MQTT-3.8.4-8), whether the window has room (a QoS
@@ -310,7 +483,8 @@ class SessionState:
         no_local = sub.no_local
         as_published = sub.retain_as_published
         outbound = self.own_outbound()
-        save = self.persistent
+        save = self.persistent and group is None
+        key = sub.key
         for m in messages:
             record = m.record
             qos = record.qos if record.qos < granted else granted
@@ -330,51 +504,55 @@ class SessionState:
             if qos:
                 window -= 1
                 pid = self._allocate_pid()
-                outbound[pid] = Outbound(sub.key, m.position, qos)
+                outbound[pid] = Outbound(key, m.position, qos, False, group)
                 if save:
-                    d.actions.append(SaveOutbound(pid, sub.key, m.position, qos))
+                    d.actions.append(SaveOutbound(pid, key, m.position, qos))
             else:
                 pid = None
             sends.append((m, qos, pid, record.retain and as_published))
         return d
 
-    def unsent(self, d: Delivery, written: int) -> list:
+    def unsent(self, d: Delivery, written: int) -> Delivery:
         """Event: the connection filled after ``written`` of ``d.sends`` went out; the rest wait for the next read.
 
-        Their packet ids are free again (a persisted one is deleted) and ``d.position`` goes back to the first
-        of them, so nothing is skipped.
+        The answer replaces ``d`` (which stays as it was): the sends that went, the
+        position back at the first that did not, so nothing is skipped, the expired
+        messages before it, and as ``actions`` (to carry out now) what frees the
+        packet ids of the rest (a persisted one is deleted).
         """
         rest = d.sends[written:]
         if not rest:
-            return []
-        del d.sends[written:]
-        d.position = rest[0][0].position
-        d.stopped = True
+            return d
+        u = Delivery(rest[0][0].position)
+        u.sends = d.sends[:written]
+        u.stopped = True
+        u.expired = d.expired
         if d._expired_at is not None:  # expired messages after the first unsent one are read (and counted) again
-            d.expired = sum(1 for at in d._expired_at if at <= written)
-        actions: list = []
+            u.expired = sum(1 for at in d._expired_at if at <= written)
+        actions = u.actions
         for _, _, pid, _ in rest:
             if pid is not None:
                 actions += self.complete(pid)
-        return actions
+        return u
 
     # -- acknowledgements ----------------------------------------------------------------------
 
-    def puback(self, packet_id: int) -> list | None:
-        """QoS 1 done (MQTT-4.3.2-5): the packet id is free again. None if it was not a QoS 1 in flight."""
+    def puback(self, packet_id: int) -> list:
+        """QoS 1 done (MQTT-4.3.2-5): the packet id is free again. ``PeerError`` if it was not a QoS 1 in flight."""
         o = self.outbound.get(packet_id)
         if o is None or o.qos != 1:
-            return None
+            raise PeerError(ReasonCode.PACKET_IDENTIFIER_NOT_FOUND, f"PUBACK for packet id {packet_id} not in flight")
         if o.group is None and not self.persistent:  # the common case: nothing to count or to delete
             del self.outbound[packet_id]
             return [PUMP_SOON]
         return self.complete(packet_id) + [PUMP_SOON]
 
-    def pubrec(self, packet_id: int, failed: bool) -> list | None:
-        """QoS 2 received: release it with PUBREL (MQTT-4.3.3-4), or drop it if the client refused it."""
+    def pubrec(self, packet_id: int, failed: bool) -> list:
+        """QoS 2 received: release it with PUBREL (MQTT-4.3.3-4), or drop it if the client refused it.
+        ``PeerError`` if it was not a QoS 2 in flight."""
         o = self.outbound.get(packet_id)
         if o is None or o.qos != 2:
-            return None
+            raise PeerError(ReasonCode.PACKET_IDENTIFIER_NOT_FOUND, f"PUBREC for packet id {packet_id} not in flight")
         if failed:
             return self.complete(packet_id) + [PUMP_SOON]
         actions = []
@@ -387,11 +565,11 @@ class SessionState:
         actions.append(SendPubRel(packet_id))
         return actions
 
-    def pubcomp(self, packet_id: int) -> list | None:
-        """QoS 2 finished: the packet id is free again. None if it was not released."""
+    def pubcomp(self, packet_id: int) -> list:
+        """QoS 2 finished: the packet id is free again. ``PeerError`` if it was not released."""
         o = self.outbound.get(packet_id)
         if o is None or not o.released:
-            return None
+            raise PeerError(ReasonCode.PACKET_IDENTIFIER_NOT_FOUND, f"PUBCOMP for packet id {packet_id} not released")
         del self.outbound[packet_id]
         actions = []
         if o.group is not None:
@@ -439,23 +617,83 @@ class SessionState:
                 actions.append(Resend(pid, o.sub_key, o.position))
         return actions
 
-    # -- inbound QoS 2 -------------------------------------------------------------------------
+    # -- inbound PUBLISH: flow control, topic aliases, exactly once ------------------------------------
 
-    def hold_inbound_qos2(self, packet_id: int) -> None:
-        """A QoS 2 message with ``packet_id`` was stored: a resend of it is acknowledged, not stored again."""
+    def inbound_room(self, receive_maximum: int) -> int:
+        """How many more QoS 1/2 PUBLISHes the client may have unacknowledged now (our ``receive_maximum``)."""
+        return receive_maximum - self.inbound_inflight
+
+    def publish_received(self, packet_id: int, qos: int, receive_maximum: int) -> tuple:
+        """Event: a QoS 1/2 PUBLISH arrived (before the publish decision).
+
+        ``(SendPubRec,)`` for a QoS 2 resend of a message already stored: it is
+        acknowledged, not stored again (MQTT-4.3.3-9); ``PeerError``
+        (0x93) when it is one more than our Receive Maximum allows unacknowledged (3.3.4).
+        """
+        if qos == 2 and packet_id in self.inbound_qos2:
+            return (SendPubRec(packet_id),)
+        if self.inbound_inflight >= receive_maximum:
+            raise PeerError(ReasonCode.RECEIVE_MAXIMUM_EXCEEDED,
+                            f"more than {receive_maximum} unacknowledged QoS 1/2 PUBLISHes")
+        return NO_ACTIONS
+
+    def publish_accepted(self, qos: int, bind_alias: tuple[int, str] | None) -> tuple:
+        """Event: the publish decision accepted a PUBLISH: at QoS 1/2 it is unacknowledged until stored; a Topic
+        Alias it set (``(alias, topic)``) holds for the rest of this connection (MQTT-3.3.2-12)."""
+        if qos:
+            self.inbound_inflight += 1
+        if bind_alias is not None:
+            if self.inbound_aliases is None:
+                self.inbound_aliases = {}  # made by the first alias: most clients set none
+            alias, topic = bind_alias
+            self.inbound_aliases[alias] = topic
+        return NO_ACTIONS
+
+    def publishes_accepted(self, count: int) -> tuple:
+        """Event: ``count`` plain QoS 1 PUBLISHes of one read were accepted (the fast path's ``publish_accepted``:
+        it takes no more than ``inbound_room`` gave)."""
+        self.inbound_inflight += count
+        return NO_ACTIONS
+
+    def publish_stored(self, packet_id: int, qos: int) -> tuple:
+        """Event: the store took a QoS 1/2 PUBLISH. QoS 1: acknowledged now (PUBACK). QoS 2: its packet id is
+        held until PUBREL, so a resend is not stored twice; ``(SaveInboundQos2,)`` first in a persistent session
+        (a restart must remember it), then PUBREC."""
+        if qos == 1:
+            self.inbound_inflight -= 1
+            return NO_ACTIONS
+        self._hold_inbound_qos2(packet_id)
+        return (SaveInboundQos2(packet_id),) if self.persistent else NO_ACTIONS
+
+    def publish_failed(self, packet_id: int, qos: int) -> tuple:
+        """Event: a QoS 1/2 PUBLISH was not stored (or its QoS 2 packet id not made durable): it is no longer
+        unacknowledged, and never promised exactly once."""
+        if qos:
+            self.inbound_inflight -= 1
+        if qos == 2 and packet_id in self.inbound_qos2:
+            del self.inbound_qos2[packet_id]
+        return NO_ACTIONS
+
+    def pubrel_received(self, packet_id: int) -> tuple:
+        """Event: PUBREL ends ``packet_id``'s exactly-once hold: a later PUBLISH with it is a new message
+        (MQTT-4.3.3-11); ``(DeleteInboundQos2,)`` in a persistent session, then PUBCOMP (MQTT-4.3.3-10).
+        ``PeerError`` (0x92, the PUBCOMP's reason code) for an id not held."""
+        if packet_id not in self.inbound_qos2:
+            raise PeerError(ReasonCode.PACKET_IDENTIFIER_NOT_FOUND, f"PUBREL for packet id {packet_id} not held")
+        del self.inbound_qos2[packet_id]
+        if self.inbound_inflight > 0:
+            self.inbound_inflight -= 1
+        return (DeleteInboundQos2(packet_id),) if self.persistent else NO_ACTIONS
+
+    def _hold_inbound_qos2(self, packet_id: int) -> None:
         if self.inbound_qos2 is NO_PACKET_IDS:
             self.inbound_qos2 = {}  # made when first needed: most sessions never see QoS 2
         self.inbound_qos2[packet_id] = None
 
-    def release_inbound_qos2(self, packet_id: int) -> None:
-        """PUBREL (or a failed store) ends ``packet_id``'s exactly-once hold."""
-        if packet_id in self.inbound_qos2:
-            del self.inbound_qos2[packet_id]
-
     # -- the PUBLISH's form ----------------------------------------------------------------------
 
-    def publish_properties(self, record, sub_id: int, now_ms: int) -> tuple[str, bytes, str | None] | None:
-        """A v5 PUBLISH's topic, encoded properties and newly assigned alias (its topic), or None when none are needed.
+    def publish_properties(self, record, sub_id: int, now_ms: int) -> PublishForm | None:
+        """Event: ``record`` goes out: the form of its v5 PUBLISH, or None when it needs no properties.
 
         Properties go along when the message carries v5 fields (the remaining Message
         Expiry Interval, MQTT-3.3.2-6; payload format, content type, response topic,
@@ -479,7 +717,7 @@ class SessionState:
                 topic = ""
             else:
                 assigned = topic
-        return topic, encode_properties(properties, PacketType.PUBLISH), assigned
+        return PublishForm(topic, encode_properties(properties, PacketType.PUBLISH), assigned)
 
     def too_large(self, size: int) -> bool:
         """Whether a packet of ``size`` bytes is more than the client's Maximum Packet Size (MQTT-3.1.2-24)."""

@@ -23,7 +23,7 @@ from mqtt_proxy.delivery import SessionContext
 from mqtt_proxy.inbound import InboundBatcher
 from mqtt_proxy.router import SubscriptionRouter
 from mqtt_proxy.session import Session
-from mqtt_proxy.session_state import NEVER_EXPIRES, NO_ENTRIES, Outbound, ScheduleWill
+from mqtt_proxy.session_state import NEVER_EXPIRES, PeerError, ScheduleWill
 from store.api import Owed, SessionMeta, SessionState, Sessions, StoreError
 
 log = logging.getLogger("twistmq.mqtt.broker")  # the logger name is a stable, greppable part of the log lines
@@ -103,13 +103,8 @@ class SessionRegistry:
         session.owner = meta.owner
         for ss in state.subscriptions:
             sub = yield self.router.restore_subscription(session, ss)
-            session.state.own_subs()[ss.key] = sub
-        for o in state.outbound:
-            session.state.own_outbound()[o.packet_id] = Outbound(o.subscription_key, o.position, o.qos)
-        for pid in state.released:
-            session.state.own_outbound()[pid] = Outbound(None, None, 2, released=True)
-        for pid in state.inbound_qos2:
-            session.state.hold_inbound_qos2(pid)
+            session.state.subscribed(ss.key, sub)
+        session.state.restored(state.outbound, state.released, state.inbound_qos2)
         session.stored = True
         return session
 
@@ -221,11 +216,10 @@ class SessionRegistry:
                 # The client left while we waited for the store: keep the session as it is.
                 self._schedule_expiry(session, self.now_ms())
                 return
-            session.expiry = expiry
             if session.will_call is not None and session.will_call.active():
                 session.will_call.cancel()  # MQTT-3.1.3-9: a delayed will is cancelled by the return
             session.will_call = None
-            session.will = packet.will
+            session.state.connect_accepted(expiry, packet.will, receive_maximum, max_packet_size, alias_maximum)
             session.acl_username = conn.acl_username
             if session.owner is None:
                 if session_present:
@@ -233,16 +227,13 @@ class SessionRegistry:
                                 client_id, identity)
                 session.owner = identity
             session.reads = ReadCheck(self.acl, conn.acl_username, client_id) if self.acl.configured else None
-            session.receive_maximum = receive_maximum
-            session.max_packet_size = max_packet_size
-            session.alias_maximum = alias_maximum
             if session.persistent:
-                yield session.write("put_session", SessionMeta(client_id, expiry, level, None, session.owner))
+                yield session.save_session(SessionMeta(client_id, expiry, level, None, session.owner))
                 session.stored = True
             elif session.stored:
                 # Scans of a RocksDB range full of tombstones get slow: only delete what was written.
                 session.stored = False
-                yield session.write("delete_session")
+                yield session.delete_session()
             if session.fenced:  # claimed elsewhere while we were connecting: the other connection has it
                 conn.refuse(ReasonCode.SERVER_UNAVAILABLE)
                 return
@@ -396,15 +387,14 @@ class SessionRegistry:
         if session is None:
             conn.close(None)
             return
-        props = packet.properties
-        if props.session_expiry_interval is not None:
-            if session.expiry == 0 and props.session_expiry_interval != 0:
-                # MQTT-3.14.2-2: cannot make a non-persistent session persistent at the end.
-                conn.close(ReasonCode.PROTOCOL_ERROR)
-                self.conn_gone(conn, publish_will=True)
-                return
-            session.expiry = min(props.session_expiry_interval, self.config.session_expiry_max) \
-                if props.session_expiry_interval != NEVER_EXPIRES else NEVER_EXPIRES
+        try:
+            session.state.disconnect_received(packet.properties.session_expiry_interval,
+                                              self.config.session_expiry_max)
+        except PeerError as exc:
+            log.info("protocol_violation client=%s %s", session.client_id, exc.text)
+            conn.close(exc.reason_code)
+            self.conn_gone(conn, publish_will=True)
+            return
         publish_will = packet.reason_code == ReasonCode.DISCONNECT_WITH_WILL_MESSAGE
         self.conn_gone(conn, publish_will=publish_will)
         conn.close(None)
@@ -432,8 +422,8 @@ class SessionRegistry:
         if not session.persistent:
             self.end_session(session)
         else:
-            session.write("put_session", SessionMeta(session.client_id, session.expiry, session.level,
-                                                     self.now_ms(), session.owner))
+            session.save_session(SessionMeta(session.client_id, session.expiry, session.level, self.now_ms(),
+                                             session.owner))
             session.stored = True
             self._schedule_expiry(session, self.now_ms())
         log.info("client_disconnected client=%s will=%s", session.client_id, bool(will_actions))
@@ -463,13 +453,12 @@ class SessionRegistry:
             del self.sessions[session.client_id]
         if session.expiry_call is not None and session.expiry_call.active():
             session.expiry_call.cancel()
-        self.router.release(session)
-        session.outbound = NO_ENTRIES
+        self.router.release(session)  # the session's ``ended`` event
         if not session.stored or session.fenced:
             self._release(session.client_id, session.epoch)
             return defer.succeed(None)
         session.stored = False
-        d = session.write("delete_session")
+        d = session.delete_session()
         self._release(session.client_id, session.epoch)  # after the delete: writes of an id apply in call order
         return d
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 
-from mqtt_proxy import message_props
 from store.api import QueuePosition, ReadResult
 
 log = logging.getLogger("twistmq.mqtt.shared")
@@ -106,16 +105,21 @@ class SharedGroup:
             d.addErrback(lambda f: log.error("share_commit_failed group=%s filter=%s error=%s", self.group,
                                              self.topic_filter, f.getErrorMessage()))
 
-    def _next_member(self, qos: int):
+    def _offer(self, message, now_ms: int):
+        """Offer ``message`` to the members in turn: (member, its Delivery) for the one that took it or found it
+        expired, None when none had room. Each member's state machine decides (QoS, window, expiry, packet id)."""
         n = len(self.members)
         for i in range(n):
             session, sub = self.members[(self._rr + i) % n]
             if session.conn is None or session.conn.paused:
                 continue
-            if min(qos, sub.qos) and session.window <= 0:
+            d = session.send_group_message(message, sub, now_ms)
+            if d.expired:
+                return session, d
+            if d.stopped:
                 continue
             self._rr = (self._rr + i + 1) % n
-            return session, sub
+            return session, d
         return None
 
     def pump(self) -> None:
@@ -157,21 +161,14 @@ class SharedGroup:
         now = self.delivery.now_ms()
         stopped_at = None
         for m in messages:
-            record = m.record
-            if record.properties and message_props.expired(record.properties, now):
-                self.delivery.stats.messages_expired += 1
-                progressed = True
-                continue
-            target = self._next_member(record.qos)
-            if target is None:
+            taken = self._offer(m, now)
+            if taken is None:
                 stopped_at = m.position
                 if redelivery:
                     cursor.redeliver.insert(0, m.position)
                 break
-            session, sub = target
-            qos = min(sub.qos, record.qos)
-            pid = session.send_group_message(record, qos, sub, self, m.position)
-            if pid is not None:
+            session, d = taken
+            if d.sends and d.sends[0][2] is not None:  # a packet id: the member owes the group its completion
                 cursor.inflight[m.position] = session
             progressed = True
         if not redelivery:

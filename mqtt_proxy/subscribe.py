@@ -82,7 +82,6 @@ def _fits(session, conn, record, sub: Subscription) -> bool:
 def handle_subscribe(router, conn, packet):
     """Answer one SUBSCRIBE with a SUBACK holding a code per filter, then retained messages."""
     session = conn.session
-    level = conn.level
     limits = router.limits
     sub_ids = packet.properties.subscription_identifiers
     sub_id = sub_ids[0] if sub_ids else 0
@@ -109,10 +108,7 @@ def handle_subscribe(router, conn, packet):
             continue
         qos = min(opts.qos, 2)
         if existing is not None:
-            existing.qos = qos
-            existing.no_local = opts.no_local
-            existing.retain_as_published = opts.retain_as_published
-            existing.sub_id = sub_id
+            session.state.resubscribed(topic_filter, qos, opts.no_local, opts.retain_as_published, sub_id)
             sub = existing
             is_new = False
         else:
@@ -136,10 +132,10 @@ def handle_subscribe(router, conn, packet):
                     return
                 sub = session.subs[topic_filter]
             else:
-                session.state.own_subs()[topic_filter] = sub
+                session.state.subscribed(topic_filter, sub)
             is_new = True
         if session.persistent:
-            writes.append(session.write("put_subscription", sub.state()))
+            writes.append(session.save_subscription(sub.state()))
         codes.append(qos)
         if sub.share is None and opts.retain_handling != RetainHandling.DO_NOT_SEND \
                 and not (opts.retain_handling == RetainHandling.SEND_IF_NEW_SUBSCRIPTION and not is_new):
@@ -197,10 +193,11 @@ def handle_unsubscribe(router, conn, packet):
     codes = []
     writes = []
     for topic_filter in packet.topic_filters:
-        sub = session.subs.pop(topic_filter, None)
+        sub = session.subs.get(topic_filter)
         if sub is None:
             codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
             continue
+        session.state.unsubscribed(topic_filter)
         if sub.share is not None:
             sub.share.member_left(session, sub)
             router.drop_group_member(sub)
@@ -208,7 +205,7 @@ def handle_unsubscribe(router, conn, packet):
             session.unwatch(sub)
         router.remove_filter(sub.topic_filter)
         if session.persistent:
-            writes.append(session.write("delete_subscription", topic_filter))
+            writes.append(session.delete_subscription(topic_filter))
         codes.append(ReasonCode.SUCCESS)
     yield defer.gatherResults([d for d in writes if d is not None])
     if conn.session is session:
