@@ -39,9 +39,9 @@ import os
 import shutil
 import struct
 from array import array
-from typing import Container, Iterable, Iterator, Sequence
+from typing import Container, Iterator, Sequence
 
-from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from lightqueue.names import LMQ_PREFIX, TOPIC_PREFIX, lmq_name, native_queue_name, topic_queue_name
 from lightqueue.topic_trie import TopicTrie

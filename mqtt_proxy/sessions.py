@@ -24,7 +24,7 @@ from mqtt_proxy.inbound import InboundBatcher
 from mqtt_proxy.router import SubscriptionRouter
 from mqtt_proxy.session import Session
 from mqtt_proxy.session_state import NEVER_EXPIRES, PeerError, ScheduleWill
-from store.api import Owed, SessionMeta, SessionState, Sessions, StoreError
+from store.api import NotAuthorized, Owed, SessionMeta, SessionState, Sessions, StoreError
 
 log = logging.getLogger("twistmq.mqtt.broker")  # the logger name is a stable, greppable part of the log lines
 
@@ -148,7 +148,7 @@ class SessionRegistry:
                 return
             client_id, assigned = conn.acl_username, None
         identity = identity_of(conn.acl_username, conn.cert_identity())
-        if assigned is None and not (yield self._may_take(client_id, identity, conn)):
+        if assigned is None and not self._may_take(client_id, identity, conn):
             return
         if level == MQTT_5:
             expiry = props.session_expiry_interval or 0
@@ -171,7 +171,10 @@ class SessionRegistry:
         try:
             if assigned is None:
                 try:
-                    epoch = yield self.store.claim_session(client_id, self.holder)
+                    epoch = yield self.store.claim_session(client_id, self.holder, identity)
+                except NotAuthorized:
+                    self._refuse_foreign(conn, client_id, identity, "another")
+                    return
                 except StoreError as exc:
                     log.error("session_claim_failed client=%s error=%s", client_id, exc)
                     conn.refuse(ReasonCode.SERVER_UNAVAILABLE)
@@ -274,29 +277,21 @@ class SessionRegistry:
         """Whether ``identity`` may take ``session`` (one stored before owners were kept: anybody, once)."""
         return session.owner is None or session.owner == identity
 
-    @defer.inlineCallbacks
-    def _may_take(self, client_id: str, identity: str, conn):
-        """Before the claim (which would fence the holder): refuse a client id whose session is another's.
+    def _may_take(self, client_id: str, identity: str, conn) -> bool:
+        """Before the claim (which would fence the holder): refuse a client id whose session here is another's.
 
         A session made by another identity, connected or stored, is neither
         taken over nor discarded, whatever the clean-start flag: CONNACK
-        0x87 / 5 and the owner's session and connection stay as they are.
+        0x87 / 5 and the owner's session and connection stay as they are. A
+        session held elsewhere is checked by its group at the claim
+        (``claim_session``'s ``owner``: ``NotAuthorized``, nobody fenced).
         """
         session = self.sessions.get(client_id)
-        if session is not None:
-            owner = session.owner
-        else:
-            try:
-                state = yield self.store.get_session(client_id)
-            except StoreError as exc:
-                log.error("session_load_failed client=%s error=%s", client_id, exc)
-                conn.refuse(ReasonCode.SERVER_UNAVAILABLE)
-                return False
-            owner = state.meta.owner if state is not None else None
+        owner = session.owner if session is not None else None
         if owner is not None and owner != identity:
             self._refuse_foreign(conn, client_id, identity, owner)
             return False
-        return bool(conn.connected)
+        return True
 
     def _refuse_foreign(self, conn, client_id: str, identity: str, owner: str | None) -> None:
         log.warning("session_foreign_refused client=%r identity=%r owner=%r peer=%s",

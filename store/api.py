@@ -35,7 +35,7 @@ from store import (
 from store.record import Message, Record
 
 __all__ = [
-    "AppendResult", "AppendStatus", "Fenced", "InvalidArgument", "InternalError", "MessageLog", "NativeObject",
+    "AppendResult", "AppendStatus", "Fenced", "InvalidArgument", "NotAuthorized", "InternalError", "MessageLog", "NativeObject",
     "NativeQueues", "NotFound", "OutboundState", "Owed",
     "QueuePosition", "Queues", "QuotaExceeded", "ReadResult", "QueuedMessage", "Retained", "RetainedMessage",
     "SessionMeta", "SessionState", "Sessions", "Store", "StoreError", "SubscriptionState", "Timers", "Unavailable",
@@ -79,6 +79,12 @@ class Unavailable(StoreError):
     """The store cannot serve now (not open, closing, a disk error): the call may succeed later."""
 
     code = "unavailable"
+
+
+class NotAuthorized(StoreError):
+    """A claim by an identity that does not own the session (another identity made it, or holds it now)."""
+
+    code = "not_authorized"
 
 
 class Fenced(StoreError):
@@ -370,12 +376,16 @@ class Sessions(Protocol):
     ``InvalidArgument``. Writes of one client id apply in call order.
     """
 
-    def claim_session(self, client_id: str, holder: str) -> defer.Deferred[int]:
+    def claim_session(self, client_id: str, holder: str, owner: str = "") -> defer.Deferred[int]:
         """Record ``holder`` as the session's holder under a new epoch, durably; fires with that epoch.
 
         Works whether or not a session is stored (a CONNECT claims first). Epochs
         of one client id only grow, also across ``delete_session`` and
         ``release_session``: a write with an epoch from before either is ``Fenced``.
+        ``owner`` is the identity connecting: a session stored by another
+        identity, or claimed by one now, fails the claim with ``NotAuthorized``
+        and nobody is fenced (empty: not checked; a session stored without an
+        owner is anybody's).
         """
 
     def release_session(self, client_id: str, epoch: int) -> defer.Deferred[None]:

@@ -34,7 +34,7 @@ import collections
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, NamedTuple, Protocol
+from typing import Callable, Iterable, Protocol
 
 from twisted.internet import defer, task
 

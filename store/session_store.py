@@ -181,8 +181,11 @@ class SessionStore:
 
     # -- claims -------------------------------------------------------------------------------
 
-    def save_claim(self, client_id: str, holder: str, epoch: int) -> defer.Deferred:
-        return self.kv.put(b"e/" + _cid(client_id), json.dumps({"holder": holder, "epoch": epoch}).encode())
+    def save_claim(self, client_id: str, holder: str, epoch: int, owner: str = "") -> defer.Deferred:
+        record = {"holder": holder, "epoch": epoch}
+        if owner:
+            record["owner"] = owner
+        return self.kv.put(b"e/" + _cid(client_id), json.dumps(record).encode())
 
     def delete_claim(self, client_id: str) -> defer.Deferred:
         return self.kv.delete(b"e/" + _cid(client_id))
@@ -191,6 +194,16 @@ class SessionStore:
         """Client id -> (holder, epoch) of every claim."""
         return {key[2:].decode("utf-8"): (d["holder"], d["epoch"])
                 for key, d in ((k, json.loads(v)) for k, v in self.kv.scan(b"e/"))}
+
+    def load_claim_owners(self) -> dict[str, str]:
+        """Client id -> the identity that made each claim (claims from before owners were kept have none)."""
+        return {key[2:].decode("utf-8"): d["owner"]
+                for key, d in ((k, json.loads(v)) for k, v in self.kv.scan(b"e/")) if d.get("owner")}
+
+    def stored_owner(self, client_id: str) -> str | None:
+        """The owner of the stored session of ``client_id`` (None: none stored, or stored without an owner)."""
+        value = self.kv.get(b"s/" + _cid(client_id))
+        return json.loads(value).get("owner") if value is not None else None
 
     def has_session(self, client_id: str) -> bool:
         """Whether a session of ``client_id`` is stored (its meta; every stored session has one)."""

@@ -76,6 +76,7 @@ class LocalSessions:
         self._db = sessions
         self._group = group
         self._claims: dict[str, tuple[str, int]] | None = None  # client id -> (holder, epoch); all, once read
+        self._claim_owners: dict[str, str] = {}  # client id -> the identity whose CONNECT made the claim
         self._next_epoch = 0  # the epoch of the next claim
         self._epoch_mark = 0  # the persisted high-water mark: epochs up to it may have been handed out
         self._claim_listeners: list[Callable[[str, str, int], None]] = []
@@ -91,15 +92,22 @@ class LocalSessions:
         """Every claim on record: client id -> (holder, epoch) (read from the KV on first use)."""
         if self._claims is None:
             self._claims = self._db.load_claims()
+            self._claim_owners = self._db.load_claim_owners()
             # A store from before the mark has claims but no mark: resume above both.
             self._epoch_mark = max(self._db.load_epoch_mark(), max((e for _, e in self._claims.values()), default=0))
             self._next_epoch = self._epoch_mark + 1
         return self._claims
 
-    def claim_session(self, client_id: str, holder: str) -> defer.Deferred:
-        if not isinstance(client_id, str) or not isinstance(holder, str) or not holder:
+    def claim_session(self, client_id: str, holder: str, owner: str = "") -> defer.Deferred:
+        if not isinstance(client_id, str) or not isinstance(holder, str) or not holder or not isinstance(owner, str):
             raise api.InvalidArgument(f"claim_session needs a client id and a holder, got {client_id!r}, {holder!r}")
         claims = self.claims
+        if owner:
+            # The session belongs to the identity that made it: a live claim's, else a stored session's.
+            other = (self._claim_owners.get(client_id) if client_id in claims else None) \
+                or self._db.stored_owner(client_id)
+            if other and other != owner:
+                raise api.NotAuthorized(f"session {client_id!r} belongs to another identity")
         old_holder = claims.get(client_id, ("", 0))[0]
         epoch = self._next_epoch
         self._next_epoch += 1
@@ -108,7 +116,11 @@ class LocalSessions:
             self._epoch_mark = epoch + EPOCH_BLOCK - 1
             writes.append(self._db.save_epoch_mark(self._epoch_mark).addErrback(self._mark_failed, epoch))
         claims[client_id] = (holder, epoch)
-        writes.append(self._db.save_claim(client_id, holder, epoch))
+        if owner:
+            self._claim_owners[client_id] = owner
+        else:
+            self._claim_owners.pop(client_id, None)
+        writes.append(self._db.save_claim(client_id, holder, epoch, owner))
         if old_holder and old_holder != holder:
             for listener in list(self._claim_listeners):
                 try:
@@ -137,6 +149,7 @@ class LocalSessions:
         if claim is None or claim[1] != epoch or self._db.has_session(client_id):
             return defer.succeed(None)
         del claims[client_id]
+        self._claim_owners.pop(client_id, None)
         return self._db.delete_claim(client_id).addCallback(lambda _: None)
 
     def _fence(self, client_id: str, epoch: int) -> None:

@@ -201,8 +201,8 @@ class LocalStore:
         return len(self._sessions.claims)
 
     @_typed
-    def claim_session(self, client_id: str, holder: str) -> defer.Deferred:
-        return self._sessions.claim_session(client_id, holder)
+    def claim_session(self, client_id: str, holder: str, owner: str = "") -> defer.Deferred:
+        return self._sessions.claim_session(client_id, holder, owner)
 
     @_typed
     def release_session(self, client_id: str, epoch: int) -> defer.Deferred:

@@ -196,7 +196,7 @@ class RoutedStore:
     def _spanned(self, client_id: str, topic_filter: str) -> tuple[str, ...]:
         return self.table.groups_of_filter(topic_filter)
 
-    def claim_session(self, client_id: str, holder: str) -> defer.Deferred:
+    def claim_session(self, client_id: str, holder: str, owner: str = "") -> defer.Deferred:
         """Claim in the home group (it must answer) and in every other group that can be reached now.
 
         A group that cannot be reached does not keep the client out: its writes there carry epoch 0 until
@@ -209,7 +209,7 @@ class RoutedStore:
             return defer.fail(exc)
 
         def one(group: str) -> defer.Deferred:
-            d = defer.maybeDeferred(self.groups[group].claim_session, client_id, holder)
+            d = defer.maybeDeferred(self.groups[group].claim_session, client_id, holder, owner)
             if group != home:
                 d.addErrback(self._claim_missed, group, client_id)
             return d

@@ -177,8 +177,8 @@ class RemoteStore:
     def read_queue(self, position: api.QueuePosition, max_count: int) -> defer.Deferred[api.ReadResult]:
         return self._call("read_queue", (position, max_count), {})
 
-    def claim_session(self, client_id: str, holder: str) -> defer.Deferred[int]:
-        return self._call("claim_session", (client_id, holder), {})
+    def claim_session(self, client_id: str, holder: str, owner: str = "") -> defer.Deferred[int]:
+        return self._call("claim_session", (client_id, holder, owner), {})
 
     def release_session(self, client_id: str, epoch: int) -> defer.Deferred[None]:
         return self._call("release_session", (client_id, epoch), {})

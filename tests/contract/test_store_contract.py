@@ -306,6 +306,20 @@ def test_a_release_keeps_a_stored_sessions_claim_and_ignores_an_old_epoch(store)
     assert store.wait(store.store.get_session("kept")).epoch == new
 
 
+def test_a_claim_by_another_identity_is_refused_and_fences_nobody(store):
+    """A session claimed, or stored, by one identity is not claimed by another: NotAuthorized, the holder kept."""
+    epoch = store.wait(store.store.claim_session("owned", "proxy-1", "user:alice"))
+    assert isinstance(store.error(store.store.claim_session("owned", "proxy-2", "user:mallory")), api.NotAuthorized)
+    store.wait(store.store.put_session(api.SessionMeta("owned", 3600, 5, None, "user:alice"), epoch))  # not fenced
+    again = store.wait(store.store.claim_session("owned", "proxy-2", "user:alice"))  # the owner, elsewhere: taken over
+    assert again > epoch
+    store.wait(store.store.release_session("owned", again))  # the stored session keeps its claim and its owner
+    assert isinstance(store.error(store.store.claim_session("owned", "proxy-3", "anonymous")), api.NotAuthorized)
+    free = store.wait(store.store.claim_session("free", "proxy-1", "user:bob"))
+    store.wait(store.store.release_session("free", free))  # nothing stored: the claim and its owner are forgotten
+    assert store.wait(store.store.claim_session("free", "proxy-2", "user:carol")) > free
+
+
 def test_a_claim_by_another_holder_tells_the_old_one(local):
     """LocalStore raises the takeover event (client id, old holder, new epoch) for the RPC to carry."""
     heard = []
