@@ -150,7 +150,7 @@ class NativeConfig:
     token: str = ""
     """Shared secret native clients present: a TCP connection's first request carries ``"token"`` (e.g. ``{"action": "auth", "token": "..."}``), every UDP datagram too; a wrong or missing one gets an error (and TCP is closed). Empty: no token, and a native listener facing other hosts needs ``[mqtt] allow_anonymous = true``."""
     max_reply_buffer_bytes: int = 1_048_576
-    """Reply bytes a TCP connection may have waiting (unsent, or ready behind an earlier reply) before the server stops reading its requests until the client reads."""
+    """Reply bytes a TCP connection may have ready behind an earlier, unanswered reply before the server stops reading its requests until the client reads (the transport's own send buffer pauses reading past 64 KiB)."""
     list_page_size: int = 100
     """Queues (and topics) per ``queue_list`` reply when the request gives no ``limit`` (at most 1000); ``cursor`` fetches the next page."""
 

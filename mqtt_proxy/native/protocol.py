@@ -5,7 +5,7 @@ written in that order as their slots fill. A request starts only once the
 earlier requests of the connection on the same queue are answered
 (``ordering.RequestOrder``), so they take effect in the order they were sent. A connection with more than
 ``max_pipeline`` requests unanswered stops being read until half of them are; so does one whose replies
-pile up past ``max_reply_buffer_bytes`` (unsent in the transport, or ready behind an earlier reply) until
+pile up (past the transport's 64 KiB send buffer, or ``max_reply_buffer_bytes`` ready behind an earlier reply) until
 the client reads them: a client that sends and never reads holds a bounded amount of memory. List replies
 come in pages (``paging``). With ``native.token`` set, the first request must carry it (``token``); a
 wrong or missing one is answered with an error and the connection closed.
@@ -57,7 +57,7 @@ class NativeTCPProtocol(protocol.Protocol):
         self._held = 0  # bytes of replies ready behind an earlier one still being served
         self._order = RequestOrder(self.config.virtual_queues)
         self._paused = False  # we stopped reading from the transport
-        self._out_paused = False  # the transport's send buffer is over max_reply_buffer_bytes
+        self._out_paused = False  # the transport's send buffer is over its high-water mark
         self._serving = False
         self._closing = False
         self._open = False
@@ -68,8 +68,9 @@ class NativeTCPProtocol(protocol.Protocol):
         set_no_delay = getattr(self.transport, "setTcpNoDelay", None)
         if set_no_delay is not None:
             set_no_delay(True)
-        if hasattr(self.transport, "bufferSize"):  # the high-water mark of its send buffer
-            self.transport.bufferSize = self.config.max_reply_buffer_bytes
+        # The transport pauses us when its send buffer passes its high-water mark (Twisted's bufferSize, 64 KiB).
+        # Not raised to max_reply_buffer_bytes: a TCP transport also reads bufferSize bytes per recv, and 1 MiB
+        # reads cost a node 1.5x the CPU per native request (bench.cost_bench native).
         self.transport.registerProducer(self, True)
         self.service.connections.add(self)
 
