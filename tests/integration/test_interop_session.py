@@ -330,8 +330,17 @@ def test_amqtt_shared_subscription(node, ns):
                 await m.subscribe([(f"$share/g/{ns.topic('t')}", 1)])
             for i in range(N_SHARED):
                 await pub.publish(ns.topic("t"), f"m{i}".encode(), qos=1)
-            await asyncio.sleep(0.3)
-            _check_split([[bytes(msg.data).decode() for msg in await amqtt_drain(m, 0.3)] for m in members])
+            got = [[] for _ in members]
+            deadline = time.monotonic() + WAIT
+            while sum(map(len, got)) < N_SHARED and time.monotonic() < deadline:  # all of them, among members
+                for mine, m in zip(got, members):
+                    try:
+                        mine.append(await m.deliver_message(timeout_duration=0.05))
+                    except asyncio.TimeoutError:
+                        pass
+            for mine, m in zip(got, members):
+                mine += await amqtt_drain(m, 0.3)  # and no message twice
+            _check_split([[bytes(msg.data).decode() for msg in mine] for mine in got])
         finally:
             await amqtt_close(pub, *members)
     amqtt_run(run)
