@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.request
 
@@ -11,6 +10,7 @@ import paho.mqtt.client as mqtt
 from jsonschema import Draft202012Validator
 
 from cluster.admin.routes import load_spec
+from tests.integration.waiting import wait_until
 
 SPEC = load_spec()
 
@@ -54,13 +54,7 @@ def paho(port: int, client_id: str, clean: bool = True, subscribe: str | None = 
 
 
 def wait_for(check, timeout: float = 15.0, what: str = "the condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_until(check, timeout, what=what)
 
 
 def close(client: mqtt.Client) -> None:

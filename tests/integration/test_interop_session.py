@@ -6,6 +6,7 @@ One real node per module; clients, fixtures and the table marker live in interop
 from __future__ import annotations
 
 import asyncio
+import queue
 import signal
 import time
 
@@ -15,10 +16,11 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from tests.interop_table import AMQTT, MOSQUITTO, PAHO_5
 from tests.integration.interop_clients import (
-    amqtt_close, amqtt_connect, amqtt_drain, amqtt_drop, amqtt_expect, amqtt_run, interop, mosq_pub,
+    amqtt_close, amqtt_connect, amqtt_drain, amqtt_drop, amqtt_expect, amqtt_run, drain, interop, mosq_pub,
     paho_params, QUIET, WAIT)
 from tests.integration.interop_clients import (  # noqa: F401 (fixtures, used by name)
     cleanup, mk_paho, mk_sub, node, ns)
+from tests.integration.waiting import open_connections, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -37,14 +39,22 @@ def test_paho_will_on_abnormal_disconnect(mk_paho, ns, v):
     assert [(m.topic, m.payload) for m in watcher.expect(1)] == [(ns.topic("will"), b"gone")]
 
 
+def _wait_closed(node, before: int) -> None:
+    """Wait until the node has closed the client that disconnected (so it has handled its DISCONNECT):
+    its open connections are back to *before*, the count before that client came."""
+    wait_until(lambda: open_connections(node) <= before, WAIT,
+               what="the node to close the disconnected client")
+
+
 @paho_params("no will on DISCONNECT")
-def test_paho_no_will_on_disconnect(mk_paho, ns, v):
+def test_paho_no_will_on_disconnect(mk_paho, node, ns, v):
     """A normal DISCONNECT discards the will: the watcher sees only the sentinel published afterwards."""
     watcher = mk_paho(5, ns("watch"))
     watcher.subscribe(ns.topic("will"), 1)
+    before = open_connections(node)
     c = mk_paho(v, ns("dev"), will=(ns.topic("will"), b"gone", 1, False))
     c.close()
-    time.sleep(0.2)
+    _wait_closed(node, before)
     mk_paho(5, ns("pub")).publish(ns.topic("will"), b"sentinel", 1)
     assert [m.payload for m in watcher.until(b"sentinel")] == [b"sentinel"]
     assert watcher.drain(QUIET) == []
@@ -63,12 +73,16 @@ def test_paho_will_on_keepalive_expiry(mk_paho, ns, v):
     assert 1.0 <= elapsed <= 3.5, f"will after {elapsed:.2f}s, expected about 1.5s"
 
 
+WILL_DELAY_S = 2
+DROP_SEEN_MARGIN_S = 0.5
+
+
 def _dropped_with_delayed_will(mk_paho, ns):
     """A watcher of the will topic, and when a v5 client with a 2 s Will Delay Interval dropped its link."""
     watcher = mk_paho(5, ns("watch"))
     watcher.subscribe(ns.topic("will"), 1)
     wp = Properties(PacketTypes.WILLMESSAGE)
-    wp.WillDelayInterval = 2
+    wp.WillDelayInterval = WILL_DELAY_S
     c = mk_paho(5, ns("dev"), will=(ns.topic("will"), b"late", 1, False), will_props=wp, session_expiry=60)
     c.drop()
     t0 = time.monotonic()
@@ -90,7 +104,9 @@ def test_paho5_will_delay_cancelled_by_reconnect(mk_paho, ns):
     watcher, t0 = _dropped_with_delayed_will(mk_paho, ns)
     back = mk_paho(5, ns("dev"), clean=False, session_expiry=60)
     assert back.connack[1].session_present
-    time.sleep(max(0.0, 2.5 - (time.monotonic() - t0)))
+    # The will delay is the subject: wait until the will would have gone out, had the reconnect not
+    # cancelled it. The node counts the delay from when it saw the drop, a moment after t0 (the margin).
+    time.sleep(max(0.0, WILL_DELAY_S + DROP_SEEN_MARGIN_S - (time.monotonic() - t0)))
     mk_paho(5, ns("pub")).publish(ns.topic("will"), b"sentinel", 1)
     assert [m.payload for m in watcher.until(b"sentinel")] == [b"sentinel"]
 
@@ -130,11 +146,13 @@ def test_amqtt_no_will_on_disconnect(mk_paho, node, ns):
     watcher = mk_paho(5, ns("watch"))
     watcher.subscribe(ns.topic("will"), 1)
 
+    before = open_connections(node)
+
     async def run():
         c = await amqtt_connect(node.port(), ns("dev"), will=(ns.topic("will"), "gone", 1, False))
         await c.disconnect()
     amqtt_run(run)
-    time.sleep(0.2)
+    _wait_closed(node, before)
     mk_paho(5, ns("pub")).publish(ns.topic("will"), b"sentinel", 1)
     assert [m.payload for m in watcher.until(b"sentinel")] == [b"sentinel"]
     assert watcher.drain(QUIET) == []
@@ -179,10 +197,11 @@ def test_mosquitto_no_will_on_disconnect(mk_paho, mk_sub, node, ns):
     """mosquitto_sub -E ends with DISCONNECT, so its will is discarded."""
     watcher = mk_paho(5, ns("watch"))
     watcher.subscribe(ns.topic("will"), 1)
+    before = open_connections(node)
     s = mk_sub([ns.topic("x")], client_id=ns("dev"),
                extra=["-E", "--will-topic", ns.topic("will"), "--will-payload", "gone", "--will-qos", "1"])
     assert s.wait_exit() == 0
-    time.sleep(0.2)
+    _wait_closed(node, before)
     mosq_pub(node.port(), ns.topic("will"), "sentinel", client_id=ns("pub"), qos=1)
     assert [m.payload for m in watcher.until(b"sentinel")] == [b"sentinel"]
     assert watcher.drain(QUIET) == []
@@ -267,6 +286,26 @@ def _check_split(per_member, n=N_SHARED):
     assert all(member for member in per_member), f"a member got nothing: {per_member}"
 
 
+def _shared_split(queues, n=N_SHARED, quiet=0.3):
+    """What each member's message queue got: wait until *n* arrived among them, then watch *quiet* seconds
+    for any more (a message delivered twice)."""
+    got = [[] for _ in queues]
+
+    def arrived() -> bool:
+        for mine, q in zip(got, queues):
+            while True:
+                try:
+                    mine.append(q.get_nowait())
+                except queue.Empty:
+                    break
+        return sum(map(len, got)) >= n
+
+    wait_until(arrived, WAIT, what=f"{n} messages among the members")
+    for mine, q in zip(got, queues):
+        mine += drain(q, quiet)
+    return got
+
+
 @paho_params("shared subscriptions")
 def test_paho_shared_subscription(mk_paho, ns, v):
     """Two members of ``$share/g/...`` split the messages between them, each message delivered once."""
@@ -276,8 +315,8 @@ def test_paho_shared_subscription(mk_paho, ns, v):
     pub = mk_paho(v, ns("pub"))
     for i in range(N_SHARED):
         pub.publish(ns.topic("t"), f"m{i}".encode(), 1)
-    time.sleep(0.3)
-    _check_split([[msg.payload.decode() for msg in m.drain(0.3)] for m in members])
+    split = _shared_split([m.messages for m in members])
+    _check_split([[msg.payload.decode() for msg in got] for got in split])
 
 
 @interop(AMQTT, "shared subscriptions")
@@ -291,8 +330,17 @@ def test_amqtt_shared_subscription(node, ns):
                 await m.subscribe([(f"$share/g/{ns.topic('t')}", 1)])
             for i in range(N_SHARED):
                 await pub.publish(ns.topic("t"), f"m{i}".encode(), qos=1)
-            await asyncio.sleep(0.3)
-            _check_split([[bytes(msg.data).decode() for msg in await amqtt_drain(m, 0.3)] for m in members])
+            got = [[] for _ in members]
+            deadline = time.monotonic() + WAIT
+            while sum(map(len, got)) < N_SHARED and time.monotonic() < deadline:  # all of them, among members
+                for mine, m in zip(got, members):
+                    try:
+                        mine.append(await m.deliver_message(timeout_duration=0.05))
+                    except asyncio.TimeoutError:
+                        pass
+            for mine, m in zip(got, members):
+                mine += await amqtt_drain(m, 0.3)  # and no message twice
+            _check_split([[bytes(msg.data).decode() for msg in mine] for mine in got])
         finally:
             await amqtt_close(pub, *members)
     amqtt_run(run)
@@ -304,5 +352,4 @@ def test_mosquitto_shared_subscription(mk_sub, node, ns):
     members = [mk_sub([f"$share/g/{ns.topic('t')}"], client_id=ns(f"m{i}"), qos=1) for i in range(2)]
     for i in range(N_SHARED):
         mosq_pub(node.port(), ns.topic("t"), f"m{i}", client_id=ns("pub"), qos=1)
-    time.sleep(0.3)
-    _check_split([[f[-1] for f in m.drain(0.3)] for m in members])
+    _check_split([[f[-1] for f in got] for got in _shared_split([m.messages for m in members])])

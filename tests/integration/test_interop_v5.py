@@ -18,6 +18,7 @@ from tests.integration.interop_clients import (
     props5, SERVER_KEEP_ALIVE)
 from tests.integration.interop_clients import (  # noqa: F401 (fixtures, used by name)
     cleanup, mk_paho, mk_sub, node, ns)
+from tests.integration.waiting import CLOCK_MARGIN_S
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +71,9 @@ def test_paho5_message_expiry(mk_paho, ns):
     sub.close()
     pub.publish(ns.topic("t"), b"short", 1, props=props5(MessageExpiryInterval=1))
     pub.publish(ns.topic("t"), b"long", 1, props=props5(MessageExpiryInterval=100))
-    time.sleep(2.2)
+    # The subject is time passing on the node: "short" (1 s) must expire, and the remaining expiry of
+    # "long" (100 s, sent rounded up) must read 98 or less, so two full seconds.
+    time.sleep(2 + CLOCK_MARGIN_S)
     sub = mk_paho(5, ns("sub"), clean=False, session_expiry=300)
     got = sub.expect(1)
     assert got[0].payload == b"long"
@@ -237,7 +240,9 @@ def test_mosquitto_message_expiry(mk_sub, node, ns):
              props=[("message-expiry-interval", 1)])
     mosq_pub(node.port(), ns.topic("t"), "long", client_id=ns("pub"), qos=1, v5=True,
              props=[("message-expiry-interval", 100)])
-    time.sleep(2.2)
+    # The subject is time passing on the node: "short" (1 s) must expire, and the remaining expiry of
+    # "long" (100 s, sent rounded up) must read 98 or less, so two full seconds.
+    time.sleep(2 + CLOCK_MARGIN_S)
     s = mk_sub([ns.topic("t")], client_id=ns("sub"), qos=1, v5=True, fmt="%E|%p", extra=["-c", "-x", "300"])
     got = s.expect(1)
     assert got[0][-1] == "long" and 90 <= int(got[0][0]) <= 98, got

@@ -16,6 +16,7 @@ import pytest
 
 from mqtt_proxy.native.client import BlockingClient
 from tests.integration.node import NodeProcess
+from tests.integration.waiting import wait_until
 
 paho = pytest.importorskip("paho.mqtt.client")
 from paho.mqtt.enums import CallbackAPIVersion  # noqa: E402
@@ -88,8 +89,10 @@ def test_persistent_qos1_with_kv_sync_across_rolls_and_sigkill(node, tmp_path):
     """Every PUBACKed message reaches a persistent subscriber, before and after a SIGKILL, through many segment
     rolls, and /metrics reports the reactor's lateness."""
     sub = Subscriber(node.port(), "kvs-sub")
-    sub.c.subscribe("kvs/+/t", qos=1)
-    time.sleep(0.3)
+    subacks = []
+    sub.c.on_subscribe = lambda c, u, mid, codes, p: subacks.append(mid)
+    _, mid = sub.c.subscribe("kvs/+/t", qos=1)
+    wait_until(lambda: mid in subacks, WAIT, what="the SUBACK")
     acked = _publish_all(node.port(), COUNT)
     assert len(acked) == COUNT
     assert sub.wait_for(COUNT) >= acked

@@ -14,6 +14,7 @@ from mqtt_proxy.codec import (
 from mqtt_proxy.codec.packets import PingReq, PingResp
 from tests.integration.mqtt_raw import Closed, RawClient
 from tests.integration.node import NodeProcess
+from tests.integration.waiting import CLOCK_MARGIN_S, QUIET_PERIOD
 
 _ids = itertools.count()
 
@@ -255,8 +256,8 @@ def test_message_expiry_drops_stale_messages(node):
     pub = client(node)
     pub.send(Publish("wire/exp/short", b"gone", qos=1, packet_id=1, properties=Properties(message_expiry_interval=1)))
     pub.send(Publish("wire/exp/long", b"kept", qos=1, packet_id=2, properties=Properties(message_expiry_interval=100)))
-    pub.recv(), pub.recv()
-    time.sleep(1.2)
+    pub.recv(), pub.recv()  # PUBACKs: both are stored, so "short" expires at most 1 s from now
+    time.sleep(1 + CLOCK_MARGIN_S)  # its expiry is the subject: the node must let that second pass
     sub = RawClient(node.port(), 5)
     sub.connect("wire-exp", clean_start=False, properties=props)
     got = [p for p in sub.recv_all(0.5) if isinstance(p, Publish)]
@@ -302,8 +303,13 @@ def test_shared_subscription_redelivers_unacked(node):
     for p in got_b:
         b.send(PubAck(p.packet_id))
     a.close()  # never acknowledged: b gets a's messages
-    time.sleep(0.2)
-    again = [p for p in b.recv_all(0.8) if isinstance(p, Publish)]
+    again = []
+    deadline = time.monotonic() + 5
+    while len(again) < len(got_a) and time.monotonic() < deadline:
+        p = b.recv(max(0.01, deadline - time.monotonic()))
+        if isinstance(p, Publish):
+            again.append(p)
+    again += [p for p in b.recv_all(QUIET_PERIOD) if isinstance(p, Publish)]  # and nothing more
     assert sorted(p.payload for p in again) == sorted(p.payload for p in got_a)
 
 

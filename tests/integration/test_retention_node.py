@@ -17,14 +17,18 @@ import pytest
 
 from mqtt_proxy.native.client import BlockingClient
 from tests.integration.node import NodeProcess
+from tests.integration.waiting import QUIET_PERIOD, metric_value, wait_until
 
 pytestmark = pytest.mark.slow
 
 RETENTION_HOURS = 2 / 3600  # two seconds
+CHECK_S = 0.5  # retention_check_s
+MORE_RUNS = 3  # retention runs watched after the first that held owed segments
+QUOTA_MB = 1
 
 
 def _config(path, **store) -> str:
-    values = {"segment_size": 65536, "retention_hours": RETENTION_HOURS, "retention_check_s": 0.5,
+    values = {"segment_size": 65536, "retention_hours": RETENTION_HOURS, "retention_check_s": CHECK_S,
               "disk_max_used_ratio": 1.0, **store}
     lines = ["[store]"] + [f"{k} = {v!r}" for k, v in values.items()]
     path.write_text("\n".join(lines) + "\n")
@@ -80,7 +84,7 @@ def _receive(node, client_id, expect, timeout=60.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and len(set(got)) < expect:
         time.sleep(0.1)
-    time.sleep(0.5)  # anything beyond what was expected would show up now
+    time.sleep(QUIET_PERIOD)  # anything beyond what was expected would show up now
     c.disconnect()
     c.loop_stop()
     return got
@@ -95,18 +99,17 @@ def _log(node) -> str:
         return f.read()
 
 
+def _store_bytes(node) -> float:
+    return metric_value(node.port("http"), "twistmq_store_bytes")
+
+
 def _metrics(node) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{node.port('http')}/metrics", timeout=5) as r:
         return r.read().decode()
 
 
 def _wait_for(predicate, timeout=20.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    wait_until(predicate, timeout, interval=0.2, what=what)
 
 
 def test_owed_messages_survive_many_retention_runs_and_caught_up_logs_are_freed(tmp_path):
@@ -124,8 +127,9 @@ def test_owed_messages_survive_many_retention_runs_and_caught_up_logs_are_freed(
             delayed_id = nc.produce("later", "delayed", delay=6)
         _publish_all(node, lambda i: f"ret/{i % 10}", 3000, retain_topic="keep/r")
         assert len(_segments(node)) >= 6  # the backlog spans many segments
-        time.sleep(4)  # eight retention runs with every segment older than the retention
-        assert "retention_held" in _log(node)  # old enough to go, kept for what is owed in them
+        # A run found segments old enough to go and kept them for what is owed in them ...
+        _wait_for(lambda: "retention_held" in _log(node), timeout=10, what="a run holding owed segments")
+        time.sleep(MORE_RUNS * CHECK_S)  # ... and so do the runs after it (the waiting is the subject here)
         assert "commitlog_segment_deleted" not in _log(node)
 
         got = _receive(node, "ret-sub", 3000)
@@ -178,7 +182,7 @@ def test_disk_quota_drops_are_counted_logged_and_skipped(tmp_path):
     """A 1 MB quota under a 3 MB backlog: the metric and the log name the queue and offsets dropped,
     and the session and the native consumer get everything after the gap."""
     node = NodeProcess(str(tmp_path / "data"), listeners=("mqtt", "native", "http"),
-                       extra_args=["--config", _config(tmp_path / "quota.toml", disk_quota_mb=1,
+                       extra_args=["--config", _config(tmp_path / "quota.toml", disk_quota_mb=QUOTA_MB,
                                                        retention_hours=1000.0)]).start()
     try:
         _subscribe_offline(node, "quota-sub", "q/#")
@@ -189,7 +193,8 @@ def test_disk_quota_drops_are_counted_logged_and_skipped(tmp_path):
             for i in range(200, 400):
                 nc.produce("qn", f"{i:06d}" + "z" * 1000)
         _wait_for(lambda: "retention_dropped_owed" in _log(node), what="a quota deletion")
-        time.sleep(1.5)  # let the runs settle under the quota
+        # The runs settle once the log is under the quota: nothing is published any more, so nothing more goes.
+        _wait_for(lambda: _store_bytes(node) <= QUOTA_MB * 1024 * 1024, what="the log under the quota")
         text = _log(node)
         metric = dict(re.findall(r'twistmq_retention_dropped_messages_total\{queue="([^"]+)"\} ([0-9.e+]+)',
                                  _metrics(node)))

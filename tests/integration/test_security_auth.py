@@ -33,6 +33,7 @@ from mqtt_proxy.codec.packets import PingResp, Will
 from tests.integration.node import NodeProcess
 from tests.integration.security_support import (Paho, add_user, node_logs, publishes, raw, subscribe,
                                                 subscribe_many, toml_str, unique, write_config)
+from tests.integration.waiting import wait_until
 
 ALICE_PW = "alice-Secr3t-c0rrect-horse-91d2"
 BOB_PW = "bob-Secr3t-battery-staple-4e7a"
@@ -353,10 +354,13 @@ def test_acl_username_pattern(node, level):
 
 def test_no_password_in_auth_node_logs(node):
     """After good and bad logins (both versions) the node's stdout and stderr logs hold no password."""
+    ids = []
     for level in (5, 4):
-        alice(node, level).close()
-        raw(node.port(), level, expect_ok=False, username="bob", password=WRONG_PW.encode()).close()
-    time.sleep(0.3)
+        ids += [unique("logs-ok"), unique("logs-fail")]
+        alice(node, level, ids[-2]).close()
+        raw(node.port(), level, ids[-1], expect_ok=False, username="bob", password=WRONG_PW.encode()).close()
+    wait_until(lambda: all(f"client_id={cid!r}" in node_logs(node) for cid in ids),
+               what="the node's log line of every attempt")
     logs = node_logs(node)
     assert "mqtt.auth.fail" in logs and "mqtt.auth.ok" in logs  # attempts are logged ...
     for secret in (ALICE_PW, BOB_PW, WRONG_PW):

@@ -23,6 +23,7 @@ from tests.integration.mqtt_raw import Closed
 from tests.integration.node import NodeProcess
 from tests.integration.security_support import (SourceClient, anon_rss_kib, assert_serving, http_get, raw,
                                                 unique, write_config)
+from tests.integration.waiting import wait_until
 
 MAX_QUEUED = 65536
 MAX_TOPIC_QUEUES = 100
@@ -78,11 +79,7 @@ def topic_queue_names(node) -> list[str]:
 
 
 def wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+    wait_until(condition, timeout, interval=0.1, what=what)
 
 
 # -- retained messages on SUBSCRIBE ---------------------------------------------------------------

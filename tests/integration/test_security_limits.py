@@ -17,6 +17,7 @@ from tests.integration.mqtt_raw import Closed
 from tests.integration.node import NodeProcess
 from tests.integration.security_support import (SourceClient, anon_rss_kib, assert_serving, http_get, publishes,
                                                 raw, subscribe, subscribe_many, unique, write_config)
+from tests.integration.waiting import CLOCK_MARGIN_S, open_connections, wait_until
 
 LEVELS = pytest.mark.parametrize("level", [5, 4], ids=["v5", "v311"])
 
@@ -90,7 +91,7 @@ def try_connect(port: int, level: int, source: str | None = None):
 
 def test_max_connections(node):
     """Past max_connections a v5 client gets CONNACK 0x97 and a 3.1.1 one is closed; one leaving makes room."""
-    time.sleep(0.3)  # let connections of earlier tests finish closing
+    wait_until(lambda: open_connections(node) == 0, what="connections of earlier tests to finish closing")
     held = []
     try:
         for _ in range(MAX_CONNECTIONS):
@@ -116,7 +117,7 @@ def test_max_connections(node):
     finally:
         for c in held:
             c.close()
-    time.sleep(0.2)
+    wait_until(lambda: open_connections(node) == 0, what="the held connections to close")
     assert_serving(node.port())
     status, metrics = http_get(node)
     assert status == 200 and "twistmq_connections_refused_total" in metrics
@@ -138,8 +139,9 @@ def test_max_connection_rate(node):
     refused(c, ack, 4, 0x9F)
     c.close()
     assert_serving(node.port())  # other addresses are not affected
-    time.sleep(1.05)
-    c, ack = try_connect(node.port(), 5, source)  # and the address itself may come back next second
+    # The rate window is the node's wall-clock second: the address may come back in the next one.
+    time.sleep(1 - time.time() % 1 + CLOCK_MARGIN_S)
+    c, ack = try_connect(node.port(), 5, source)
     c.close()
     assert ack is not None and ack.reason_code == 0, ack
 

@@ -35,6 +35,7 @@ from tests.integration.security_support import (
     unique,
     write_config,
 )
+from tests.integration.waiting import wait_until
 
 PASSWORD = "tls-Pa55word-7f3a9c"  # the known password whose absence from the logs we check
 WRONG_PASSWORD = "tls-Wr0ng-guess-41be"
@@ -322,15 +323,18 @@ def _key_fragments(key_path: str) -> list[str]:
 
 def test_no_password_or_private_key_in_logs(tls_node, mtls_node, pki):
     """Good and bad logins (v5 and 3.1.1, TLS and TCP) leave no password and no key material in any node log."""
+    ids = []
     for level in (5, 4):
         for port, tls in ((tls_node.port("mqtt-tls"), tls_opts(pki)), (tls_node.port("mqtt"), None)):
             for password, want in ((PASSWORD, 0), (WRONG_PASSWORD, 0x86)):
-                c = Paho(port, level=level, tls=tls, username="alice", password=password)
+                ids.append(unique("logs"))
+                c = Paho(port, ids[-1], level=level, tls=tls, username="alice", password=password)
                 try:
                     assert c.connect() == want
                 finally:
                     c.close()
-    time.sleep(0.3)  # let the node write its log lines
+    wait_until(lambda: all(f"client_id={cid!r}" in node_logs(tls_node) for cid in ids),
+               what="the node's log line of every attempt")
     for node in (tls_node, mtls_node):
         logs = node_logs(node)
         assert "twistmq ready" in logs
