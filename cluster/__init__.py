@@ -15,18 +15,19 @@ Rooms (sub-packages), read as the architecture:
   native forwarding.
 - ``rpc``: frames, connection state machine and Twisted protocol between nodes.
 - ``admin``: the admin HTTP API, the dashboard and ``twistmq-admin``.
+- ``discovery``: member records, their leases (renewed by heartbeats, evicted on a hashed-wheel
+  timer) and snowflake ids.
 - ``tools``: developer tools (the local-cluster launcher, test certificates, the
   password-file editor behind ``twistmq-admin``).
 - Directly here: ``tap`` (twistd's entry point) and ``routing`` (the hash-slot table, pure).
 
-Rooms still to come: ``controller`` (Raft metadata through pysyncobj), ``discovery``
-(member records, heartbeats and leases on a hashed-wheel timer) and ``replication``
+Rooms still to come: ``controller`` (Raft metadata through pysyncobj) and ``replication``
 (the Twisted adapters of the store's sans-IO HA logic).
 
 Rules between the rooms (``.importlinter`` checks them in ``./dev test``): roles may import
 every room, but no role module imports another; ``runtime`` imports no other room (its
 config gathers ``admin.config``); ``local`` never imports ``remote`` and ``remote`` never
 imports ``local``; ``rpc`` imports neither store implementation, nor ``runtime``; ``admin``
-and ``tools`` import no role, store implementation or ``rpc``; ``routing`` imports no room.
+and ``tools`` import no role, store implementation or ``rpc``; ``routing`` imports no room; ``discovery`` imports only ``rpc`` and ``runtime``.
 The rules between top-level packages are DESIGN.md's package table.
 """
