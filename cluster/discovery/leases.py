@@ -141,6 +141,21 @@ class LeaseTable:
                  listed.generation)
         return listed, [MemberJoined(listed)]
 
+    def adopt(self, record: MemberRecord, now: float) -> None:
+        """List a record an earlier leader committed, as it is: a joined member gets a lease from *now* (it
+        has had no chance to heartbeat to this table: the new leader's grace), a left one its time to be
+        forgotten from *now*. Generations stay as they were (this table's own start above them)."""
+        self._members[record.node_id] = record
+        if record.joined:
+            self._left.pop(record.node_id, None)
+            self._renew(record.node_id, now)
+        else:
+            self._renewed.pop(record.node_id, None)
+            self._left[record.node_id] = now
+            if record.node_id not in self._pending:
+                self._pending.add(record.node_id)
+                self._wheel.schedule(record.node_id, now, self.timings.forget_after)
+
     def heartbeat(self, cluster_id: str, node_id: str, generation: int, now: float,
                   healthy: bool = True) -> list:
         """Renew *node_id*'s lease; a wrong cluster, an unknown member or a stale generation is ``LeaseRefused``."""

@@ -21,6 +21,8 @@ import tomllib
 from dataclasses import dataclass
 
 from cluster.admin.config import AdminConfig
+from cluster.controller.config import ControllerConfig
+from cluster.discovery.config import DiscoveryConfig
 from cluster.runtime.listeners import (
     FLAGS,
     Listener,
@@ -189,10 +191,13 @@ class Config:
     path: str = ""  # the config file itself, for messages
     listeners: tuple[Listener, ...] = ()  # filled by settle(): every listener, checked, in opening order
     admin: AdminConfig = AdminConfig()
+    discovery: DiscoveryConfig = DiscoveryConfig()
+    controller: ControllerConfig = ControllerConfig()
 
 
 SECTIONS = {"node": NodeConfig, "store": StoreConfig, "mqtt": MQTTConfig, "limits": LimitsConfig,
-            "log": LogConfig, "cluster": ClusterConfig, "admin": AdminConfig}
+            "log": LogConfig, "cluster": ClusterConfig, "admin": AdminConfig, "discovery": DiscoveryConfig,
+            "controller": ControllerConfig}
 
 _FILE_KEYS = (("node", "mqtt_tls_ca"), ("mqtt", "password_file"), ("mqtt", "acl_file"), ("log", "file"))
 """(section, key) of every setting that names a file; each must exist except the log file."""
@@ -238,7 +243,8 @@ def load_config(path: str | None) -> Config:
         if value:
             built[section] = dataclasses.replace(built[section], **{key: resolve_path(value, base_dir)})
     return Config(built["node"], built["store"], built["mqtt"], built["limits"], dict(raw.get("native", {})),
-                  base_dir, built["log"], built["cluster"], path, admin=built["admin"])
+                  base_dir, built["log"], built["cluster"], path, admin=built["admin"],
+                  discovery=built["discovery"], controller=built["controller"])
 
 
 def with_flags(cfg: Config, node_changes: dict) -> Config:

@@ -239,3 +239,21 @@ def test_member_record_wire_form_round_trips_and_names_bad_fields():
         MemberRecord.from_dict({**record.as_dict(), "node_type": "toaster"})
     with pytest.raises(BadMember):
         MemberRecord.from_dict([1, 2])
+
+
+def test_adopted_records_get_a_lease_from_the_takeover():
+    """A new leader's table lists committed records as they are; joined ones keep their generation and
+    heartbeat on, silent ones are evicted one lease after the takeover, left ones are forgotten later."""
+    driven = Driven()
+    table = LeaseTable("twistmq", TIMINGS, 0.0, generation=7 << 32)
+    driven.table = table
+    table.adopt(_record("p1", joined=True, generation=5), 0.0)
+    table.adopt(_record("p2", joined=True, generation=6), 0.0)
+    table.adopt(_record("p3", joined=False, generation=4), 0.0)
+    driven.run(5.0, {"p1": 5})
+    assert [(type(e), getattr(e, "member", None) and e.member.node_id) for e in driven.events] == [(MemberLeft, "p2")]
+    assert table.member("p1").joined and table.member("p1").generation == 5
+    driven.run(6.0, {"p1": 5})
+    assert MemberForgotten("p3") in driven.events
+    listed, _ = table.register(_record("p4"), driven.clock.seconds())
+    assert listed.generation == (7 << 32) + 1
