@@ -36,6 +36,7 @@ from cluster.roles.common import (
     NodeOptions,
     client_listeners,
     default_node_id,
+    member_agent,
     node_config,
     security_reloader,
 )
@@ -122,6 +123,7 @@ class ProxyParts:
                                          from_mapping(NativeConfig, "native", cfg.native))
         self.lag = ReactorLagProbe(reactor)
         self.streams, self.datagrams = self._listeners()
+        self.agent = member_agent(reactor, cfg, "proxy", self.streams, health)  # None: static membership
 
     def _event(self, group: str, topic: str, body: bytes) -> None:
         """A broker's event other than queue news: a session of ours taken over elsewhere."""
@@ -180,6 +182,7 @@ def proxy_tree(parts: ProxyParts) -> RoleService:
         Part("mqtt-sessions", start=parts.mqtt.restore, stop=parts.mqtt.shutdown),
         Part("native", stop=parts.native.stop),
         *listeners,
+        *([parts.agent] if parts.agent is not None else []),  # registers once the listeners are bound
         Part("lag-probe", start=lambda: (heap.settle(), parts.lag.start()), stop=parts.lag.stop),
         ReadyLine(listeners, announce),
     ]

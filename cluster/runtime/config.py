@@ -126,6 +126,10 @@ class ClusterConfig:
     """Hash slots (0-1023) of each broker group, as ``group = "0-511,700"``; empty: even contiguous ranges in group-name order. Every slot must be assigned once."""
     routes: dict = dataclasses.field(default_factory=dict)
     """Explicit routes: a first topic level to the group that stores it (``sensors = "g2"``); they win over the slots."""
+    controllers: tuple[str, ...] = ()
+    """The controllers' RPC addresses, as client endpoint strings (``tcp:127.0.0.1:7910``). When set, brokers and proxies register with them, heartbeat every [discovery] heartbeat_interval and learn the metadata (listed in the controllers' cluster/members, evicted when silent for a lease); slots, routes and brokers still come from this file. Empty: the static membership below only."""
+    advertise_rpc: str = ""
+    """The RPC address members are told to dial (a client endpoint string), when it differs from the one bound (NAT, a relay); empty: the first RPC listener's bound address."""
     members: tuple = ()
     """The static membership, as ``[[cluster.members]]`` tables with ``id``, ``role`` (broker or proxy), ``group`` (brokers) and ``rpc`` (a client endpoint string like tcp:127.0.0.1:7800)."""
 
@@ -139,6 +143,10 @@ class ClusterConfig:
                 raise ConfigError(f"{key} must be positive, not {getattr(self, key)!r}")
         if self.max_frame_bytes < 1024:
             raise ConfigError(f"max_frame_bytes must be at least 1024, not {self.max_frame_bytes!r}")
+        for endpoint in (*self.controllers, *((self.advertise_rpc,) if self.advertise_rpc else ())):
+            if not endpoint.startswith(("tcp:", "unix:", "tcp6:")) or ":" not in endpoint[4:]:
+                key = "controllers" if endpoint in self.controllers else "advertise_rpc"
+                raise ConfigError(f"{key} must be client endpoints like tcp:127.0.0.1:7910, not {endpoint!r}")
         ids = [m.id for m in self.members]
         if len(set(ids)) != len(ids):
             raise ConfigError("members: a member id is listed twice")
@@ -161,10 +169,11 @@ class ClusterConfig:
 def _cluster_values(values: dict) -> dict:
     """``[cluster]`` as read, its ``members`` array of tables built into ``MemberConfig``s (naming a bad one)."""
     values = dict(values)
-    if isinstance(values.get("rpc"), str):
-        values["rpc"] = (values["rpc"],)
-    elif isinstance(values.get("rpc"), list):
-        values["rpc"] = tuple(values["rpc"])
+    for key in ("rpc", "controllers"):
+        if isinstance(values.get(key), str):
+            values[key] = (values[key],)
+        elif isinstance(values.get(key), list):
+            values[key] = tuple(values[key])
     members = values.get("members", [])
     if not isinstance(members, list) or not all(isinstance(m, dict) for m in members):
         raise ConfigError("config key cluster.members must be an array of tables ([[cluster.members]])")
