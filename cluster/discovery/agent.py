@@ -97,9 +97,18 @@ class MemberAgent(service.Service):
         if self._busy:  # the previous call is still out (a slow controller): do not pile up
             return
         self._busy = True
+        self._attempt(len(self.controllers)).addBoth(self._done)
+
+    def _attempt(self, left: int) -> defer.Deferred:
+        """Register or heartbeat; on a controller that is not the leader (or down) try the next at once, each
+        controller at most once per beat."""
         d = self._heartbeat() if self.generation else self._register()
-        d.addErrback(self._failed)
-        d.addBoth(self._done)
+
+        def failed(failure):
+            if self._failed(failure) and left > 1 and self.running:
+                return self._attempt(left - 1)
+            return None
+        return d.addErrback(failed)
 
     def _done(self, _result) -> None:
         self._busy = False
@@ -127,16 +136,18 @@ class MemberAgent(service.Service):
         d = self._leader().call("controller.heartbeat", body)
         return d.addCallback(lambda answer: self._saw_version(msgpack.unpackb(answer, raw=False)["version"]))
 
-    def _failed(self, failure) -> None:
+    def _failed(self, failure) -> bool:
+        """Handle a failed call; True when another controller should be tried now."""
         code = getattr(failure.value, "code", None)
         if code in _REGISTER_AGAIN:
             log.warning("member_lease_lost code=%s generation=%d: registering again", code, self.generation)
             self.generation = 0
-            return
-        # not_leader, a controller that is down or slow: try the next one at the next beat
+            return False
+        # not_leader, a controller that is down or slow: move on to the next one
         log.debug("member_controller_unavailable controller=%s reason=%s", self._leader().peer_id,
                   failure.getErrorMessage())
         self._next_controller()
+        return code in ("not_leader", "not_connected")  # a timeout waits for the next beat: no pile-up
 
     def _interval(self, interval) -> None:
         if isinstance(interval, (int, float)) and interval > 0 and interval != self.heartbeat_interval:

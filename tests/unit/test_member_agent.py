@@ -72,11 +72,10 @@ def test_finds_the_leader_registers_and_heartbeats():
     follower, leader = StandIn("c1"), StandIn("c2", leader=True)
     clock, agent = _agent([follower, leader])
     agent.startService()
-    clock.advance(1.0)
     assert agent.joined and agent.worker == 7 and follower.kinds() == ["register"]
     clock.advance(1.0)
     clock.advance(1.0)
-    assert leader.kinds()[:2] == ["register", "metadata"] and leader.kinds()[2:] == ["heartbeat", "heartbeat"]
+    assert leader.kinds() == ["register", "metadata", "heartbeat", "heartbeat"] and follower.kinds() == ["register"]
 
 
 def test_a_lost_lease_means_registering_again():
@@ -97,8 +96,7 @@ def test_a_new_leader_gets_the_same_generation():
     clock, agent = _agent([old, new])
     agent.startService()
     old.up, new.leader, new.generation = False, True, agent.generation
-    clock.advance(1.0)  # c1 down: move on
-    clock.advance(1.0)
+    clock.advance(1.0)  # c1 down: c2 in the same beat
     assert new.kinds() == ["heartbeat"] and agent.registrations == 1
 
 
@@ -128,3 +126,17 @@ def test_stop_says_goodbye_to_end_the_lease_now():
     agent.startService()
     agent.stopService()
     assert leader.calls[-1] == ("controller.deregister", {"node_id": "p1", "generation": 1})
+
+
+def test_one_beat_tries_each_controller_until_the_leader():
+    """not_leader or a controller that is down moves on at once within the beat (each tried once), so a member
+    finds a new leader without waiting a heartbeat per controller."""
+    down, follower, leader = StandIn("c1"), StandIn("c2"), StandIn("c3", leader=True)
+    down.up = False
+    clock, agent = _agent([down, follower, leader])
+    agent.startService()
+    assert agent.joined and down.kinds() == ["register"] and follower.kinds() == ["register"]
+    leader.leader = False
+    clock.advance(1.0)  # nobody leads: each tried once, then the beat ends
+    assert leader.kinds()[-1] == "heartbeat" and down.kinds() == ["register", "heartbeat"]
+    assert follower.kinds() == ["register", "heartbeat"]
