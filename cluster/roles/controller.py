@@ -22,8 +22,8 @@ from twisted.internet import endpoints
 from twisted.python import usage
 
 from cluster.admin.api import AdminAPI
-from cluster.admin.controller_handlers import CONTROLLER_OPERATIONS, ControllerHandlers
-from cluster.admin.routes import routes
+from cluster.admin.controller_handlers import ControllerHandlers
+from cluster.admin.routes import routes, served_by
 from cluster.controller.raft import RaftNode
 from cluster.controller.service import Controller
 from cluster.controller.site import controller_site
@@ -148,8 +148,8 @@ class ControllerParts:
         hello = Hello(cluster.cluster_id, cluster.node_id, "controller", RPC_VERSION)
         self.rpc = RpcServerFactory(hello, settings, reactor, self.dispatcher, health=HealthProbe())
         self.rpc.on_lost(self.controller.connection_lost)
-        table = [r for r in routes() if r.operation_id in CONTROLLER_OPERATIONS]
-        api = AdminAPI(table, ControllerHandlers(self.controller, self.raft, twistmq_version()), cfg.admin.token)
+        handlers = ControllerHandlers(self.controller, self.raft, twistmq_version(), reactor)
+        api = AdminAPI(served_by(routes(), "controller"), handlers, cfg.admin.token)
         site = controller_site(self.raft, self.controller, [self.metrics], api)
         self.listeners = [ListenerService(listener, endpoints.serverFromString(reactor, listener.description),
                                           self.rpc if listener.key == "rpc" else site)

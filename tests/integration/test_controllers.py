@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+import urllib.error
 import urllib.request
 
 import msgpack
@@ -19,6 +20,7 @@ import pytest
 from cluster.rpc import frames
 from cluster.rpc.connection import Closed, Connection, Opened
 from cluster.rpc.frames import RPC_VERSION, Error, Event, Hello, Result
+from tests.integration.admin_support import validate
 from tests.integration.node import NodeProcess
 
 pytestmark = pytest.mark.slow
@@ -280,13 +282,52 @@ def test_live_members_hear_of_metadata_changes(cluster):
     other.close()
 
 
+def _http(cluster, i, method, path, body=None):
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(f"http://127.0.0.1:{cluster.nodes[i].port('http')}{path}", data=data,
+                                     method=method, headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_controllers_metadata_answers_to_its_schema(cluster):
+    """GET cluster/controllers/metadata on a follower: the controllers, its Raft state and the metadata."""
+    leader = cluster.leader()
+    follower = next(i for i in range(3) if i != leader)
+    status, answer = _http(cluster, follower, "GET", "/api/v1/cluster/controllers/metadata")
+    assert status == 200
+    validate("ControllerMetadata", answer)
+    assert answer["raft"]["leader"] == cluster.raft[leader] and not answer["raft"]["is_leader"]
+    assert answer["slots"] == {"g1": [[0, 511]], "g2": [[512, 1023]]}
+
+
+def test_elect_leader_moves_the_leadership(cluster):
+    """POST cluster/elect-leader on the leader with another controller's address: that one leads when it answers;
+    a follower refuses with not_leader, an unknown id is not_found."""
+    leader = cluster.leader()
+    target = next(i for i in range(3) if i != leader)
+    status, answer = _http(cluster, target, "POST", "/api/v1/cluster/elect-leader", {"id": cluster.raft[leader]})
+    assert status == 409 and answer["code"] == "not_leader"
+    status, answer = _http(cluster, leader, "POST", "/api/v1/cluster/elect-leader", {"id": "127.0.0.1:1"})
+    assert status == 404
+    started = time.monotonic()
+    status, answer = _http(cluster, leader, "POST", "/api/v1/cluster/elect-leader", {"id": cluster.raft[target]})
+    took = time.monotonic() - started
+    assert status == 200 and answer == {"previous": cluster.raft[leader], "leader": cluster.raft[target]}, answer
+    assert cluster.leader() == target
+    print(f"elect-leader answered in {took * 1000:.0f} ms")
+
+
 def test_killed_leader_is_replaced_within_two_seconds_and_leases_survive(cluster):
     """SIGKILL the leader: the other two agree on a new one within 2 s; a member's lease (generation) given by the
     old leader is renewed by the new one without registering again; the killed controller rejoins as a follower."""
     old = cluster.leader()
     survivor = next(i for i in range(3) if i != old)
     member = Member(cluster, old, "p-failover")
-    assert member.register()[0]
+    assert wait_for(lambda: _answered(member.register()), "a leader that has taken the lead")[0]
     generation = member.generation
     wait_for(lambda: "p-failover" in members_of(cluster, survivor), "the record on a follower")
     member.close()
@@ -337,5 +378,5 @@ def test_majority_down_then_back_elects_a_leader(cluster):
     cluster.start(*down)
     leader = cluster.leader()
     member = Member(cluster, leader, "p-minority")
-    assert member.register()[0]
+    assert wait_for(lambda: _answered(member.register()), "the new leader to take registers")[0]
     member.close()
