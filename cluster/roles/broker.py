@@ -26,10 +26,9 @@ from twisted.python import usage
 from cluster.local.parts import StoreParts
 from cluster.local.session_interest import SessionInterest
 from cluster.remote.server import StoreServer
-from cluster.roles.common import default_node_id, member_agent
+from cluster.roles.common import default_node_id, health_probe, member_agent
 from cluster.rpc.dispatch import Dispatcher
 from cluster.rpc.frames import RPC_VERSION, Hello
-from cluster.rpc.health import HealthProbe
 from cluster.rpc.metrics import RpcMetrics
 from cluster.rpc.protocol import RpcSettings
 from cluster.rpc.server import RpcServerFactory
@@ -123,7 +122,7 @@ class BrokerParts:
         local_store.add_claim_listener(self.server.session_claimed)  # takeovers reach the old holder
         settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes)
         hello = Hello(cluster.cluster_id, cluster.node_id, "broker", RPC_VERSION)
-        health = HealthProbe()
+        health = health_probe(cfg)
         self.rpc = RpcServerFactory(hello, settings, reactor, self.dispatcher, health=health)
         self.rpc.on_lost(self.server.connection_lost)
         site = store_site(self.state.store, [self.metrics], self._extra_stats)

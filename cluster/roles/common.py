@@ -16,6 +16,7 @@ from twisted.python import usage
 from cluster.discovery.agent import MemberAgent
 from cluster.discovery.members import MemberRecord
 from cluster.rpc.frames import RPC_VERSION, Hello
+from cluster.rpc.health import HealthLimits, HealthProbe
 from cluster.rpc.peer import PeerClient
 from cluster.rpc.protocol import RpcSettings
 from cluster.runtime.config import load_config, settle, with_flags
@@ -164,6 +165,11 @@ def member_agent(reactor, cfg, node_type: str, listeners, health) -> MemberAgent
         rpc = cluster.advertise_rpc or next((f"tcp:{addr}" for key, addr in bound if key == "rpc"), "")
         return MemberRecord(cluster.cluster_id, cluster.node_id, node_type, version=twistmq_version(),
                             rpc_address=rpc, addresses={key: addr for key, addr in bound if key != "rpc"},
-                            group=cluster.group if node_type == "broker" else "")
+                            group=cluster.group if node_type == "broker" else "", healthy=bool(health()))
 
     return MemberAgent(reactor, controllers, record, cfg.discovery.heartbeat_interval, health)
+
+
+def health_probe(cfg) -> HealthProbe:
+    """The health flag of this process, with ``[cluster]``'s limits."""
+    return HealthProbe(HealthLimits(cfg.cluster.max_load_per_core, cfg.cluster.min_free_memory))

@@ -27,11 +27,10 @@ from cluster.admin.routes import routes, served_by
 from cluster.controller.raft import RaftNode
 from cluster.controller.service import Controller
 from cluster.controller.site import controller_site
-from cluster.roles.common import default_node_id
+from cluster.roles.common import default_node_id, health_probe
 from cluster.routing import RoutingError, SlotTable
 from cluster.rpc.dispatch import Dispatcher
 from cluster.rpc.frames import RPC_VERSION, Hello
-from cluster.rpc.health import HealthProbe
 from cluster.rpc.metrics import RpcMetrics
 from cluster.rpc.protocol import RpcSettings
 from cluster.rpc.server import RpcServerFactory
@@ -146,7 +145,7 @@ class ControllerParts:
         self.controller.register(self.dispatcher)
         settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes)
         hello = Hello(cluster.cluster_id, cluster.node_id, "controller", RPC_VERSION)
-        self.rpc = RpcServerFactory(hello, settings, reactor, self.dispatcher, health=HealthProbe())
+        self.rpc = RpcServerFactory(hello, settings, reactor, self.dispatcher, health=health_probe(cfg))
         self.rpc.on_lost(self.controller.connection_lost)
         handlers = ControllerHandlers(self.controller, self.raft, twistmq_version(), reactor)
         api = AdminAPI(served_by(routes(), "controller"), handlers, cfg.admin.token)

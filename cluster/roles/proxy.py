@@ -36,13 +36,13 @@ from cluster.roles.common import (
     NodeOptions,
     client_listeners,
     default_node_id,
+    health_probe,
     member_agent,
     node_config,
     security_reloader,
 )
 from cluster.routing import RoutingError, SlotTable
 from cluster.rpc.frames import RPC_VERSION, Hello
-from cluster.rpc.health import HealthProbe
 from cluster.rpc.peer import PeerClient
 from cluster.rpc.protocol import RpcSettings
 from cluster.runtime import heap, node_log
@@ -95,7 +95,7 @@ class ProxyParts:
         cluster = cfg.cluster
         settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes)
         hello = Hello(cluster.cluster_id, cluster.node_id, "proxy", RPC_VERSION)
-        health = HealthProbe()
+        health = health_probe(cfg)
         self.peers: list[PeerClient] = []
         self.remotes: dict[str, RemoteStore] = {}
         for member in cluster.members:

@@ -122,6 +122,10 @@ class ClusterConfig:
     """Seconds between RPC heartbeats (carrying the health flag); a peer silent for three intervals is dropped."""
     max_frame_bytes: int = 16 << 20
     """Largest RPC frame accepted; a bigger one closes the connection."""
+    max_load_per_core: float = 4.0
+    """Health flag (Turms' isHealthy, sent in RPC and controller heartbeats): unhealthy while the 1-minute load average per core is above this. Peers send calls without a fixed target elsewhere; cluster/members shows healthy false."""
+    min_free_memory: float = 0.05
+    """Health flag: unhealthy while less than this fraction of memory is available (MemAvailable / MemTotal, 0-1)."""
     slots: dict = dataclasses.field(default_factory=dict)
     """Hash slots (0-1023) of each broker group, as ``group = "0-511,700"``; empty: even contiguous ranges in group-name order. Every slot must be assigned once."""
     routes: dict = dataclasses.field(default_factory=dict)
@@ -141,6 +145,10 @@ class ClusterConfig:
         for key in ("call_timeout", "heartbeat_interval"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be positive, not {getattr(self, key)!r}")
+        if self.max_load_per_core < 0:
+            raise ConfigError(f"max_load_per_core must not be negative, not {self.max_load_per_core!r}")
+        if not 0 <= self.min_free_memory <= 1:
+            raise ConfigError(f"min_free_memory must be a fraction from 0 to 1, not {self.min_free_memory!r}")
         if self.max_frame_bytes < 1024:
             raise ConfigError(f"max_frame_bytes must be at least 1024, not {self.max_frame_bytes!r}")
         for endpoint in (*self.controllers, *((self.advertise_rpc,) if self.advertise_rpc else ())):
