@@ -56,9 +56,11 @@ class ControllerHandlers:
             raise ApiError(400, "bad_request", "id must be a controller's Raft address (a string) or null")
         previous = self.raft.address
         if not self.raft.is_leader:
-            raise ApiError(409, "not_leader", f"this controller is not the Raft leader; ask {self.raft.leader or 'the leader once one is elected'}")
+            leader = self.raft.leader or "the leader once one is elected"
+            raise ApiError(409, "not_leader", f"this controller is not the Raft leader; ask {leader}")
         if target is not None and target not in self.raft.cfg.peers:
-            raise ApiError(404, "not_found", f"no other controller {target!r} (controllers: {', '.join(self.raft.cfg.peers)})")
+            peers = ", ".join(self.raft.cfg.peers)
+            raise ApiError(404, "not_found", f"no other controller {target!r} (the others: {peers})")
         try:
             yield self.raft.transfer_leadership(target)
         except Exception as exc:  # noqa: BLE001 - pysyncobj's refusals: the target lags, or no peer is connected

@@ -23,9 +23,9 @@ class ControllerConfig:
     """The other controllers' Raft addresses (``--peer``, repeatable); empty: a single controller, its own majority."""
     rpc: tuple[str, ...] = ("tcp:7910:interface=127.0.0.1",)
     """RPC listeners members register, heartbeat and read metadata on (``--rpc``)."""
-    tick: float = 0.02
+    tick: float = 0.05
     """Seconds pysyncobj's thread waits for socket events per tick (autoTickPeriod): commits and elections are seen at most this late. Smaller costs idle CPU."""
-    append_period: float = 0.05
+    append_period: float = 0.1
     """Seconds between the Raft leader's append-entries (its heartbeat to the other controllers). Must be well under election_min."""
     election_min: float = 0.4
     """Shortest Raft election timeout (seconds): a follower that hears no leader for a random time between election_min and election_max starts an election."""

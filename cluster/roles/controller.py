@@ -15,6 +15,7 @@ unless ``--raft``/``--peer`` are given.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import logging
 import os
 
@@ -102,6 +103,7 @@ def controller_config(options: ControllerOptions):
             controller.validate()
         except ConfigError as exc:
             raise ConfigError(f"controller.{exc}") from None
+    _check_raft_exposure(controller.raft, cluster.secret)
     flags = bool(options.listeners)
     wanted = {"rpc": list(controller.rpc), "http": options.listeners.get("http", []) if flags else list(cfg.node.http)}
     listeners = []
@@ -115,6 +117,18 @@ def controller_config(options: ControllerOptions):
     if not any(l.key == "rpc" for l in listeners):
         raise ConfigError("a controller needs an RPC listener: for example --rpc tcp:7910:interface=127.0.0.1")
     return dataclasses.replace(cfg, cluster=cluster, controller=controller, listeners=tuple(listeners))
+
+
+def _check_raft_exposure(raft: str, secret: str) -> None:
+    """pysyncobj unpickles whatever reaches its port unless it has a password: off loopback, a secret is required."""
+    host = raft.rpartition(":")[0].strip("[]")
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback and not secret:
+        raise ConfigError(f"controller.raft {raft} is not a loopback address: set [cluster] secret (the Raft "
+                          "port unpickles what reaches it; the secret encrypts and authenticates that traffic)")
 
 
 def seed_from(cluster) -> tuple[dict, dict]:
@@ -137,7 +151,7 @@ class ControllerParts:
         self.reactor = reactor
         self.cfg = cfg
         cluster, discovery = cfg.cluster, cfg.discovery
-        self.raft = RaftNode(reactor, cfg.controller, os.path.join(cfg.node.data_dir, "raft"))
+        self.raft = RaftNode(reactor, cfg.controller, os.path.join(cfg.node.data_dir, "raft"), cluster.secret or None)
         self.controller = Controller(reactor, self.raft, cluster.cluster_id, discovery.timings(),
                                      discovery.heartbeat_interval, seed_from(cluster))
         self.metrics = RpcMetrics()

@@ -130,6 +130,8 @@ class ClusterConfig:
     """Hash slots (0-1023) of each broker group, as ``group = "0-511,700"``; empty: even contiguous ranges in group-name order. Every slot must be assigned once."""
     routes: dict = dataclasses.field(default_factory=dict)
     """Explicit routes: a first topic level to the group that stores it (``sensors = "g2"``); they win over the slots."""
+    secret: str = ""
+    """The cluster's shared secret: the password of the controllers' Raft traffic (pysyncobj encrypts and authenticates with it; a controller with another secret is not heard). A controller whose raft address is not on loopback refuses to start without one. The RPC handshake does not check it yet: keep RPC listeners on loopback or a private network."""
     controllers: tuple[str, ...] = ()
     """The controllers' RPC addresses, as client endpoint strings (``tcp:127.0.0.1:7910``). When set, brokers and proxies register with them, heartbeat every [discovery] heartbeat_interval and learn the metadata (listed in the controllers' cluster/members, evicted when silent for a lease); slots, routes and brokers still come from this file. Empty: the static membership below only."""
     advertise_rpc: str = ""
@@ -145,6 +147,8 @@ class ClusterConfig:
         for key in ("call_timeout", "heartbeat_interval"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be positive, not {getattr(self, key)!r}")
+        if self.secret != self.secret.strip() or any(ch in self.secret for ch in "\r\n"):
+            raise ConfigError("secret must not have surrounding spaces or line breaks")
         if self.max_load_per_core < 0:
             raise ConfigError(f"max_load_per_core must not be negative, not {self.max_load_per_core!r}")
         if not 0 <= self.min_free_memory <= 1:

@@ -28,6 +28,7 @@ pytestmark = pytest.mark.slow
 WAIT = 15.0
 CLUSTER = "c-ctl"
 LEASE = 1.0
+SECRET = "raft-secret-1"
 
 
 def _free_ports(n: int) -> list[int]:
@@ -45,10 +46,12 @@ class Cluster:
 
     def __init__(self, path) -> None:
         conf = path / "twistmq.toml"
-        conf.write_text(f'[cluster]\ncluster_id = "{CLUSTER}"\nslots = {{ g1 = "0-511", g2 = "512-1023" }}\n'
+        conf.write_text(f'[cluster]\ncluster_id = "{CLUSTER}"\nsecret = "{SECRET}"\n'
+                        f'slots = {{ g1 = "0-511", g2 = "512-1023" }}\n'
                         f'routes = {{ sensors = "g2" }}\n'
                         f"[discovery]\nheartbeat_interval = 0.3\nlease = {LEASE}\nwheel_tick = 0.05\n"
                         f"forget_after = 60.0\n")
+        self.conf = conf
         raft = [f"127.0.0.1:{p}" for p in _free_ports(3)]
         self.raft = raft
         self.nodes = []
@@ -319,6 +322,32 @@ def test_elect_leader_moves_the_leadership(cluster):
     assert status == 200 and answer == {"previous": cluster.raft[leader], "leader": cluster.raft[target]}, answer
     assert cluster.leader() == target
     print(f"elect-leader answered in {took * 1000:.0f} ms")
+
+
+def test_controller_with_another_secret_is_not_heard(cluster):
+    """A follower restarted with another [cluster] secret learns no leader (pysyncobj's password refuses its
+    traffic) while the other two keep theirs; back with the right secret it follows the leader again."""
+    leader = cluster.leader()
+    follower = next(i for i in range(3) if i != leader)
+    node = cluster.nodes[follower]
+    node.kill()
+    wrong = cluster.conf.parent / "wrong-secret.toml"
+    wrong.write_text(cluster.conf.read_text().replace(SECRET, "another-secret"))
+    right_args = list(node.extra_args)
+    node.extra_args = [str(wrong) if a == str(cluster.conf) else a for a in right_args]
+    try:
+        node.start()
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            health = cluster.health(follower)
+            assert health is not None and health["leader"] is None, health
+            time.sleep(0.1)
+        assert cluster.leader(among=[i for i in range(3) if i != follower]) == leader
+    finally:
+        node.kill()
+        node.extra_args = right_args
+    node.start()
+    assert cluster.leader() == leader
 
 
 def test_killed_leader_is_replaced_within_two_seconds_and_leases_survive(cluster):

@@ -33,7 +33,8 @@ def cluster(tmp_path_factory):
     brokers = []
     for name, limit in (("b-busy", 0.0), ("b-calm", 1000.0)):
         conf = path / f"{name}.toml"
-        conf.write_text(f'[cluster]\ncluster_id = "c-health"\ncontrollers = ["tcp:127.0.0.1:{controller.port("rpc")}"]\n'
+        rpc = controller.port("rpc")
+        conf.write_text(f'[cluster]\ncluster_id = "c-health"\ncontrollers = ["tcp:127.0.0.1:{rpc}"]\n'
                         f"max_load_per_core = {limit}\n[discovery]\nheartbeat_interval = 0.2\nlease = 1.0\n")
         brokers.append(NodeProcess(str(path / name), listeners=("rpc", "http"), role="broker",
                                    extra_args=["--config", str(conf), "--node-id", name]).start())

@@ -126,3 +126,21 @@ def test_discovery_config_refuses_a_lease_no_longer_than_the_heartbeat():
     with pytest.raises(ConfigError, match="discovery.wheel_tick"):
         from_mapping(DiscoveryConfig, "discovery", {"wheel_tick": 0})
     assert from_mapping(DiscoveryConfig, "discovery", {"lease": 1.5}).timings().lease == 1.5
+
+
+@pytest.mark.parametrize("raft, secret, refused", [
+    ("127.0.0.1:7900", "", False), ("localhost:7900", "", False), ("0.0.0.0:7900", "", True),
+    ("10.1.2.3:7900", "", True), ("10.1.2.3:7900", "s3cret", False)])
+def test_controller_off_loopback_needs_a_secret(tmp_path, raft, secret, refused):
+    """A controller whose Raft address is not on loopback refuses to start without [cluster] secret (one line)."""
+    from cluster.roles.controller import ControllerOptions, controller_config
+    conf = tmp_path / "c.toml"
+    conf.write_text(f'[cluster]\nsecret = "{secret}"\n' if secret else "")
+    options = ControllerOptions()
+    options.parseOptions(["--config", str(conf), "--data-dir", str(tmp_path / "d"), "--raft", raft,
+                          "--rpc", "tcp:0:interface=127.0.0.1"])
+    if refused:
+        with pytest.raises(ConfigError, match=r"controller.raft .* is not a loopback address: set \[cluster\] secret"):
+            controller_config(options)
+    else:
+        assert controller_config(options).controller.raft == raft
