@@ -269,6 +269,32 @@ def test_silent_member_is_evicted_and_comes_back_by_registering(cluster):
     member.close()
 
 
+def test_evicted_member_gets_no_metadata_events(cluster):
+    """A member whose lease ended hears nothing of later changes, while a live one does (on the same leader)."""
+    leader = cluster.leader()
+    silent, live = Member(cluster, leader, "p-mute"), Member(cluster, leader, "p-hears")
+    assert silent.register()[0] and live.register()[0]
+    wait_for(lambda: live.heartbeat()[0] and members_of(cluster, leader).get("p-mute", {}).get("joined") is False,
+             "p-mute's eviction (p-hears heartbeating)")
+    evicted_at = metadata(cluster, leader)["version"]  # events up to here may still sit in p-mute's socket
+    live.events.clear()
+    other = Member(cluster, leader, "p-change")
+    assert other.register()[0]
+    wait_for(lambda: live.heartbeat()[0] and any(e.topic == "metadata" for e in live.events), "p-hears' event")
+    silent.sock.settimeout(0.3)
+    received = []
+    try:
+        while True:
+            received.append(silent._next())
+    except socket.timeout:
+        pass
+    after = [e for e in received + silent.events
+             if isinstance(e, Event) and msgpack.unpackb(e.body)["version"] > evicted_at]
+    assert after == []
+    for m in (silent, live, other):
+        m.close()
+
+
 def test_live_members_hear_of_metadata_changes(cluster):
     """A registered, heartbeating member gets a metadata event when another member registers."""
     leader = cluster.leader()
