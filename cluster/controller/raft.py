@@ -42,7 +42,12 @@ class CommitFailed(Exception):
 
 
 class MetadataLog(SyncObjConsumer):
-    """``Metadata`` as pysyncobj's consumer: each command is a replicated method, applied under a lock."""
+    """``Metadata`` as pysyncobj's consumer: each command is a replicated method, applied under a lock.
+
+    pysyncobj numbers the replicated methods by their sorted names and writes the number into the
+    journal: a command added later must come as a new code version (``@replicated(ver=N)`` and
+    ``setCodeVersion``), or a journal written before would replay into the wrong methods.
+    """
 
     def __init__(self) -> None:
         super().__init__()
