@@ -85,6 +85,7 @@ class Controller:
         self.table: LeaseTable | None = None  # only while leader and caught up
         self._ticker: task.LoopingCall | None = None
         self._leading = False
+        self._retry = None  # a pending retry of taking the lead (cancelled at stop)
         self._connections: dict[str, object] = {}  # node id -> the RPC protocol it registered on
         self.pushes = 0
         """metadata events sent (for metrics)."""
@@ -139,10 +140,13 @@ class Controller:
         log.warning("controller_lead_not_taken term=%d reason=%s", term, failure.value.reason)
         self._leading = False
         if self.raft.is_leader:  # still leader: try again on the next tick of the lease clock
-            self.reactor.callLater(self.timings.tick, self._leadership, True)
+            self._retry = self.reactor.callLater(self.timings.tick, self._leadership, True)
 
     def _lose_lead(self) -> None:
         self._leading = False
+        if self._retry is not None and self._retry.active():
+            self._retry.cancel()
+        self._retry = None
         self.table = None
         if self._ticker is not None and self._ticker.running:
             self._ticker.stop()
