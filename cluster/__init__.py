@@ -2,7 +2,7 @@
 
 Rooms (sub-packages), read as the architecture:
 
-- ``roles``: one module per role (``node``, ``broker``, ``proxy``), each building its
+- ``roles``: one module per role (``node``, ``broker``, ``proxy``, ``controller``), each building its
   ``MultiService`` from options; ``common`` holds what roles share (the client-serving
   options and listeners, member ids) and ``table`` is the roles table ``tap`` reads.
 - ``runtime``: the process around a role: config loading and the documented defaults,
@@ -15,18 +15,22 @@ Rooms (sub-packages), read as the architecture:
   native forwarding.
 - ``rpc``: frames, connection state machine and Twisted protocol between nodes.
 - ``admin``: the admin HTTP API, the dashboard and ``twistmq-admin``.
+- ``controller``: the cluster metadata replicated with Raft (pysyncobj), the Raft leader's
+  member leases, and the RPC members register, heartbeat and read metadata on.
+- ``discovery``: member records, their leases (renewed by heartbeats, evicted on a hashed-wheel
+  timer) and snowflake ids.
 - ``tools``: developer tools (the local-cluster launcher, test certificates, the
   password-file editor behind ``twistmq-admin``).
 - Directly here: ``tap`` (twistd's entry point) and ``routing`` (the hash-slot table, pure).
 
-Rooms still to come: ``controller`` (Raft metadata through pysyncobj), ``discovery``
-(member records, heartbeats and leases on a hashed-wheel timer) and ``replication``
+Room still to come: ``replication``
 (the Twisted adapters of the store's sans-IO HA logic).
 
 Rules between the rooms (``.importlinter`` checks them in ``./dev test``): roles may import
 every room, but no role module imports another; ``runtime`` imports no other room (its
 config gathers ``admin.config``); ``local`` never imports ``remote`` and ``remote`` never
 imports ``local``; ``rpc`` imports neither store implementation, nor ``runtime``; ``admin``
-and ``tools`` import no role, store implementation or ``rpc``; ``routing`` imports no room.
+and ``tools`` import no role, store implementation or ``rpc``; ``routing`` imports no room; ``discovery`` imports only ``rpc`` and ``runtime``;
+``controller`` imports ``rpc``, ``runtime``, ``routing`` and ``discovery`` (the lease table runs on its leader).
 The rules between top-level packages are DESIGN.md's package table.
 """

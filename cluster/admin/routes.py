@@ -31,6 +31,7 @@ class Route:
     segments: tuple[str, ...]  # the template below API_PREFIX split on "/"; "{x}" is a parameter
     query: tuple[tuple[str, str], ...]  # (name, JSON type) of each query parameter
     body_schema: str | None  # components/schemas name of the request body
+    roles: tuple[str, ...] = ("node",)  # the roles that serve it (x-roles; without it: a node's API only)
 
 
 def load_spec(path: str = SPEC_PATH) -> dict:
@@ -59,8 +60,13 @@ def routes(spec: dict | None = None) -> list[Route]:
                           if p["in"] == "query")
             out.append(Route(method.upper(), path, operation["operationId"], schema, int(status),
                              operation.get("x-page-key"), operation.get("security", None) != [], segments, query,
-                             _ref_name(body)))
+                             _ref_name(body), tuple(operation.get("x-roles", ("node",)))))
     return out
+
+
+def served_by(table: list[Route], role: str) -> list[Route]:
+    """The rows a process of *role* serves (``/health`` and ``/metrics`` are every role's)."""
+    return [r for r in table if role in r.roles or not r.segments]
 
 
 def match(table: list[Route], method: str, segments: list[str]) -> tuple[Route | None, dict, bool]:

@@ -27,10 +27,9 @@ from twisted.python import usage
 from cluster.local.parts import StoreParts
 from cluster.local.session_interest import SessionInterest
 from cluster.remote.server import StoreServer
-from cluster.roles.common import default_node_id
+from cluster.roles.common import default_node_id, health_probe, member_agent
 from cluster.rpc.dispatch import Dispatcher
 from cluster.rpc.frames import RPC_VERSION, Hello
-from cluster.rpc.health import HealthProbe
 from cluster.rpc.metrics import RpcMetrics
 from cluster.rpc.protocol import RpcSettings
 from cluster.rpc.server import RpcServerFactory
@@ -126,7 +125,8 @@ class BrokerParts:
         local_store.add_claim_listener(self.server.session_claimed)  # takeovers reach the old holder
         settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes)
         hello = Hello(cluster.cluster_id, cluster.node_id, "broker", RPC_VERSION)
-        self.rpc = RpcServerFactory(hello, settings, reactor, self.dispatcher, health=HealthProbe())
+        health = health_probe(cfg)
+        self.rpc = RpcServerFactory(hello, settings, reactor, self.dispatcher, health=health)
         self.rpc.on_lost(self.server.connection_lost)
         site = store_site(self.state.store, [self.metrics], self._extra_stats)
         self.listeners = []
@@ -134,6 +134,7 @@ class BrokerParts:
             factory = self.rpc if listener.key == "rpc" else site
             self.listeners.append(ListenerService(listener, endpoints.serverFromString(reactor, listener.description),
                                                   factory))
+        self.agent = member_agent(reactor, cfg, "broker", self.listeners, health)  # None: static membership
 
     def _extra_stats(self):
         native = self.state.native
@@ -159,6 +160,7 @@ def broker_tree(parts: BrokerParts) -> RoleService:
         Part("session-interest", start=parts.local.restore),
         *parts.listeners,
         Part("rpc-goodbye", stop=parts.rpc.stop),  # stops before the listeners close: peers hear why
+        *([parts.agent] if parts.agent is not None else []),  # registers once the listeners are bound
         Part("collector", start=parts.state.collector.start, stop=parts.state.collector.stop),  # after recovery
         ReadyLine(parts.listeners, announce),
     ]

@@ -13,10 +13,17 @@ import socket
 from twisted.internet import endpoints
 from twisted.python import usage
 
+from cluster.discovery.agent import MemberAgent
+from cluster.discovery.members import MemberRecord
+from cluster.rpc.frames import RPC_VERSION, Hello
+from cluster.rpc.health import HealthLimits, HealthProbe
+from cluster.rpc.peer import PeerClient
+from cluster.rpc.protocol import RpcSettings
 from cluster.runtime.config import CONFIG_HELP, find_config, load_config, settle, with_data_dir, with_flags
+from cluster.runtime.services import address
 from cluster.runtime.reuseport import server_endpoint
 from cluster.runtime.services import DatagramListenerService, ListenerService
-from cluster.runtime.version import print_version
+from cluster.runtime.version import print_version, twistmq_version
 from mqtt_proxy import tls
 from mqtt_proxy.auth.acl import load_acl
 from mqtt_proxy.auth.authenticator import Authenticator
@@ -161,3 +168,33 @@ def _backlog(description: str) -> str:
 def default_node_id(data_dir: str) -> str:
     """A member id when none is configured: the data directory's name, else (none, or /) the host name."""
     return (os.path.basename(os.path.normpath(data_dir)) if data_dir else "") or socket.gethostname()
+
+
+def member_agent(reactor, cfg, node_type: str, listeners, health) -> MemberAgent | None:
+    """The agent that registers this broker or proxy with ``[cluster] controllers`` (None when there are none).
+
+    Its record is made at each register from the bound *listeners*: ``rpc_address`` is
+    ``[cluster] advertise_rpc`` or the first RPC listener's address, ``addresses`` every other listener's.
+    """
+    cluster = cfg.cluster
+    if not cluster.controllers:
+        return None
+    settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes)
+    hello = Hello(cluster.cluster_id, cluster.node_id, node_type, RPC_VERSION)
+    controllers = [PeerClient(f"controller-{i + 1}", endpoints.clientFromString(reactor, endpoint), hello, settings,
+                              reactor, health=health)
+                   for i, endpoint in enumerate(cluster.controllers)]
+
+    def record() -> MemberRecord:
+        bound = [(svc.listener.key, address(svc.port)) for svc in listeners if getattr(svc, "port", None)]
+        rpc = cluster.advertise_rpc or next((f"tcp:{addr}" for key, addr in bound if key == "rpc"), "")
+        return MemberRecord(cluster.cluster_id, cluster.node_id, node_type, version=twistmq_version(),
+                            rpc_address=rpc, addresses={key: addr for key, addr in bound if key != "rpc"},
+                            group=cluster.group if node_type == "broker" else "", healthy=bool(health()))
+
+    return MemberAgent(reactor, controllers, record, cfg.discovery.heartbeat_interval, health)
+
+
+def health_probe(cfg) -> HealthProbe:
+    """The health flag of this process, with ``[cluster]``'s limits."""
+    return HealthProbe(HealthLimits(cfg.cluster.max_load_per_core, cfg.cluster.min_free_memory))

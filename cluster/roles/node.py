@@ -24,7 +24,7 @@ from cluster.admin.api import AdminAPI
 from cluster.admin.handlers import Handlers
 from cluster.admin.metrics import NodeFigures, RateHistory
 from cluster.admin.overview import overview
-from cluster.admin.routes import routes
+from cluster.admin.routes import routes, served_by
 from cluster.admin.view import NodeView
 from cluster.local.parts import StoreParts
 from cluster.roles.common import (
@@ -94,7 +94,7 @@ class NodeParts:
         self.sys = SysPublisher(self.mqtt, self.local_store, reactor, cfg.mqtt.sys_interval, twistmq_version(),
                                 self._broker_figures, extra=self.figures.sys_values)
         handlers = Handlers(self.view, reactor, self._overview, self.timers, self.native.engine, self.history)
-        self.admin_api = AdminAPI(routes(), handlers, cfg.admin.token, cfg.admin.max_body_bytes)
+        self.admin_api = AdminAPI(served_by(routes(), "node"), handlers, cfg.admin.token, cfg.admin.max_body_bytes)
         self.extra_stats = [("native", self.native.stats), ("timer", self.timers.stats)]
         self.streams, self.datagrams = self._listeners()
 

@@ -38,12 +38,13 @@ from cluster.roles.common import (
     client_security,
     client_listeners,
     default_node_id,
+    health_probe,
+    member_agent,
     node_config,
     security_reloader,
 )
 from cluster.routing import RoutingError, SlotTable
 from cluster.rpc.frames import RPC_VERSION, Hello
-from cluster.rpc.health import HealthProbe
 from cluster.rpc.peer import PeerClient
 from cluster.rpc.protocol import RpcSettings
 from cluster.runtime import heap, node_log
@@ -94,7 +95,7 @@ class ProxyParts:
         cluster = cfg.cluster
         settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes)
         hello = Hello(cluster.cluster_id, cluster.node_id, "proxy", RPC_VERSION)
-        health = HealthProbe()
+        health = health_probe(cfg)
         self.peers: list[PeerClient] = []
         self.remotes: dict[str, RemoteStore] = {}
         for member in cluster.members:
@@ -117,6 +118,7 @@ class ProxyParts:
                                          from_mapping(NativeConfig, "native", cfg.native), topic_limits(cfg.limits))
         self.lag = ReactorLagProbe(reactor)
         self.streams, self.datagrams = self._listeners()
+        self.agent = member_agent(reactor, cfg, "proxy", self.streams, health)  # None: static membership
 
     def _event(self, group: str, topic: str, body: bytes) -> None:
         """A broker's event other than queue news: a session of ours taken over elsewhere."""
@@ -175,6 +177,7 @@ def proxy_tree(parts: ProxyParts) -> RoleService:
         Part("mqtt-sessions", start=parts.mqtt.restore, stop=parts.mqtt.shutdown),
         Part("native", stop=parts.native.stop),
         *listeners,
+        *([parts.agent] if parts.agent is not None else []),  # registers once the listeners are bound
         Part("lag-probe", start=lambda: (heap.settle(), parts.lag.start()), stop=parts.lag.stop),
         ReadyLine(listeners, announce),
     ]

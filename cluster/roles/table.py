@@ -15,7 +15,7 @@ from typing import Callable
 from twisted.application import service
 from twisted.python import usage
 
-from cluster.roles import broker, node, proxy
+from cluster.roles import broker, controller, node, proxy
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,8 @@ ROLES: tuple[Role, ...] = (
          broker.build_broker, broker.START_ERRORS),
     Role("proxy", "MQTT and native listeners and sessions over the brokers' stores (no durable state)",
          proxy.ProxyOptions, proxy.build_proxy, proxy.START_ERRORS),
+    Role("controller", "cluster metadata in Raft (3 or 5 of them), member leases, members' register and heartbeat",
+         controller.ControllerOptions, controller.build_controller, controller.START_ERRORS),
 )
 
 

@@ -27,6 +27,8 @@ import tomllib
 from dataclasses import dataclass
 
 from cluster.admin.config import AdminConfig
+from cluster.controller.config import ControllerConfig
+from cluster.discovery.config import DiscoveryConfig
 from cluster.runtime.listeners import (
     FLAGS,
     Listener,
@@ -126,10 +128,20 @@ class ClusterConfig:
     """Seconds between RPC heartbeats (carrying the health flag); a peer silent for three intervals is dropped."""
     max_frame_bytes: int = 16 << 20
     """Largest RPC frame accepted; a bigger one closes the connection."""
+    max_load_per_core: float = 4.0
+    """Health flag (Turms' isHealthy, sent in RPC and controller heartbeats): unhealthy while the 1-minute load average per core is above this. Peers send calls without a fixed target elsewhere; cluster/members shows healthy false."""
+    min_free_memory: float = 0.05
+    """Health flag: unhealthy while less than this fraction of memory is available (MemAvailable / MemTotal, 0-1)."""
     slots: dict = dataclasses.field(default_factory=dict)
     """Hash slots (0-1023) of each broker group, as ``group = "0-511,700"``; empty: even contiguous ranges in group-name order. Every slot must be assigned once."""
     routes: dict = dataclasses.field(default_factory=dict)
     """Explicit routes: a first topic level to the group that stores it (``sensors = "g2"``); they win over the slots."""
+    secret: str = ""
+    """The cluster's shared secret: the password of the controllers' Raft traffic (pysyncobj encrypts and authenticates with it; a controller with another secret is not heard). A controller whose raft address is not on loopback refuses to start without one. The RPC handshake does not check it yet: keep RPC listeners on loopback or a private network."""
+    controllers: tuple[str, ...] = ()
+    """The controllers' RPC addresses, as client endpoint strings (``tcp:127.0.0.1:7910``). When set, brokers and proxies register with them, heartbeat every [discovery] heartbeat_interval and learn the metadata (listed in the controllers' cluster/members, evicted when silent for a lease); slots, routes and brokers still come from this file. Empty: the static membership below only."""
+    advertise_rpc: str = ""
+    """The RPC address members are told to dial (a client endpoint string), when it differs from the one bound (NAT, a relay); empty: the first RPC listener's bound address."""
     members: tuple = ()
     """The static membership, as ``[[cluster.members]]`` tables with ``id``, ``role`` (broker or proxy), ``group`` (brokers) and ``rpc`` (a client endpoint string like tcp:127.0.0.1:7800)."""
 
@@ -141,8 +153,18 @@ class ClusterConfig:
         for key in ("call_timeout", "heartbeat_interval"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be positive, not {getattr(self, key)!r}")
+        if self.secret != self.secret.strip() or any(ch in self.secret for ch in "\r\n"):
+            raise ConfigError("secret must not have surrounding spaces or line breaks")
+        if self.max_load_per_core < 0:
+            raise ConfigError(f"max_load_per_core must not be negative, not {self.max_load_per_core!r}")
+        if not 0 <= self.min_free_memory <= 1:
+            raise ConfigError(f"min_free_memory must be a fraction from 0 to 1, not {self.min_free_memory!r}")
         if self.max_frame_bytes < 1024:
             raise ConfigError(f"max_frame_bytes must be at least 1024, not {self.max_frame_bytes!r}")
+        for endpoint in (*self.controllers, *((self.advertise_rpc,) if self.advertise_rpc else ())):
+            if not endpoint.startswith(("tcp:", "unix:", "tcp6:")) or ":" not in endpoint[4:]:
+                key = "controllers" if endpoint in self.controllers else "advertise_rpc"
+                raise ConfigError(f"{key} must be client endpoints like tcp:127.0.0.1:7910, not {endpoint!r}")
         ids = [m.id for m in self.members]
         if len(set(ids)) != len(ids):
             raise ConfigError("members: a member id is listed twice")
@@ -165,10 +187,11 @@ class ClusterConfig:
 def _cluster_values(values: dict) -> dict:
     """``[cluster]`` as read, its ``members`` array of tables built into ``MemberConfig``s (naming a bad one)."""
     values = dict(values)
-    if isinstance(values.get("rpc"), str):
-        values["rpc"] = (values["rpc"],)
-    elif isinstance(values.get("rpc"), list):
-        values["rpc"] = tuple(values["rpc"])
+    for key in ("rpc", "controllers"):
+        if isinstance(values.get(key), str):
+            values[key] = (values[key],)
+        elif isinstance(values.get(key), list):
+            values[key] = tuple(values[key])
     members = values.get("members", [])
     if not isinstance(members, list) or not all(isinstance(m, dict) for m in members):
         raise ConfigError("config key cluster.members must be an array of tables ([[cluster.members]])")
@@ -208,6 +231,8 @@ class Config:
     path: str = ""  # the config file itself, for messages; empty: none was read (the built-in defaults)
     listeners: tuple[Listener, ...] = ()  # filled by settle(): every listener, checked, in opening order
     admin: AdminConfig = AdminConfig()
+    discovery: DiscoveryConfig = DiscoveryConfig()
+    controller: ControllerConfig = ControllerConfig()
 
     @property
     def source(self) -> str:
@@ -216,7 +241,8 @@ class Config:
 
 
 SECTIONS = {"node": NodeConfig, "store": StoreConfig, "mqtt": MQTTConfig, "limits": LimitsConfig,
-            "log": LogConfig, "cluster": ClusterConfig, "admin": AdminConfig}
+            "log": LogConfig, "cluster": ClusterConfig, "admin": AdminConfig, "discovery": DiscoveryConfig,
+            "controller": ControllerConfig}
 
 _FILE_KEYS = (("node", "mqtt_tls_ca"), ("mqtt", "password_file"), ("mqtt", "acl_file"), ("log", "file"))
 """(section, key) of every setting that names a file; each must exist except the log file."""
@@ -259,6 +285,8 @@ def _build(raw: dict, path: str, base_dir: str) -> Config:
                     values[key] = tuple(value)
         if name == "cluster":
             values = _cluster_values(values)
+        if name == "controller":  # arrays in TOML, tuples in the frozen dataclass
+            values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
         built[name] = from_mapping(cls, name, values)
     # Relative paths of the file start at its directory, whatever the node's working directory.
     node = built["node"]
@@ -269,7 +297,8 @@ def _build(raw: dict, path: str, base_dir: str) -> Config:
         if value:
             built[section] = dataclasses.replace(built[section], **{key: resolve_path(value, base_dir)})
     return Config(built["node"], built["store"], built["mqtt"], built["limits"], dict(raw.get("native", {})),
-                  base_dir, built["log"], built["cluster"], path, admin=built["admin"])
+                  base_dir, built["log"], built["cluster"], path, admin=built["admin"],
+                  discovery=built["discovery"], controller=built["controller"])
 
 
 def with_flags(cfg: Config, node_changes: dict) -> Config:

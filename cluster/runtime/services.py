@@ -191,15 +191,16 @@ class DatagramListenerService(service.Service):
 class ReadyLine(service.Service):
     """The last child: prints ``twistmq ready`` and every bound listener, once the tree reaches it."""
 
-    def __init__(self, listeners, announce=None) -> None:
+    def __init__(self, listeners, announce=None, extra=()) -> None:
         self.setName("ready")
         self.listeners = listeners
         self.announce = announce  # called after the line: the role's own log line
+        self.extra = tuple(extra)  # "key=value" of addresses bound outside Twisted (a controller's raft)
 
     def startService(self) -> None:
         service.Service.startService(self)
         bound = [f"{name(svc.listener)}={address(svc.port)}" for svc in self.listeners]
-        print("twistmq ready " + " ".join(bound), file=sys.__stdout__, flush=True)
+        print("twistmq ready " + " ".join(bound + list(self.extra)), file=sys.__stdout__, flush=True)
         if self.announce is not None:
             self.announce()
 

@@ -1,19 +1,21 @@
 """``./dev cluster up DIR`` / ``./dev cluster down DIR``: a local cluster of real processes on 127.0.0.1.
 
 ``up`` picks free ports, writes ``DIR/cluster.toml`` (the membership every
-process reads: broker groups and their RPC addresses), starts the brokers,
-waits for each ``twistmq ready`` line, then starts the proxies the same way,
-and writes ``DIR/cluster.json`` (DESIGN's contract: role, id, pid, group,
-ports, data_dir, argv per process). Every port is fixed in ``argv``, so
+process reads: broker groups and their RPC addresses, and the controllers'
+RPC addresses), starts the controllers (3 unless ``--controllers`` says
+otherwise; 0: static membership only), then the brokers, waiting for each
+``twistmq ready`` line, then the proxies the same way, and writes
+``DIR/cluster.json`` (DESIGN's contract: role, id, pid, group, ports,
+data_dir, argv per process; a controller's ports are ``http``, ``rpc`` and
+``raft``). Brokers and proxies register with the controllers and heartbeat. Every port is fixed in ``argv``, so
 relaunching a killed process with its ``argv`` brings it back as the same
 member. Each proxy gets its own MQTT and native port unless ``--shared-port``
 puts them all on one (``reuseport=yes``: the kernel spreads clients).
 ``down`` sends SIGTERM to every process (proxies first), then SIGKILL to any
 left after 10 s.
 
-Controllers and broker replicas come with the controllers and replication
-issues: until then membership is this static config, and asking for either
-is refused with a reason.
+Broker replicas come with the replication issue: asking for them is refused
+with a reason. The admin role is not built yet.
 """
 
 from __future__ import annotations
@@ -60,10 +62,20 @@ def endpoint(port: int, shared: bool = False) -> str:
     return f"tcp:{port}:interface=127.0.0.1" + (":reuseport=yes" if shared else "")
 
 
-def plan(root: str, groups: int, proxies: int, shared_port: bool, cluster_id: str) -> list[dict]:
-    """The processes to start, brokers first: role, id, group, ports, data_dir and argv of each."""
+def plan(root: str, groups: int, proxies: int, shared_port: bool, cluster_id: str, controllers: int = 0) -> list[dict]:
+    """The processes to start, controllers first, then brokers: role, id, group, ports, data_dir and argv of each."""
     procs: list[dict] = []
-    ports = iter(free_ports(groups * 2 + proxies * 3 + 2))
+    ports = iter(free_ports(controllers * 3 + groups * 2 + proxies * 3 + 2))
+    raft = [next(ports) for _ in range(controllers)]
+    for c in range(1, controllers + 1):
+        member = f"controller-{c}"
+        p = {"rpc": next(ports), "http": next(ports), "raft": raft[c - 1]}
+        data_dir = os.path.join(root, member)
+        peers = [arg for other in raft if other != p["raft"] for arg in ("--peer", f"127.0.0.1:{other}")]
+        argv = [twistd(), "-n", "--pidfile=", "twistmq", "controller", "--config", os.path.join(root, "cluster.toml"),
+                "--data-dir", data_dir, "--node-id", member, "--raft", f"127.0.0.1:{p['raft']}", *peers,
+                "--rpc", endpoint(p["rpc"]), "--http", endpoint(p["http"])]
+        procs.append({"role": "controller", "id": member, "ports": p, "data_dir": data_dir, "argv": argv})
     for g in range(1, groups + 1):
         group, member = f"g{g}", f"broker-g{g}"
         p = {"rpc": next(ports), "http": next(ports)}
@@ -93,7 +105,12 @@ def membership_toml(cluster_id: str, procs: list[dict], base: str = "") -> str:
         raise LaunchError("the base config has a [cluster] section: the launcher writes that one itself")
     lines = [base.rstrip(), "", "[cluster]", f'cluster_id = "{cluster_id}"', ""] if base.strip() else \
         ["[cluster]", f'cluster_id = "{cluster_id}"', ""]
+    controllers = [f'"tcp:127.0.0.1:{p["ports"]["rpc"]}"' for p in procs if p["role"] == "controller"]
+    if controllers:
+        lines[-1:-1] = [f"controllers = [{', '.join(controllers)}]"]
     for p in procs:
+        if p["role"] == "controller":
+            continue
         lines.append("[[cluster.members]]")
         lines.append(f'id = "{p["id"]}"')
         lines.append(f'role = "{p["role"]}"')
@@ -151,12 +168,11 @@ def alive(pid: int) -> bool:
         return True
 
 
-def up(root: str, groups: int = 1, proxies: int = 2, replicas: int = 1, controllers: int = 0,
+def up(root: str, groups: int = 1, proxies: int = 2, replicas: int = 1, controllers: int = 3,
        shared_port: bool = False, base_config: str | None = None) -> dict:
     """Start the cluster under ``root``; returns what ``cluster.json`` holds."""
-    if controllers:
-        raise LaunchError("--controllers: the controller role is not built yet (membership is static config); "
-                          "use --controllers 0")
+    if controllers < 0:
+        raise LaunchError("--controllers must be at least 0 (3 or 5 for a majority that survives a loss)")
     if replicas != 1:
         raise LaunchError("--replicas: broker replication is not built yet; each group has one broker")
     if groups < 1 or proxies < 0:
@@ -166,7 +182,7 @@ def up(root: str, groups: int = 1, proxies: int = 2, replicas: int = 1, controll
         raise LaunchError(f"{root}/cluster.json exists: run `./dev cluster down {root}` first, or pick another DIR")
     os.makedirs(root, exist_ok=True)
     cluster_id = "local-" + secrets.token_hex(4)
-    procs = plan(root, groups, proxies, shared_port, cluster_id)
+    procs = plan(root, groups, proxies, shared_port, cluster_id, controllers)
     base = ""
     if base_config:
         with open(base_config, encoding="utf-8") as f:
@@ -188,8 +204,10 @@ def up(root: str, groups: int = 1, proxies: int = 2, replicas: int = 1, controll
 
 
 def stop(procs: list[dict], grace: float = STOP_GRACE_S) -> list[str]:
-    """SIGTERM every process (proxies before brokers), SIGKILL those still alive after ``grace``; killed ids."""
-    order = sorted(procs, key=lambda p: p["role"] != "proxy")
+    """SIGTERM every process (proxies, then brokers, then controllers), SIGKILL those still alive after ``grace``;
+    killed ids."""
+    rank = {"proxy": 0, "broker": 1, "controller": 2}
+    order = sorted(procs, key=lambda p: rank.get(p["role"], 1))
     for p in order:
         try:
             os.kill(p["pid"], signal.SIGTERM)
@@ -246,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p_up = sub.add_parser("up", help="start processes and write DIR/cluster.json")
     p_up.add_argument("dir")
-    p_up.add_argument("--controllers", type=int, default=0)
+    p_up.add_argument("--controllers", type=int, default=3, help="Raft controllers (default 3; 0: static membership)")
     p_up.add_argument("--groups", type=int, default=1)
     p_up.add_argument("--replicas", type=int, default=1)
     p_up.add_argument("--proxies", type=int, default=2)
@@ -260,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     p_port = sub.add_parser("port", help="print one port of a member: ./dev cluster port DIR proxy-1 mqtt")
     p_port.add_argument("dir")
     p_port.add_argument("member")
-    p_port.add_argument("kind", help="mqtt, native, http or rpc")
+    p_port.add_argument("kind", help="mqtt, native, http, rpc or raft")
     args = parser.parse_args(argv)
     if args.command == "port":
         try:
@@ -277,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
                      args.config)
             for p in doc["processes"]:
                 ports = " ".join(f"{k}={v}" for k, v in p["ports"].items())
-                print(f"{p['role']:7} {p['id']:12} pid={p['pid']} {ports}")
+                print(f"{p['role']:10} {p['id']:12} pid={p['pid']} {ports}")
             print(f"cluster up: {os.path.join(os.path.abspath(args.dir), 'cluster.json')}")
         elif args.command == "relaunch":
             proc = relaunch(args.dir, args.member)

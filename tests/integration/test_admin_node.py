@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 import pytest
 
-from cluster.admin.routes import routes
+from cluster.admin.routes import routes, served_by
 from mqtt_proxy.native.client import BlockingClient
 from tests.integration.admin_support import call, close, paho, validate, wait_for
 from tests.integration.node import NodeProcess
@@ -89,8 +89,8 @@ def test_every_route_of_the_file_answers_to_its_schema(node):
         "publish": ("POST", "/api/v1/publish", {"topic": "live/x", "payload": "from the API", "qos": 1}),
         "list_members": ("GET", "/api/v1/cluster/members", None),
     }
-    table = routes()
-    assert set(samples) == {r.operation_id for r in table}, "every operation of the file has a sample call here"
+    table = served_by(routes(), "node")
+    assert set(samples) == {r.operation_id for r in table}, "every operation a node serves has a sample call here"
     answers = {}
     for route in table:
         method, path, body = samples[route.operation_id]

@@ -13,10 +13,11 @@ from twisted.web.test.requesthelper import DummyRequest
 
 from cluster.admin import commands
 from cluster.admin.api import AdminAPI, ApiError, page
+from cluster.admin.controller_handlers import ControllerHandlers
 from cluster.admin.handlers import Handlers
 from cluster.admin.main import build_parser
 from cluster.admin.metrics import Histogram, RateHistory
-from cluster.admin.routes import load_spec, match, routes
+from cluster.admin.routes import load_spec, match, routes, served_by
 from cluster.runtime.http import http_site
 
 
@@ -25,9 +26,13 @@ def _public_methods(cls) -> set[str]:
 
 
 def test_every_operation_has_a_handler_and_every_handler_an_operation():
-    """The server's routes are the file's: no handler the file lacks, no operation without a handler."""
-    api_ops = {r.operation_id for r in routes() if r.segments}
+    """The server's routes are the file's: no handler the file lacks, no operation without a handler (a node's
+    Handlers for the rows a node serves, a controller's for the rows whose x-roles name controller)."""
+    api_ops = {r.operation_id for r in served_by(routes(), "node") if r.segments}
     assert api_ops == _public_methods(Handlers)
+    controller_ops = {r.operation_id for r in served_by(routes(), "controller") if r.segments}
+    assert controller_ops == _public_methods(ControllerHandlers)
+    assert controller_ops == {"list_members", "elect_leader", "get_controller_metadata"}
 
 
 def test_the_site_serves_nothing_the_file_lacks():

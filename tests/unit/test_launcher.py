@@ -39,10 +39,27 @@ def test_membership_config_lists_groups_and_their_rpc_addresses(tmp_path):
         launcher.membership_toml("c", procs, "[cluster]\ncluster_id = 'x'\n")
 
 
+def test_controllers_come_first_each_with_rpc_http_and_raft_ports(tmp_path):
+    """With 3 controllers: they start first, each names the other two's Raft addresses as peers, and the
+    membership config lists their RPC addresses as [cluster] controllers."""
+    procs = launcher.plan(str(tmp_path), 1, 1, False, "c", controllers=3)
+    controllers = [p for p in procs if p["role"] == "controller"]
+    assert [p["role"] for p in procs[:3]] == ["controller"] * 3
+    assert all(set(p["ports"]) == {"rpc", "http", "raft"} for p in controllers)
+    for p in controllers:
+        peers = [p2["argv"][i + 1] for p2 in [p] for i, a in enumerate(p2["argv"]) if a == "--peer"]
+        assert sorted(peers) == sorted(f"127.0.0.1:{o['ports']['raft']}" for o in controllers if o is not p)
+    ports = [port for p in procs for port in p["ports"].values()]
+    assert len(ports) == len(set(ports))
+    doc = tomllib.loads(launcher.membership_toml("c", procs))
+    assert doc["cluster"]["controllers"] == [f"tcp:127.0.0.1:{p['ports']['rpc']}" for p in controllers]
+    assert [m["role"] for m in doc["cluster"]["members"]] == ["broker", "proxy"]
+
+
 def test_what_is_not_built_yet_is_refused_with_a_reason(tmp_path):
-    """Controllers and replicas are refused by name until their issues land; nothing is started."""
-    with pytest.raises(launcher.LaunchError, match="controller"):
-        launcher.up(str(tmp_path / "c"), controllers=3)
+    """Replicas are refused by name until their issue lands, and a negative controller count; nothing starts."""
+    with pytest.raises(launcher.LaunchError, match="controllers"):
+        launcher.up(str(tmp_path / "c"), controllers=-1)
     with pytest.raises(launcher.LaunchError, match="replication"):
         launcher.up(str(tmp_path / "c"), replicas=2)
     assert launcher.main(["up", str(tmp_path / "c"), "--replicas", "2"]) == 2

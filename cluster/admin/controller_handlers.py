@@ -1,0 +1,76 @@
+"""The admin routes a controller serves: the members it knows, the controllers and the leader, elect-leader.
+
+A controller has no clients, sessions or store: its API is the rows of openapi.json whose
+``x-roles`` names ``controller`` (``served_by``). ``controller`` is the role's
+``cluster.controller.service.Controller`` and ``raft`` its ``RaftNode`` (passed in: admin imports
+neither).
+"""
+
+from __future__ import annotations
+
+from twisted.internet import defer, task
+
+from cluster.admin.api import ApiError
+
+ELECT_WAIT = 3.0
+"""Seconds elect-leader waits to see the new leader before it answers with ``leader: null``."""
+
+
+def member_row(record: dict) -> dict:
+    """A member record as ``cluster/members`` lists it (the Member schema of openapi.json)."""
+    return {"id": record["node_id"], "role": record["node_type"], "group": record.get("group") or None,
+            "active": record["active"], "healthy": record["healthy"], "leader": False,
+            "joined": record["joined"], "zone": record.get("zone", ""), "version": record.get("version", ""),
+            "address": record.get("rpc_address", ""), "last_heartbeat": record.get("last_heartbeat", 0.0)}
+
+
+class ControllerHandlers:
+    """``cluster/members``, ``cluster/elect-leader`` and ``cluster/controllers/metadata`` on a controller."""
+
+    def __init__(self, controller, raft, version: str, clock) -> None:
+        self.controller = controller
+        self.raft = raft
+        self.version = version
+        self.clock = clock
+
+    def _controllers(self) -> list[dict]:
+        leader = self.raft.leader
+        connected = self.raft.status().get("peers_connected", [])
+        return [{"id": address, "role": "controller", "group": None, "active": True, "healthy": True,
+                 "leader": address == leader, "joined": address == self.raft.address or address in connected,
+                 "zone": "", "version": self.version if address == self.raft.address else "", "address": address,
+                 "last_heartbeat": 0.0}
+                for address in [self.raft.address, *self.raft.cfg.peers]]
+
+    def list_members(self, params, query, body):
+        return self._controllers() + [member_row(r) for r in self.controller.members()]
+
+    def get_controller_metadata(self, params, query, body):
+        view = self.raft.read(lambda m: m.view())
+        return {"controllers": self._controllers(), "raft": self.raft.status(), **view}
+
+    @defer.inlineCallbacks
+    def elect_leader(self, params, query, body):
+        target = (body or {}).get("id")
+        if target is not None and not isinstance(target, str):
+            raise ApiError(400, "bad_request", "id must be a controller's Raft address (a string) or null")
+        previous = self.raft.address
+        if not self.raft.is_leader:
+            leader = self.raft.leader or "the leader once one is elected"
+            raise ApiError(409, "not_leader", f"this controller is not the Raft leader; ask {leader}")
+        if target is not None and target not in self.raft.cfg.peers:
+            peers = ", ".join(self.raft.cfg.peers)
+            raise ApiError(404, "not_found", f"no other controller {target!r} (the others: {peers})")
+        try:
+            yield self.raft.transfer_leadership(target)
+        except Exception as exc:  # noqa: BLE001 - pysyncobj's refusals: the target lags, or no peer is connected
+            reason = getattr(exc, "reason", str(exc))
+            raise ApiError(409, "conflict", f"leadership not transferred ({reason}): the target has not caught up "
+                           "with the leader's log or is not connected; try again") from None
+        deadline = self.clock.seconds() + ELECT_WAIT
+        while self.clock.seconds() < deadline:
+            leader = self.raft.leader
+            if leader is not None and leader != previous:
+                return {"previous": previous, "leader": leader}
+            yield task.deferLater(self.clock, 0.02, lambda: None)
+        return {"previous": previous, "leader": None}

@@ -1,0 +1,62 @@
+"""The ``[controller]`` section: a controller's Raft address, its peers and pysyncobj's timings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from store.config import ConfigError
+
+
+def _host_port(key: str, value: str) -> None:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{key} must be HOST:PORT (like 127.0.0.1:7900), not {value!r}")
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """The ``[controller]`` section: a ``twistmq controller`` process (3 or 5 of them hold the cluster metadata in Raft)."""
+
+    raft: str = "127.0.0.1:7900"
+    """This controller's Raft address, HOST:PORT: it binds it and its peers dial it (``--raft``). pysyncobj unpickles what reaches it: keep it on loopback or a private network."""
+    peers: tuple[str, ...] = ()
+    """The other controllers' Raft addresses (``--peer``, repeatable); empty: a single controller, its own majority."""
+    rpc: tuple[str, ...] = ("tcp:7910:interface=127.0.0.1",)
+    """RPC listeners members register, heartbeat and read metadata on (``--rpc``)."""
+    tick: float = 0.05
+    """Seconds pysyncobj's thread waits for socket events per tick (autoTickPeriod): commits and elections are seen at most this late. Smaller costs idle CPU."""
+    append_period: float = 0.1
+    """Seconds between the Raft leader's append-entries (its heartbeat to the other controllers). Must be well under election_min."""
+    election_min: float = 0.4
+    """Shortest Raft election timeout (seconds): a follower that hears no leader for a random time between election_min and election_max starts an election."""
+    election_max: float = 0.8
+    """Longest Raft election timeout (seconds); a killed leader is replaced within about this plus one election round."""
+    connection_retry: float = 0.5
+    """Seconds between attempts to dial a controller that is down (a restarted one rejoins this fast)."""
+    leader_fallback: float = 5.0
+    """Seconds a leader that hears from no majority keeps leading before it steps down."""
+    compaction_entries: int = 5000
+    """Raft log entries after which the metadata is snapshotted to the data dir and the journal cut."""
+    compaction_seconds: float = 300.0
+    """Seconds after which the metadata is snapshotted even with fewer entries."""
+
+    def validate(self) -> None:
+        _host_port("raft", self.raft)
+        for peer in self.peers:
+            _host_port("peers", peer)
+        if self.raft in self.peers:
+            raise ConfigError(f"peers lists this controller's own raft address {self.raft!r}")
+        if len(set(self.peers)) != len(self.peers):
+            raise ConfigError("peers lists an address twice")
+        for key in ("tick", "append_period", "election_min", "election_max", "connection_retry", "leader_fallback",
+                    "compaction_seconds"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"{key} must be positive, not {getattr(self, key)!r}")
+        if self.election_max < self.election_min:
+            raise ConfigError(f"election_max ({self.election_max}) must not be below election_min "
+                              f"({self.election_min})")
+        if self.append_period * 2 > self.election_min:
+            raise ConfigError(f"append_period ({self.append_period}) must be at most half of election_min "
+                              f"({self.election_min}): followers would start elections against a live leader")
+        if self.compaction_entries < 10:
+            raise ConfigError(f"compaction_entries must be at least 10, not {self.compaction_entries!r}")
