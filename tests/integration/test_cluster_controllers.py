@@ -25,12 +25,13 @@ pytestmark = pytest.mark.slow
 
 WAIT = 15.0
 LEASE = 1.0
+HEARTBEAT = 0.25
 BASE = f"""
 [mqtt]
 allow_anonymous = true
 
 [discovery]
-heartbeat_interval = 0.25
+heartbeat_interval = {HEARTBEAT}
 lease = {LEASE}
 wheel_tick = 0.05
 """
@@ -134,7 +135,8 @@ def test_stopped_proxy_is_evicted_after_its_lease_and_rejoins_after_sigcont(clus
     try:
         wait_for(lambda: cluster.members().get(proxy["id"], {}).get("joined") is False, "the proxy's eviction")
         took = time.monotonic() - stopped
-        assert LEASE * 0.8 <= took <= LEASE + 2.0, took
+        # A lease runs from the last heartbeat, at most one interval before the SIGSTOP (less on a loaded machine).
+        assert LEASE - HEARTBEAT - 0.1 <= took <= LEASE + 2.0, took
         assert all(cluster.members()[p["id"]]["joined"] for p in cluster.procs("broker"))
     finally:
         os.kill(proxy["pid"], signal.SIGCONT)
