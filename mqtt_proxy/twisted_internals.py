@@ -15,6 +15,11 @@ fails if Twisted changes them).
   connection); one shared string serves them.
 - ``raise_send_limit``: ``SEND_LIMIT`` (128 KiB) is what one send may take from
   the transport's buffer per reactor pass.
+- ``read_datagrams_up_to``: a UDP port reads ``maxPacketSize`` bytes of a
+  datagram (8,192 by default) and drops the rest without a word.
+- ``request_target``: an HTTP channel's ``_path``, the request target, known
+  before the body is read (``gotLength``), so a request can be refused from its
+  headers.
 """
 
 from __future__ import annotations
@@ -54,3 +59,13 @@ def raise_send_limit(transport, size: int) -> None:
     """Let one send of a TCP transport take up to ``size`` bytes of its buffer (no-op elsewhere)."""
     if getattr(transport, "SEND_LIMIT", size) < size:
         transport.SEND_LIMIT = size
+
+
+def read_datagrams_up_to(transport, size: int) -> None:
+    """Let a UDP port read datagrams of up to ``size`` bytes whole."""
+    transport.maxPacketSize = size
+
+
+def request_target(channel) -> bytes | None:
+    """The target of the request an HTTP channel is reading (None before its request line)."""
+    return getattr(channel, "_path", None)

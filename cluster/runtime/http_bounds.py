@@ -18,9 +18,8 @@ still arriving:
 
 A refusal writes its response and closes the connection; what the client still
 sends is dropped unread. The one Twisted internal used, the request's path
-before the request is whole (``HTTPChannel._path``), is named in
-``TWISTED_INTERNALS`` and checked by ``tests/unit/test_http_bounds.py``, which
-fails if Twisted changes it.
+before the request is whole, is read through ``mqtt_proxy.twisted_internals``
+(every such use is there, with a test that fails if Twisted changes them).
 """
 
 from __future__ import annotations
@@ -32,7 +31,8 @@ from dataclasses import dataclass, field
 from twisted.web import server
 from twisted.web.http import RESPONSES
 
-TWISTED_INTERNALS = ("twisted.web.http.HTTPChannel._path: the request target, set before gotLength is called",)
+from mqtt_proxy.twisted_internals import request_target
+
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class BoundedRequest(server.Request):
             return  # no body: the resource does its own checks
         site = self.channel.site
         if site.gate is not None:  # first: a client without the token learns nothing more
-            refusal = site.gate(getattr(self.channel, "_path", None), self)
+            refusal = site.gate(request_target(self.channel), self)
             if refusal is not None:
                 self._refuse(refusal)
                 return

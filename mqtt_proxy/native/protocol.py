@@ -30,7 +30,7 @@ from twisted.internet import protocol
 from mqtt_proxy.native import codec, paging
 from mqtt_proxy.native.codec import LINE_TOO_LONG, LineBuffer, RequestError
 from mqtt_proxy.native.ordering import RequestOrder
-from mqtt_proxy.twisted_internals import can_send_directly, send
+from mqtt_proxy.twisted_internals import can_send_directly, send, read_datagrams_up_to
 
 log = logging.getLogger("twistmq.native.protocol")
 
@@ -250,7 +250,7 @@ class NativeUDPProtocol(protocol.DatagramProtocol):
     def startProtocol(self) -> None:
         # The port reads at most maxPacketSize bytes of a datagram (Twisted's default 8,192) and drops the
         # rest without a word: read one byte past the limit, so an over-long datagram is seen and answered.
-        self.transport.maxPacketSize = self.config.max_datagram_bytes + 1
+        read_datagrams_up_to(self.transport, self.config.max_datagram_bytes + 1)
 
     def datagramReceived(self, data: bytes, addr) -> None:
         self.service.counters["udp_datagrams"] += 1

@@ -58,3 +58,30 @@ def test_log_strings_are_what_twisted_formats_per_connection(pair):
     assert isinstance(transport.logstr, str) and isinstance(transport.repstr, str)
     share_log_strings(transport, "MQTTServerProtocol")
     assert transport.logPrefix() == "MQTTServerProtocol" and repr(transport) == "MQTTServerProtocol"
+
+
+def test_udp_port_reads_max_packet_size_bytes():
+    """Twisted's UDP port reads maxPacketSize bytes per datagram: what read_datagrams_up_to sets."""
+    import inspect
+
+    from twisted.internet import udp
+
+    from mqtt_proxy.twisted_internals import read_datagrams_up_to
+    assert "recvfrom(self.maxPacketSize)" in inspect.getsource(udp.Port.doRead)
+    port = udp.Port(0, protocol.DatagramProtocol(), "127.0.0.1", reactor=MemoryReactor())
+    read_datagrams_up_to(port, 20001)
+    assert port.maxPacketSize == 20001
+
+
+def test_http_channel_knows_the_target_before_the_body():
+    """An HTTP channel holds the request target (_path) once the request line is in, before any body byte."""
+    from twisted.internet.testing import StringTransport
+    from twisted.web import http
+
+    from mqtt_proxy.twisted_internals import request_target
+    channel = http.HTTPChannel()
+    channel.makeConnection(StringTransport())
+    assert request_target(channel) is None
+    channel.dataReceived(b"POST /api/v1/publish HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n")
+    assert request_target(channel) == b"/api/v1/publish"
+    channel.connectionLost(None)

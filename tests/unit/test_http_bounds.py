@@ -1,7 +1,7 @@
 """The HTTP bounds of ``cluster.runtime.http_bounds``: refusals before a body is read, a body cap, a deadline.
 
 A ``BoundedSite`` over ``StringTransport`` and ``task.Clock``. These tests also
-guard the Twisted internals the module relies on (``TWISTED_INTERNALS``): if
+guard the Twisted internal the module relies on (``mqtt_proxy.twisted_internals.request_target``): if
 twisted.web stops calling the hooks in this order, or stops setting the
 request's path before ``gotLength``, they fail.
 """
