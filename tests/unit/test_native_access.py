@@ -12,31 +12,15 @@ import json
 
 import pytest
 from twisted.internet import udp
-from twisted.internet.testing import FakeDatagramTransport, StringTransport
+from twisted.internet.testing import FakeDatagramTransport
 
 from mqtt_proxy.native import paging
 from mqtt_proxy.native.codec import RequestError, TopicLimits
-from mqtt_proxy.native.protocol import NativeTCPFactory, NativeUDPProtocol, token_bytes, token_ok
+from mqtt_proxy.native.protocol import NativeUDPProtocol, token_bytes, token_ok
 from tests.unit.test_native_engine import Node
+from tests.unit.test_native_protocol import _connect, _replies, _send  # the TCP protocol harness
 
 PEER = ("127.0.0.1", 5555)
-
-
-def _connect(node):
-    proto = NativeTCPFactory(node.native).buildProtocol(("127.0.0.1", 1))
-    transport = StringTransport()
-    proto.makeConnection(transport)
-    return proto, transport
-
-
-def _send(proto, *requests):
-    proto.dataReceived(b"".join(json.dumps(r).encode() + b"\n" for r in requests))
-
-
-def _replies(transport):
-    out = [json.loads(line) for line in transport.value().splitlines()]
-    transport.clear()
-    return out
 
 
 def _settle(node, ticks=200):
