@@ -27,7 +27,7 @@ from twisted.python import usage
 from cluster.local.parts import StoreParts
 from cluster.local.session_interest import SessionInterest
 from cluster.remote.server import StoreServer
-from cluster.roles.common import default_node_id, health_probe, member_agent
+from cluster.roles.common import default_node_id, health_probe, member_agent, rpc_and_http_listeners
 from cluster.rpc.dispatch import Dispatcher
 from cluster.rpc.frames import RPC_VERSION, Hello
 from cluster.rpc.metrics import RpcMetrics
@@ -36,7 +36,6 @@ from cluster.rpc.server import RpcServerFactory
 from cluster.runtime import node_log
 from cluster.runtime.config import CONFIG_HELP, find_config, load_config, with_data_dir, with_flags
 from cluster.runtime.http import store_site
-from cluster.runtime.listeners import parse_listener
 from cluster.runtime.services import ListenerService, Part, ReadyLine, RoleService, SignalService
 from cluster.runtime.version import print_version, twistmq_version
 from store.config import ConfigError
@@ -89,21 +88,11 @@ def broker_config(options: BrokerOptions):
         # From a directory someone named; with the default one (/var/lib/twistmq/broker) the host name.
         cluster = dataclasses.replace(cluster, node_id=default_node_id(cfg.node.data_dir))
     flags = bool(options.listeners)
-    wanted = {"rpc": options.listeners.get("rpc", []) if flags else list(cluster.rpc),
-              "http": options.listeners.get("http", []) if flags else list(cfg.node.http)}
-    listeners = []
-    for key in ("rpc", "http"):
-        for description in wanted[key]:
-            listener = parse_listener(key, description, None if flags else cfg.source,
-                                      None if flags else cfg.base_dir)
-            if key == "http" and not listener.interface and listener.kind != "unix":
-                raise ConfigError(f"{listener.where}: an HTTP listener must name its interface "
-                                  "(interface=127.0.0.1, or interface=0.0.0.0 for all)")
-            listeners.append(listener)
-    if not any(l.key == "rpc" for l in listeners):
-        raise ConfigError("a broker needs an RPC listener: for example --rpc tcp:7800:interface=127.0.0.1")
+    listeners = rpc_and_http_listeners(
+        cfg, "broker", options.listeners.get("rpc", []) if flags else list(cluster.rpc),
+        options.listeners.get("http", []) if flags else list(cfg.node.http), flags, "tcp:7800:interface=127.0.0.1")
     # Last: a configuration refused above makes no directory.
-    return with_data_dir(dataclasses.replace(cfg, cluster=cluster, listeners=tuple(listeners)), "broker")
+    return with_data_dir(dataclasses.replace(cfg, cluster=cluster, listeners=listeners), "broker")
 
 
 class BrokerParts:

@@ -21,6 +21,7 @@ from cluster.rpc.peer import PeerClient
 from cluster.rpc.protocol import RpcSettings
 from cluster.runtime.config import CONFIG_HELP, find_config, load_config, settle, with_data_dir, with_flags
 from cluster.runtime.services import address
+from cluster.runtime.listeners import parse_listener
 from cluster.runtime.reuseport import server_endpoint
 from cluster.runtime.services import DatagramListenerService, ListenerService
 from cluster.runtime.version import print_version, twistmq_version
@@ -163,6 +164,22 @@ def _backlog(description: str) -> str:
     if description.split(":", 1)[0] in ("tcp", "ssl") and "backlog=" not in description:
         return description + ":backlog=" + str(LISTEN_BACKLOG)
     return description
+
+
+def rpc_and_http_listeners(cfg, role: str, rpc: list[str], http: list[str], flags: bool, example: str) -> tuple:
+    """The listeners of a role served over RPC (``broker``, ``controller``), checked: RPC first, then HTTP (which
+    must name its interface); at least one RPC listener. *flags*: they came from the command line."""
+    listeners = []
+    for key, descriptions in (("rpc", rpc), ("http", http)):
+        for description in descriptions:
+            listener = parse_listener(key, description, None if flags else cfg.source, None if flags else cfg.base_dir)
+            if key == "http" and not listener.interface and listener.kind != "unix":
+                raise ConfigError(f"{listener.where}: an HTTP listener must name its interface "
+                                  "(interface=127.0.0.1, or interface=0.0.0.0 for all)")
+            listeners.append(listener)
+    if not any(listener.key == "rpc" for listener in listeners):
+        raise ConfigError(f"a {role} needs an RPC listener: for example --rpc {example}")
+    return tuple(listeners)
 
 
 def default_node_id(data_dir: str) -> str:

@@ -18,6 +18,7 @@ import dataclasses
 import ipaddress
 import logging
 import os
+import signal
 
 from twisted.internet import endpoints
 from twisted.python import usage
@@ -28,7 +29,7 @@ from cluster.admin.routes import routes, served_by
 from cluster.controller.raft import RaftNode
 from cluster.controller.service import Controller
 from cluster.controller.site import controller_site
-from cluster.roles.common import default_node_id, health_probe
+from cluster.roles.common import default_node_id, health_probe, rpc_and_http_listeners
 from cluster.routing import RoutingError, SlotTable
 from cluster.rpc.dispatch import Dispatcher
 from cluster.rpc.frames import RPC_VERSION, Hello
@@ -36,9 +37,8 @@ from cluster.rpc.metrics import RpcMetrics
 from cluster.rpc.protocol import RpcSettings
 from cluster.rpc.server import RpcServerFactory
 from cluster.runtime import node_log
-from cluster.runtime.config import load_config, with_flags
-from cluster.runtime.listeners import parse_listener
-from cluster.runtime.services import ListenerService, Part, ReadyLine, RoleService
+from cluster.runtime.config import CONFIG_HELP, find_config, load_config, with_data_dir, with_flags
+from cluster.runtime.services import ListenerService, Part, ReadyLine, RoleService, SignalService
 from cluster.runtime.version import print_version, twistmq_version
 from store.config import ConfigError
 
@@ -51,7 +51,7 @@ class ControllerOptions(usage.Options):
     """Options of ``twistmq controller``."""
 
     optParameters = [
-        ["config", "c", None, "TOML config file (default: conf/twistmq.toml of the checkout)"],
+        ["config", "c", None, CONFIG_HELP],
         ["data-dir", "d", None, "data directory: the Raft journal and snapshot (overrides node.data_dir)"],
         ["node-id", None, None, "this controller's member id (overrides cluster.node_id)"],
         ["raft", None, None, "this controller's Raft address HOST:PORT (overrides controller.raft)"],
@@ -81,7 +81,7 @@ class ControllerOptions(usage.Options):
 
 def controller_config(options: ControllerOptions):
     """The config file with the command line applied; the listeners checked (rpc, then http)."""
-    cfg = load_config(options["config"])
+    cfg = load_config(find_config(options["config"]))
     if options["data-dir"]:
         cfg = with_flags(cfg, {"data_dir": options["data-dir"]})
     cluster = cfg.cluster
@@ -105,18 +105,12 @@ def controller_config(options: ControllerOptions):
             raise ConfigError(f"controller.{exc}") from None
     _check_raft_exposure(controller.raft, cluster.secret)
     flags = bool(options.listeners)
-    wanted = {"rpc": list(controller.rpc), "http": options.listeners.get("http", []) if flags else list(cfg.node.http)}
-    listeners = []
-    for key in ("rpc", "http"):
-        for description in wanted[key]:
-            listener = parse_listener(key, description, None if flags else cfg.path, None if flags else cfg.base_dir)
-            if key == "http" and not listener.interface and listener.kind != "unix":
-                raise ConfigError(f"{listener.where}: an HTTP listener must name its interface "
-                                  "(interface=127.0.0.1, or interface=0.0.0.0 for all)")
-            listeners.append(listener)
-    if not any(l.key == "rpc" for l in listeners):
-        raise ConfigError("a controller needs an RPC listener: for example --rpc tcp:7910:interface=127.0.0.1")
-    return dataclasses.replace(cfg, cluster=cluster, controller=controller, listeners=tuple(listeners))
+    listeners = rpc_and_http_listeners(
+        cfg, "controller", list(controller.rpc), options.listeners.get("http", []) if flags else list(cfg.node.http),
+        flags, "tcp:7910:interface=127.0.0.1")
+    # Last: a configuration refused above makes no directory.
+    return with_data_dir(dataclasses.replace(cfg, cluster=cluster, controller=controller, listeners=listeners),
+                         "controller")
 
 
 def _check_raft_exposure(raft: str, secret: str) -> None:
@@ -180,6 +174,9 @@ def controller_tree(parts: ControllerParts) -> RoleService:
                  cfg.node.data_dir)
 
     children = [
+        # systemctl reload sends SIGHUP, whose default action ends the process: a controller has no file to re-read.
+        SignalService("reload", signal.SIGHUP, lambda: log.info("reload_ok role=controller files=none"),
+                      parts.reactor),
         Part("raft", start=parts.raft.start, stop=parts.raft.stop),
         Part("leases", stop=parts.controller.stop),
         *parts.listeners,

@@ -9,6 +9,7 @@ socket). Raft runs with the shipped timings; leases are shortened (1 s) so evict
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import time
 import urllib.error
@@ -331,6 +332,15 @@ def test_controllers_metadata_answers_to_its_schema(cluster):
     validate("ControllerMetadata", answer)
     assert answer["raft"]["leader"] == cluster.raft[leader] and not answer["raft"]["is_leader"]
     assert answer["slots"] == {"g1": [[0, 511]], "g2": [[512, 1023]]}
+
+
+def test_sighup_is_a_reload_not_a_stop(cluster):
+    """SIGHUP (systemctl reload) is logged as a reload; the controller keeps running and a leader stays agreed."""
+    i = cluster.alive()[0]
+    cluster.nodes[i].proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "reload_ok role=controller" in cluster.log(i), "the reload line")
+    assert cluster.nodes[i].proc.poll() is None
+    cluster.leader()
 
 
 def test_elect_leader_moves_the_leadership(cluster):
