@@ -20,6 +20,7 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from cluster.tools import launcher
+from tests.integration.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -46,13 +47,7 @@ def get(proc: dict, path: str):
 
 
 def wait_for(predicate, what: str, timeout: float = WAIT):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_until(predicate, timeout, 0.02, what)
 
 
 class Cluster:

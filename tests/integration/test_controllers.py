@@ -23,6 +23,7 @@ from cluster.rpc.connection import Closed, Connection, Opened
 from cluster.rpc.frames import RPC_VERSION, Error, Event, Hello, Result
 from tests.integration.admin_support import validate
 from tests.integration.node import NodeProcess
+from tests.integration.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -166,13 +167,7 @@ def metadata(cluster: Cluster, i: int) -> dict:
 
 
 def wait_for(predicate, what: str, timeout: float = WAIT):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_until(predicate, timeout, 0.05, what)
 
 
 def _answered(reply):
