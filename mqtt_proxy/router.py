@@ -16,6 +16,7 @@ from mqtt_proxy.auth.acl import ACL
 from mqtt_proxy.config import LimitsConfig
 from mqtt_proxy.delivery import SessionContext
 from mqtt_proxy.session import Session, Subscription
+from mqtt_proxy.session_state import SubOptions
 from mqtt_proxy.shared import SharedGroup
 from store.api import Owed, Store, SubscriptionState
 
@@ -39,7 +40,8 @@ class SubscriptionRouter:
     def restore_subscription(self, session: Session, ss: SubscriptionState):
         """A stored subscription back as a live one: its filter registered again, its group joined."""
         queue = yield self.store.add_filter(ss.topic_filter, restoring=True)  # accepted before: never refused
-        sub = Subscription(ss.key, ss.topic_filter, queue, ss.qos, ss.no_local, ss.retain_as_published, ss.sub_id,
+        sub = Subscription(ss.key, ss.topic_filter, queue,
+                           SubOptions(ss.qos, ss.no_local, ss.retain_as_published, ss.sub_id),
                            positions={p.group: p for p in ss.positions})
         if ss.share_group is not None:
             sub.share = yield self.shared_group(ss.share_group, ss.topic_filter, queue)
@@ -83,7 +85,7 @@ class SubscriptionRouter:
             self.remove_filter(sub.topic_filter)
             if sub.share is not None:
                 self.drop_group_member(sub)
-        session.state.ended()
+        session.end()
 
     def owed(self):
         """Retention holder part: per shared group and broker group, its committed position."""

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from mqtt_proxy.codec import PubRel, encode, encode_publish, patch_publish
-from mqtt_proxy.session_state import (DeleteOutbound, DeleteReleased, Delivery, GroupAcked, PeerError, PumpSoon,
-                                      Resend, SaveOutbound, SaveReleased, SendPubRel, SessionState)
+from mqtt_proxy.session_state import (NO_ENTRIES, DeleteOutbound, DeleteReleased, Delivery, GroupAcked, PeerError,
+                                      PumpSoon, Resend, SaveOutbound, SaveReleased, SendPubRel, SessionState,
+                                      SubOptions)
 from store.api import Fenced, OutboundState, QueuePosition, ReadResult, SessionMeta, SubscriptionState
 
 if TYPE_CHECKING:
@@ -40,15 +41,14 @@ _denied_log = [0.0]  # when the next delivery_denied line may be written (one fo
 
 @dataclass
 class Subscription:
-    """One subscription of a session (``key`` is the filter as subscribed, $share prefix included)."""
+    """One subscription of a session (``key`` is the filter as subscribed, $share prefix included): its queue,
+    positions and reads. Its options are the session machine's (``SubOptions``, changed only by its events):
+    this side reads them."""
 
     key: str
     topic_filter: str
     queue: str
-    qos: int
-    no_local: bool = False
-    retain_as_published: bool = False
-    sub_id: int = 0
+    options: SubOptions
     share: object | None = None  # the SharedGroup for $share subscriptions
     positions: dict[str, QueuePosition] = field(default_factory=dict)  # broker group -> next position to send
     reading: set[str] = field(default_factory=set)  # broker groups with a read under way
@@ -60,8 +60,9 @@ class Subscription:
         """The subscription as ``Sessions.put_subscription`` stores it."""
         group = self.share.group if self.share is not None else None
         positions = () if self.share is not None else tuple(self.positions[g] for g in sorted(self.positions))
-        return SubscriptionState(self.topic_filter, self.qos, positions, self.no_local, self.retain_as_published,
-                                 self.sub_id, group)
+        o = self.options
+        return SubscriptionState(self.topic_filter, o.qos, positions, o.no_local, o.retain_as_published,
+                                 o.sub_id, group)
 
 
 def _state_attr(name: str) -> property:
@@ -82,7 +83,7 @@ class Session:
     # Slots: one per client id, connected or not, so its size is the broker's size per client.
     __slots__ = ("ctx", "delivery", "sessions", "client_id", "epoch", "fenced", "on_fenced", "state", "conn",
                  "will_call", "stored", "acl_username", "expiry_call", "_dirty_subs", "_pumping", "_pump_again",
-                 "_pump_scheduled", "owner", "reads", "retained_backlog")
+                 "_pump_scheduled", "owner", "reads", "retained_backlog", "subs")
 
     def __init__(self, ctx: "SessionContext", client_id: str, level: int, expiry: int, epoch: int = 0) -> None:
         self.ctx = ctx
@@ -105,11 +106,12 @@ class Session:
         self.owner: str | None = None  # the identity that made the session (None: stored before owners were kept)
         self.reads: ReadCheck | None = None  # the connected identity's read access (None: no ACL configured)
         self.retained_backlog = None  # subscribe.RetainedBacklog: retained messages waiting for room
+        # key -> Subscription (queue, positions, reads); the machine knows the same keys, with their options.
+        self.subs: dict[str, Subscription] = NO_ENTRIES
 
     # The session's protocol state lives in SessionState and changes only through its events; these read it.
     level = _state_attr("level")
     expiry = _state_attr("expiry")
-    subs = _state_attr("subs")
     outbound = _state_attr("outbound")
     inbound_qos2 = _state_attr("inbound_qos2")
     receive_maximum = _state_attr("receive_maximum")
@@ -126,6 +128,25 @@ class Session:
     def window(self) -> int:
         """How many more QoS>0 messages may be in flight now."""
         return self.state.window
+
+    # -- subscriptions: this side's objects and the machine's options, by the same keys ----------------
+
+    def add_subscription(self, sub: Subscription) -> None:
+        """A subscription made or restored: the machine hears of its options, this side keeps its queue."""
+        self.state.subscribed(sub.key, sub.options)
+        if self.subs is NO_ENTRIES:
+            self.subs = {}
+        self.subs[sub.key] = sub
+
+    def remove_subscription(self, key: str) -> Subscription | None:
+        """Subscription ``key`` is gone (what it has in flight is resent no more); this side's object, if any."""
+        self.state.unsubscribed(key)
+        return self.subs.pop(key, None) if self.subs else None
+
+    def end(self) -> None:
+        """The session ends (expiry, clean start, takeover elsewhere): neither side holds anything any more."""
+        self.state.ended()
+        self.subs = NO_ENTRIES
 
     # -- durable state: one typed write per operation of ``store.api.Sessions``, each with the epoch --------
 
@@ -323,13 +344,14 @@ class Session:
     def _pump_sub(self, sub: Subscription, group: str) -> None:
         if self.conn is None or self.conn.paused:
             return
-        if sub.qos > 0 and self.window <= 0:
+        qos = sub.options.qos
+        if qos > 0 and self.window <= 0:
             return
         sub.reading.add(group)
         start = sub.positions[group]
         # What the window can take is enough from the read cache; a store read still fetches a whole
         # batch, so the acknowledgements to come find the next messages cached.
-        enough = PUMP_BATCH if sub.qos == 0 else min(PUMP_BATCH, self.window)
+        enough = PUMP_BATCH if qos == 0 else min(PUMP_BATCH, self.window)
         d = self.delivery.read(start, PUMP_BATCH, enough)
         d.addCallback(self._deliver_batch, sub, start, sub.news)
         d.addErrback(self._read_failed, sub, group)
@@ -354,7 +376,7 @@ class Session:
         now = self.delivery.now_ms()
         # The state machine decides what goes out (window, No Local, expiry, QoS, packet ids, RETAIN);
         # this side writes it, stopping where the connection fills.
-        d = self.state.messages_read(sub, messages, result.next, self.client_id, now)
+        d = self.state.messages_read(sub.key, messages, result.next, self.client_id, now)
         if d.expired:
             self.delivery.stats.messages_expired += d.expired
         if d.actions:
@@ -363,7 +385,7 @@ class Session:
         conn.cork()  # the batch goes to the transport as one write
         try:
             state = self.state
-            if state.max_packet_size or (state.level == 5 and (sub.sub_id or state.alias_maximum)):
+            if state.max_packet_size or (state.level == 5 and (sub.options.sub_id or state.alias_maximum)):
                 written = self._send_each(d.sends, sub)
             else:
                 written = self._send_plain(d.sends, sub)
@@ -469,7 +491,7 @@ class Session:
 
     def send_retained(self, record, sub: Subscription) -> None:
         """Send a retained message in answer to a subscribe, if the window has room."""
-        for record, qos, pid, retain in self.state.retained_read(sub, record).sends:
+        for record, qos, pid, retain in self.state.retained_read(sub.key, record).sends:
             self._send(record, qos, pid, sub, False, retain)
 
     def send_group_message(self, message, sub: Subscription, now_ms: int):
@@ -482,7 +504,7 @@ class Session:
         if reads is not None and not reads.whole(sub.topic_filter) and not reads.can_read(message.record.topic):
             self._denied(1, message.record.topic)
             return Delivery(message.position)
-        d = self.state.messages_read(sub, (message,), message.position, self.client_id, now_ms, sub.key)
+        d = self.state.messages_read(sub.key, (message,), message.position, self.client_id, now_ms, sub.key)
         if d.expired:
             self.delivery.stats.messages_expired += d.expired
         for m, qos, pid, retain in d.sends:
@@ -493,9 +515,9 @@ class Session:
               retain: bool | None = None) -> None:
         """Encode and write one PUBLISH in the form the state machine gives it (or drop it: too large)."""
         if retain is None:
-            retain = record.retain and sub.retain_as_published
+            retain = record.retain and sub.options.retain_as_published
         state = self.state
-        form = state.publish_properties(record, sub.sub_id, self.delivery.now_ms()) if state.level == 5 else None
+        form = state.publish_properties(record, sub.options.sub_id, self.delivery.now_ms()) if state.level == 5 else None
         if form is None and not dup:
             data = self.delivery.encoded_publish(record, qos, retain, state.level)
             if pid is not None:

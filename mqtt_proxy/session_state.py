@@ -116,6 +116,17 @@ _PHASES = {
 
 
 @dataclass(slots=True)
+class SubOptions:
+    """A subscription's options as the machine decides deliveries by them (MQTT-3.8.3.1): its own, changed only
+    by its events (``subscribed``, ``resubscribed``); the adapter reads them."""
+
+    qos: int
+    no_local: bool = False
+    retain_as_published: bool = False
+    sub_id: int = 0  # the Subscription Identifier (v5), 0 for none
+
+
+@dataclass(slots=True)
 class Outbound:
     """A QoS 1/2 PUBLISH sent and not yet completed."""
 
@@ -271,9 +282,9 @@ class Delivery:
 class SessionState:
     """One client id's session state, connected or not, with no I/O.
 
-    ``subs`` maps a subscription key to the session's Subscription objects
-    (``session.py``); this class reads and (``resubscribed``) sets only their
-    options. A shared group is named by its member's subscription key.
+    ``subs`` maps a subscription key to its ``SubOptions``: the machine knows a
+    subscription by its key alone (the adapter keeps its own objects for queue
+    positions and reads). A shared group is named by its member's subscription key.
     """
 
     __slots__ = ("level", "expiry", "max_inflight", "connected", "subs", "outbound", "inbound_qos2",
@@ -285,7 +296,7 @@ class SessionState:
         self.expiry = expiry
         self.max_inflight = max_inflight  # the server's cap
         self.connected = False
-        self.subs: dict[str, object] = NO_ENTRIES  # own_subs() before adding one
+        self.subs: dict[str, SubOptions] = NO_ENTRIES  # own_subs() before adding one
         self.outbound: dict[int, Outbound] = NO_ENTRIES  # own_outbound() before adding one
         self.inbound_qos2: Mapping[int, None] = NO_PACKET_IDS  # QoS 2 ids received, not released yet
         self.inbound_inflight = 0  # the client's QoS 1/2 PUBLISHes on this connection not yet acknowledged
@@ -328,21 +339,19 @@ class SessionState:
             self._hold_inbound_qos2(pid)
         return NO_ACTIONS
 
-    def subscribed(self, key: str, sub) -> tuple:
-        """Event: a subscription ``key`` was made (or restored). ``sub`` is the adapter's, kept here so a session
-        holds one dict of subscriptions (per-client memory, issue 17); this machine reads and sets only its options
-        (``qos``, ``no_local``, ``retain_as_published``, ``sub_id``), and ``messages_read`` is given it."""
-        self.own_subs()[key] = sub
+    def subscribed(self, key: str, options: SubOptions) -> tuple:
+        """Event: a subscription ``key`` was made (or restored) with ``options``; reads of it go by them."""
+        self.own_subs()[key] = options
         return NO_ACTIONS
 
     def resubscribed(self, key: str, qos: int, no_local: bool, retain_as_published: bool, sub_id: int) -> tuple:
         """Event: a SUBSCRIBE repeats subscription ``key``: its options are replaced, what it is owed is kept
         (MQTT-3.8.4-3); the next read goes by the new ones."""
-        sub = self.subs[key]
-        sub.qos = qos
-        sub.no_local = no_local
-        sub.retain_as_published = retain_as_published
-        sub.sub_id = sub_id
+        options = self.subs[key]
+        options.qos = qos
+        options.no_local = no_local
+        options.retain_as_published = retain_as_published
+        options.sub_id = sub_id
         return NO_ACTIONS
 
     def unsubscribed(self, key: str) -> tuple:
@@ -437,7 +446,7 @@ class SessionState:
                 return pid
         raise SessionStateError("no free packet identifier")
 
-    def retained_read(self, sub, record) -> Delivery:
+    def retained_read(self, key: str, record) -> Delivery:
         """Event: a retained ``record`` matches a new subscription; its one send carries the record itself.
 
         It goes out with RETAIN set (MQTT-3.3.1-8) at the lower of its QoS and the
@@ -446,7 +455,8 @@ class SessionState:
         (a stopped Delivery with no sends).
         """
         d = Delivery(None)
-        qos = record.qos if record.qos < sub.qos else sub.qos
+        granted = self.subs[key].qos
+        qos = record.qos if record.qos < granted else granted
         if qos and self.window <= 0:
             d.stopped = True
             return d
@@ -457,9 +467,10 @@ class SessionState:
         d.sends.append((record, qos, pid, True))
         return d
 
-    def messages_read(self, sub, messages, next_position, client_id: str, now_ms: int,
+    def messages_read(self, key: str, messages, next_position, client_id: str, now_ms: int,
                       group: str | None = None) -> Delivery:
-        """Event: ``messages`` were read from one of ``sub``'s positions, ``next_position`` right after them.
+        """Event: ``messages`` were read from one of subscription ``key``'s positions, ``next_position`` right after
+        them.
 
         With ``group`` (the shared subscription's key) they are a shared group's,
         handed to this member one at a time: the same decisions, but the group
@@ -472,19 +483,19 @@ class SessionState:
         does everything after it: order is kept, MQTT-4.6.0-6), No Local (never
         back to its publisher, MQTT-3.8.3-3), expiry (an expired message is not
         sent, MQTT-3.3.2-5), a packet id for QoS 1/2 (MQTT-2.2.1-3) and RETAIN as published
-        or cleared (MQTT-3.3.1-12/-13). ``sub`` needs ``key``, ``qos``, ``no_local``
-        and ``retain_as_published``; a message needs ``position`` and a ``record``
+        or cleared (MQTT-3.3.1-12/-13), by the subscription's ``SubOptions``; a
+        message needs ``position`` and a ``record``
         with ``qos``, ``client_id``, ``properties`` and ``retain``.
         """
         d = Delivery(next_position)
         sends = d.sends
         window = self.window
-        granted = sub.qos
-        no_local = sub.no_local
-        as_published = sub.retain_as_published
+        options = self.subs[key]
+        granted = options.qos
+        no_local = options.no_local
+        as_published = options.retain_as_published
         outbound = self.own_outbound()
         save = self.persistent and group is None
-        key = sub.key
         for m in messages:
             record = m.record
             qos = record.qos if record.qos < granted else granted

@@ -103,7 +103,7 @@ class SessionRegistry:
         session.owner = meta.owner
         for ss in state.subscriptions:
             sub = yield self.router.restore_subscription(session, ss)
-            session.state.subscribed(ss.key, sub)
+            session.add_subscription(sub)
         session.state.restored(state.outbound, state.released, state.inbound_qos2)
         session.stored = True
         return session

@@ -26,6 +26,7 @@ from lightqueue.topic import TopicError, parse_shared
 from mqtt_proxy import message_props
 from mqtt_proxy.codec import MQTT_5, RetainHandling, ReasonCode, SubAck, UnsubAck
 from mqtt_proxy.session import Subscription
+from mqtt_proxy.session_state import SubOptions
 from store.api import QuotaExceeded, StoreError
 
 log = logging.getLogger("twistmq.mqtt.subscribe")
@@ -75,7 +76,7 @@ class RetainedBacklog:
 
 def _fits(session, conn, record, sub: Subscription) -> bool:
     """Whether the connection takes one more retained message now (socket not paused, window open)."""
-    return not conn.paused and not (min(sub.qos, record.qos) and session.window <= 0)
+    return not conn.paused and not (min(sub.options.qos, record.qos) and session.window <= 0)
 
 
 @defer.inlineCallbacks
@@ -118,7 +119,8 @@ def handle_subscribe(router, conn, packet):
                 log.warning("subscribe_refused client=%s filter=%r error=%s", session.client_id, topic_filter, exc)
                 codes.append(ReasonCode.QUOTA_EXCEEDED)
                 continue
-            sub = Subscription(topic_filter, real_filter, queue, qos, opts.no_local, opts.retain_as_published, sub_id)
+            sub = Subscription(topic_filter, real_filter, queue, SubOptions(qos, opts.no_local, opts.retain_as_published,
+                                                                            sub_id))
             if group is not None:
                 sub.share = yield router.shared_group(group, real_filter, queue)
                 sub.share.subscribers += 1
@@ -132,7 +134,7 @@ def handle_subscribe(router, conn, packet):
                     return
                 sub = session.subs[topic_filter]
             else:
-                session.state.subscribed(topic_filter, sub)
+                session.add_subscription(sub)
             is_new = True
         if session.persistent:
             writes.append(session.save_subscription(sub.state()))
@@ -197,7 +199,7 @@ def handle_unsubscribe(router, conn, packet):
         if sub is None:
             codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
             continue
-        session.state.unsubscribed(topic_filter)
+        session.remove_subscription(topic_filter)
         if sub.share is not None:
             sub.share.member_left(session, sub)
             router.drop_group_member(sub)

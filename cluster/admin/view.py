@@ -139,7 +139,7 @@ class NodeView:
             waiting = max(0, hi - max(offset, lo))
             queued += waiting
             inflight = sum(1 for o in list(session.outbound.values()) if getattr(o, "sub_key", None) == key)
-            subs.append({"topic_filter": key, "qos": sub.qos, "queue": sub.queue, "next_offset": offset,
+            subs.append({"topic_filter": key, "qos": sub.options.qos, "queue": sub.queue, "next_offset": offset,
                          "queued": waiting, "inflight": inflight,
                          "share": getattr(sub.share, "group", None)})
         out.update(expiry=session.expiry, persistent=bool(session.persistent), queued=queued,
@@ -150,7 +150,7 @@ class NodeView:
         out = []
         for cid, session in list(self.front.sessions.items()):
             for key, sub in list(session.subs.items()):
-                out.append({"id": f"{cid}\x00{key}", "client_id": cid, "topic_filter": key, "qos": sub.qos,
+                out.append({"id": f"{cid}\x00{key}", "client_id": cid, "topic_filter": key, "qos": sub.options.qos,
                             "queue": sub.queue, "share": getattr(sub.share, "group", None)})
         return out
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from mqtt_proxy.session import Subscription
+from mqtt_proxy.session_state import SubOptions
 from mqtt_proxy.stats import BrokerStats
 from mqtt_proxy.subscribe import ENTRY_OVERHEAD, RetainedBacklog
 from store.record import Message
@@ -30,7 +31,7 @@ class _Session:
 
     def send_retained(self, record, sub) -> None:
         self.sent.append(record.topic)
-        if min(sub.qos, record.qos):
+        if min(sub.options.qos, record.qos):
             self.window -= 1
 
 
@@ -40,7 +41,7 @@ def _record(topic: str, size: int = 100, qos: int = 0) -> Message:
 
 def test_offer_is_bounded_by_bytes():
     """The backlog takes messages up to its byte limit (topic + payload + overhead each), then refuses."""
-    sub = Subscription("r/#", "r/#", "%LMQ%r/#", 0)
+    sub = Subscription("r/#", "r/#", "%LMQ%r/#", SubOptions(0))
     backlog = RetainedBacklog(_Conn(), limit=3 * (100 + 3 + ENTRY_OVERHEAD))
     assert all(backlog.offer(_record(f"r/{i}"), sub) for i in range(3))
     assert not backlog.offer(_record("r/3"), sub)
@@ -50,7 +51,7 @@ def test_offer_is_bounded_by_bytes():
 def test_drain_sends_while_the_connection_takes_them_and_resumes_later():
     """Drain stops when the socket pauses or the window closes, and goes on at the next pump."""
     conn = _Conn()
-    sub = Subscription("r/#", "r/#", "%LMQ%r/#", 1)
+    sub = Subscription("r/#", "r/#", "%LMQ%r/#", SubOptions(1))
     session = _Session(conn, sub, window=2)
     backlog = session.retained_backlog = RetainedBacklog(conn, 1 << 20)
     for i in range(4):
@@ -69,7 +70,7 @@ def test_drain_sends_while_the_connection_takes_them_and_resumes_later():
 
 def test_a_new_connection_drops_the_backlog_and_counts_it():
     """Messages found for a connection that is gone are dropped and counted, not sent on the next one."""
-    sub = Subscription("r/#", "r/#", "%LMQ%r/#", 0)
+    sub = Subscription("r/#", "r/#", "%LMQ%r/#", SubOptions(0))
     session = _Session(_Conn(), sub)
     backlog = session.retained_backlog = RetainedBacklog(_Conn(), 1 << 20)
     backlog.offer(_record("r/0"), sub)
@@ -82,7 +83,7 @@ def test_a_new_connection_drops_the_backlog_and_counts_it():
 def test_messages_of_a_dropped_subscription_are_skipped():
     """An unsubscribed filter's waiting retained messages are not sent."""
     conn = _Conn()
-    sub = Subscription("r/#", "r/#", "%LMQ%r/#", 0)
+    sub = Subscription("r/#", "r/#", "%LMQ%r/#", SubOptions(0))
     session = _Session(conn, sub)
     backlog = session.retained_backlog = RetainedBacklog(conn, 1 << 20)
     backlog.offer(_record("r/0"), sub)

@@ -12,17 +12,27 @@ from mqtt_proxy.codec.wire import PacketType
 from mqtt_proxy.session_state import (NEVER_EXPIRES, DeleteInboundQos2, DeleteOutbound, DeleteReleased,
                                       GroupAcked, PeerError, PublishWill, PumpSoon, Resend, SaveInboundQos2,
                                       SaveOutbound, SaveReleased, ScheduleWill, SendPubRec, SendPubRel, SessionState,
-                                      SessionStateError)
+                                      SessionStateError, SubOptions)
 
 
 @dataclass
 class Sub:
-    """The fields of a subscription the state machine reads."""
+    """A subscription as a test names it: its key and the options it is made with."""
 
     key: str
-    qos: int = 1
+    qos: int = 2
     no_local: bool = False
     retain_as_published: bool = False
+
+    def options(self) -> SubOptions:
+        return SubOptions(self.qos, self.no_local, self.retain_as_published)
+
+
+def reoptioned(state: SessionState, key: str, qos: int = 1, no_local: bool = False,
+               retain_as_published: bool = False) -> str:
+    """Subscription ``key`` given these options through the event production feeds (a repeated SUBSCRIBE)."""
+    state.resubscribed(key, qos, no_local, retain_as_published, 0)
+    return key
 
 
 @dataclass
@@ -50,11 +60,11 @@ def read(*records: Rec, first: int = 10) -> list[Msg]:
 
 def connected(expiry: int = 0, max_inflight: int = 100, receive_maximum: int = 65535, will=None,
               max_packet_size: int = 0, alias_maximum: int = 0) -> tuple[SessionState, Sub]:
-    """A session through the events production feeds it: CONNECT accepted, a subscription, the link bound."""
+    """A session through the events production feeds it: CONNECT accepted, a QoS 2 subscription, the link bound."""
     state = SessionState(5, expiry, max_inflight)
     state.connect_accepted(expiry, will, receive_maximum, max_packet_size, alias_maximum)
     sub = Sub("t/#")
-    state.subscribed(sub.key, sub)
+    state.subscribed(sub.key, sub.options())
     state.attach(5)
     return state, sub
 
@@ -62,7 +72,7 @@ def connected(expiry: int = 0, max_inflight: int = 100, receive_maximum: int = 6
 def offer(state: SessionState, sub: Sub, position: int, qos: int, group: str | None = None) -> tuple[int | None, list]:
     """One message at ``position`` read for ``sub`` and sent at ``qos``, through ``messages_read`` as production
     reads: its packet id (None at QoS 0) and what to persist."""
-    d = state.messages_read(Sub(sub.key, qos=2), [Msg(position, Rec(qos=qos))], position + 1, "me", NOW, group)
+    d = state.messages_read(sub.key, [Msg(position, Rec(qos=qos))], position + 1, "me", NOW, group)
     ((_, _, pid, _),) = d.sends
     return pid, d.actions
 
@@ -201,7 +211,7 @@ def test_takeover_keeps_in_flight_but_forgets_group_and_retained_sends():
     state, sub = connected(expiry=60)
     own, _ = offer(state, sub, 1, 1)
     offer(state, sub, 9, 1, group="g")
-    state.retained_read(sub, Rec(qos=1))
+    state.retained_read(sub.key, Rec(qos=1))
     state.detach(publish_will=True)
     assert list(state.outbound) == [own]
     state.attach(5)
@@ -306,7 +316,7 @@ def test_a_repeated_subscribe_replaces_the_options_and_keeps_what_is_owed():
     offer(state, sub, 1, 1)
     state.resubscribed(sub.key, 0, False, True, 0)
     assert state.owed(sub.key) == [1]
-    d = state.messages_read(state.subs[sub.key], read(Rec(qos=1, retain=True)), 11, "me", NOW)
+    d = state.messages_read(sub.key, read(Rec(qos=1, retain=True)), 11, "me", NOW)
     assert [(qos, pid, retain) for _, qos, pid, retain in d.sends] == [(0, None, True)]
 
 
@@ -315,7 +325,7 @@ def test_a_restored_session_resends_what_it_had_in_flight():
     are still held (a resend is not stored twice)."""
     from store.api import OutboundState
     state = SessionState(5, 60, 100)
-    state.subscribed("t/#", Sub("t/#"))
+    state.subscribed("t/#", Sub("t/#").options())
     state.restored([OutboundState(4, "t/#", 40, 1)], [5], [9])
     state.attach(5)
     assert state.resend_plan() == [Resend(4, "t/#", 40), SendPubRel(5)]
@@ -415,7 +425,7 @@ def test_read_messages_go_out_at_the_lower_qos_with_fresh_packet_ids():
     """MQTT-3.8.4-8 / MQTT-2.2.1-2/-3: each message goes at the lower of its QoS and the subscription's; QoS>0 gets
     an unused packet id, QoS 0 none; the position moves past the read."""
     state, _ = connected()
-    sub = Sub("t/#", qos=1)
+    sub = reoptioned(state, "t/#", qos=1)
     d = state.messages_read(sub, read(Rec(qos=0), Rec(qos=1), Rec(qos=2)), 13, "me", NOW)
     assert [(m.position, qos) for m, qos, _, _ in d.sends] == [(10, 0), (11, 1), (12, 1)]
     pids = [pid for _, _, pid, _ in d.sends]
@@ -427,7 +437,7 @@ def test_read_stops_at_a_full_window_and_keeps_order():
     """MQTT-3.3.4-9 / MQTT-4.6.0-6: no more QoS 1 messages in flight than Receive Maximum; the first that does not
     fit, and every message after it (QoS 0 too), waits, and the next read starts there."""
     state, _ = connected(receive_maximum=2)
-    d = state.messages_read(Sub("t/#"), read(Rec(), Rec(), Rec(), Rec(qos=0)), 14, "me", NOW)
+    d = state.messages_read("t/#", read(Rec(), Rec(), Rec(), Rec(qos=0)), 14, "me", NOW)
     assert [m.position for m, *_ in d.sends] == [10, 11]
     assert d.position == 12 and d.stopped and state.window == 0
 
@@ -435,7 +445,7 @@ def test_read_stops_at_a_full_window_and_keeps_order():
 def test_read_skips_the_subscribers_own_messages_with_no_local():
     """MQTT-3.8.3-3: with No Local set, a message is not sent back to the connection that published it."""
     state, _ = connected()
-    sub = Sub("t/#", no_local=True)
+    sub = reoptioned(state, "t/#", no_local=True)
     d = state.messages_read(sub, read(Rec(client_id="me"), Rec(client_id="other")), 12, "me", NOW)
     assert [m.position for m, *_ in d.sends] == [11] and d.position == 12 and len(state.outbound) == 1
 
@@ -445,22 +455,23 @@ def test_read_skips_and_counts_expired_messages():
     from store.record import EXPIRES_AT
     state, _ = connected()
     old, fresh = Rec(properties={EXPIRES_AT: str(NOW - 1)}), Rec(properties={EXPIRES_AT: str(NOW + 5000)})
-    d = state.messages_read(Sub("t/#"), read(old, fresh), 12, "me", NOW)
+    d = state.messages_read("t/#", read(old, fresh), 12, "me", NOW)
     assert [m.position for m, *_ in d.sends] == [11] and d.expired == 1 and d.position == 12
 
 
 def test_read_sets_retain_only_as_published_when_asked():
     """MQTT-3.3.1-12/-13: RETAIN is cleared on forwarded messages unless the subscription has Retain As Published."""
     state, _ = connected()
-    cleared = state.messages_read(Sub("t/#"), read(Rec(retain=True)), 11, "me", NOW)
-    kept = state.messages_read(Sub("t/#", retain_as_published=True), read(Rec(retain=True)), 11, "me", NOW)
+    cleared = state.messages_read("t/#", read(Rec(retain=True)), 11, "me", NOW)
+    kept = state.messages_read(reoptioned(state, "t/#", retain_as_published=True), read(Rec(retain=True)), 11,
+                               "me", NOW)
     assert cleared.sends[0][3] is False and kept.sends[0][3] is True
 
 
 def test_read_in_a_persistent_session_persists_what_goes_in_flight():
     """MQTT-4.1.0-1 / MQTT-4.4.0-1: a persistent session saves each QoS 1/2 message it sends, to resend it later."""
     state, sub = connected(expiry=60)
-    d = state.messages_read(Sub(sub.key), read(Rec(), Rec(qos=0)), 12, "me", NOW)
+    d = state.messages_read(reoptioned(state, sub.key), read(Rec(), Rec(qos=0)), 12, "me", NOW)
     (pid,) = [p for _, _, p, _ in d.sends if p is not None]
     assert d.actions == [SaveOutbound(pid, sub.key, 10, 1)]
 
@@ -471,7 +482,7 @@ def test_unsent_messages_free_their_ids_and_are_read_again():
     from store.record import EXPIRES_AT
     state, sub = connected(expiry=60)
     gone = Rec(properties={EXPIRES_AT: str(NOW - 1)})
-    d = state.messages_read(Sub(sub.key), read(Rec(), Rec(), gone, Rec()), 14, "me", NOW)
+    d = state.messages_read(reoptioned(state, sub.key), read(Rec(), Rec(), gone, Rec()), 14, "me", NOW)
     pids = [p for _, _, p, _ in d.sends]
     d = state.unsent(d, 1)
     assert sorted(d.actions, key=lambda a: a.packet_id) == [DeleteOutbound(pids[1]), DeleteOutbound(pids[2])]
@@ -511,7 +522,7 @@ def test_too_large_publish_is_dropped_as_if_delivered_and_its_alias_withdrawn():
     (its packet id completes), and an alias it would have set is not used later, since the client never saw it."""
     state, sub = connected(expiry=60, max_packet_size=100, alias_maximum=5)
     assert not state.too_large(100) and state.too_large(101)
-    d = state.messages_read(Sub(sub.key), read(Rec(topic="big")), 11, "me", NOW)
+    d = state.messages_read(reoptioned(state, sub.key), read(Rec(topic="big")), 11, "me", NOW)
     (_, _, pid, _) = d.sends[0]
     form = state.publish_properties(Rec(topic="big"), 0, NOW)
     _, _, assigned = form.topic, form.properties, form.assigned_alias
@@ -564,8 +575,8 @@ def test_idle_sessions_share_one_empty_mapping_until_they_hold_something():
     a, b = SessionState(5, 0, 100), SessionState(5, 0, 100)
     assert a.subs is b.subs and a.outbound is b.outbound and not a.subs
     with pytest.raises(TypeError):
-        a.subs["t/#"] = Sub("t/#")
-    a.own_subs()["t/#"] = Sub("t/#")
+        a.subs["t/#"] = Sub("t/#").options()
+    a.subscribed("t/#", Sub("t/#").options())
     assert list(a.subs) == ["t/#"] and not b.subs
     a.own_outbound()[1] = "x"
     assert a.outbound == {1: "x"} and not b.outbound
