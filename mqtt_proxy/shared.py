@@ -160,16 +160,24 @@ class SharedGroup:
         progressed = False
         now = self.delivery.now_ms()
         stopped_at = None
+        inflight = cursor.inflight
         for m in messages:
+            # Held as in flight before it is offered: a member may be done with it within the offer (dropped as
+            # too large: GroupAcked at once), and a completion must find what it completes.
+            inflight[m.position] = None
             taken = self._offer(m, now)
             if taken is None:
+                inflight.pop(m.position, None)
                 stopped_at = m.position
                 if redelivery:
                     cursor.redeliver.insert(0, m.position)
                 break
             session, d = taken
-            if d.sends and d.sends[0][2] is not None:  # a packet id: the member owes the group its completion
-                cursor.inflight[m.position] = session
+            if m.position in inflight:
+                if d.sends and d.sends[0][2] is not None:  # a packet id: the member owes the group its completion
+                    inflight[m.position] = session
+                else:
+                    del inflight[m.position]
             progressed = True
         if not redelivery:
             cursor.next = result.next if stopped_at is None else stopped_at

@@ -300,3 +300,22 @@ def test_pubacks_of_one_batch_go_out_in_one_write_per_connection_in_order(h, lev
     for pub in pubs:
         assert len(writes[pub]) == 1
         assert [(type(p), p.packet_id) for p in pub.received()] == [(PubAck, i) for i in ids]
+
+
+def test_a_shared_message_dropped_as_too_large_is_done_with_for_the_group(h):
+    """MQTT-3.1.2-25: a group's QoS 1 message over its member's Maximum Packet Size is discarded as if delivered, so
+    the group's committed position moves past it (it is not held as in flight forever)."""
+    member = h.connect("member", properties=Properties(maximum_packet_size=64))
+    member.send(Subscribe(1, (Subscription("$share/g/big/#", SubscriptionOptions(qos=1)),),
+                          properties=Properties()))
+    member.received()
+    pub = h.connect("pub")
+    pub.send(Publish("big/1", b"x" * 200, qos=1, packet_id=1))
+    pub.send(Publish("big/1", b"small", qos=1, packet_id=2))
+    h.tick()
+    (sent,) = published(member)
+    assert sent.payload == b"small"
+    member.send(PubAck(sent.packet_id))
+    (group,) = h.broker.router.groups.values()
+    (cursor,) = group.cursors.values()
+    assert cursor.inflight == {} and cursor.committed == cursor.next
