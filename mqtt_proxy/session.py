@@ -377,8 +377,6 @@ class Session:
         # The state machine decides what goes out (window, No Local, expiry, QoS, packet ids, RETAIN);
         # this side writes it, stopping where the connection fills.
         d = self.state.messages_read(sub.key, messages, result.next, self.client_id, now)
-        if d.expired:
-            self.delivery.stats.messages_expired += d.expired
         if d.actions:
             self.carry_out(d.actions)
         conn = self.conn
@@ -394,6 +392,8 @@ class Session:
                 self.carry_out(d.actions)
         finally:
             conn.uncork()
+        if d.expired:  # counted after ``unsent``: expired ones past a stop are read, and counted, again
+            self.delivery.stats.messages_expired += d.expired
         more = len(read) == PUMP_BATCH and not d.stopped
         sent = d.sends[-1][0].record if d.sends else None
         position = d.position

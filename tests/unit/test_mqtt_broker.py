@@ -319,3 +319,50 @@ def test_a_shared_message_dropped_as_too_large_is_done_with_for_the_group(h):
     (group,) = h.broker.router.groups.values()
     (cursor,) = group.cursors.values()
     assert cursor.inflight == {} and cursor.committed == cursor.next
+
+
+class _FillingTransport(StringTransport):
+    """A transport whose write buffer fills past ``limit`` bytes, as a socket's does: it pauses its producer."""
+
+    limit = 65536
+
+    def write(self, data):
+        super().write(data)
+        if self.producer is not None and len(self.io.getvalue()) > self.limit and not self.producerState == "paused":
+            self.producerState = "paused"
+            self.producer.pauseProducing()
+
+    def drained(self):
+        """The peer read everything: the buffer is empty and the producer resumes."""
+        data = self.value()
+        self.clear()
+        self.producerState = "producing"
+        self.producer.resumeProducing()
+        return data
+
+
+def test_expired_messages_are_counted_once_when_back_pressure_stops_a_read(h):
+    """MQTT-3.3.2-5: messages found expired after the point where a full connection stopped a read are read again
+    later; each is counted once in messages_expired."""
+    sub = h.connect("late", clean_start=False, properties=Properties(session_expiry_interval=600))
+    sub.send(Subscribe(1, (Subscription("bp/#", SubscriptionOptions(qos=0)),)))
+    sub.lose()
+    pub = h.connect("pub")
+    for i in range(100):
+        pub.send(Publish("bp/big", b"x" * 1000))
+    for i in range(5):
+        pub.send(Publish("bp/short", b"s", properties=Properties(message_expiry_interval=1)))
+    h.tick(2)
+    before = h.broker.stats.messages_expired
+    proto = h.factory.buildProtocol(None)
+    transport = _FillingTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 40001))
+    proto.makeConnection(transport)
+    conn = Conn(h, proto, transport, 5)
+    conn.send(Connect(client_id="late", protocol_level=5, clean_start=False,
+                      properties=Properties(session_expiry_interval=600)))
+    received = conn.parser.feed(transport.drained())
+    for _ in range(10):
+        h.tick()
+        received += conn.parser.feed(transport.drained())
+    assert sum(1 for p in received if isinstance(p, Publish)) == 100
+    assert h.broker.stats.messages_expired - before == 5
