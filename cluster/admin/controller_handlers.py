@@ -12,6 +12,10 @@ from twisted.internet import defer, task
 
 from cluster.admin.api import ApiError
 
+ELECT_MASTER_STATUS = {"unknown_group": 404, "unknown_broker": 404, "not_in_sync_state_set": 409,
+                       "not_alive": 409, "no_candidate": 409}
+"""ElectMaster's refusals as HTTP statuses (the code goes along as the error's code)."""
+
 ELECT_WAIT = 3.0
 """Seconds elect-leader waits to see the new leader before it answers with ``leader: null``."""
 
@@ -25,7 +29,8 @@ def member_row(record: dict) -> dict:
 
 
 class ControllerHandlers:
-    """``cluster/members``, ``cluster/elect-leader`` and ``cluster/controllers/metadata`` on a controller."""
+    """``cluster/members``, ``cluster/elect-leader``, ``cluster/controllers/metadata`` and the broker groups'
+    ``sync-state-set`` and ``elect-master`` on a controller."""
 
     def __init__(self, controller, raft, version: str, clock) -> None:
         self.controller = controller
@@ -74,3 +79,27 @@ class ControllerHandlers:
                 return {"previous": previous, "leader": leader}
             yield task.deferLater(self.clock, 0.02, lambda: None)
         return {"previous": previous, "leader": None}
+
+    def get_sync_state_set(self, params, query, body):
+        info = self.controller.replica_info(params["group"])
+        if info is None:
+            raise ApiError(404, "not_found", f"no broker of group {params['group']!r} has registered")
+        return info
+
+    @defer.inlineCallbacks
+    def elect_master(self, params, query, body):
+        broker = (body or {}).get("broker")
+        if broker is not None and not isinstance(broker, str):
+            raise ApiError(400, "bad_request", "broker must be a broker's id in cluster.json (a string) or null")
+        if not self.raft.is_leader:
+            leader = self.raft.leader or "the leader once one is elected"
+            raise ApiError(409, "not_leader", f"this controller is not the Raft leader; ask {leader}")
+        try:
+            code, info = yield self.controller.elect_master(params["group"], broker)
+        except Exception as exc:  # noqa: BLE001 - not committed: leadership lost meanwhile, no quorum
+            raise ApiError(503, "unavailable", f"election not committed: {exc}") from None
+        if code != "ok":
+            raise ApiError(ELECT_MASTER_STATUS.get(code, 409), code, f"no master elected in {params['group']!r}: "
+                           f"{code.replace('_', ' ')} (the group now: master {info and info['master']!r}, "
+                           f"sync state set {info and info['sync_state_set']})")
+        return info

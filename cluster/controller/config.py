@@ -39,6 +39,8 @@ class ControllerConfig:
     """Raft log entries after which the metadata is snapshotted to the data dir and the journal cut."""
     compaction_seconds: float = 300.0
     """Seconds after which the metadata is snapshotted even with fewer entries."""
+    unclean_master_election: bool = False
+    """Allow electing a broker group's master from outside its SyncStateSet when no member of the set is alive (RIP-44's enableUncleanMasterElect): the group serves again, but messages the old master acknowledged may be lost."""
 
     def validate(self) -> None:
         _host_port("raft", self.raft)

@@ -13,6 +13,8 @@ What it holds:
   and freed when it is forgotten;
 - ``slots`` (group -> hash-slot ranges) and ``routes`` (first topic level -> group): seeded once
   from the ``[cluster]`` config of the first leader; afterwards the controllers' copy wins;
+- ``replicas``: per broker group its brokers (with numeric broker ids), master, master epoch,
+  SyncStateSet and set epoch (``cluster.controller.replicas``);
 - ``version``: bumped by every change, so members poll cheaply (``get-metadata`` only when it moved).
 
 Fencing: a member's record carries its lease generation (the leader's Raft term in the high
@@ -22,10 +24,12 @@ ignored instead of undoing the new leader's work.
 
 from __future__ import annotations
 
+from cluster.controller.replicas import OK, Replicas
 from cluster.discovery.ids import MAX_WORKER
 
-SCHEMA = 1
-"""Version of ``to_dict``'s layout (a snapshot records it)."""
+SCHEMA = 2
+"""Version of ``to_dict``'s layout (a snapshot records it). 2 added ``replicas``; a schema 1 snapshot reads as
+one without replicas."""
 
 
 class Metadata:
@@ -38,6 +42,7 @@ class Metadata:
         self.workers: dict[str, int] = {}
         self.slots: dict[str, list[list[int]]] = {}
         self.routes: dict[str, str] = {}
+        self.replicas = Replicas()
 
     # -- commands -------------------------------------------------------------------------------------
 
@@ -83,6 +88,24 @@ class Metadata:
         self.version += 1
         return True
 
+    def register_broker(self, group: str, broker: str, address: str, can_master: bool):
+        """A broker of a group registers (``Replicas.register_broker``): ``(code, replica info)``."""
+        return self._replicas_changed(self.replicas.register_broker(group, broker, address, can_master))
+
+    def alter_sync_state_set(self, group: str, master: str, master_epoch: int, new_set: list, set_epoch: int):
+        """The master's proposal for its SyncStateSet, checked against both epochs: ``(code, replica info)``."""
+        return self._replicas_changed(self.replicas.alter_sync_state_set(group, master, master_epoch, new_set,
+                                                                         set_epoch))
+
+    def elect_master(self, group: str, broker: str | None, alive: list, unclean: bool):
+        """A new master from the SyncStateSet (``alive``: what the leader saw heartbeat): ``(code, info)``."""
+        return self._replicas_changed(self.replicas.elect_master(group, broker, alive, unclean))
+
+    def _replicas_changed(self, answer):
+        if answer[0] == OK:
+            self.version += 1
+        return answer
+
     def _newer(self, record: dict) -> bool:
         stored = self.members.get(record["node_id"])
         return stored is None or record["generation"] >= stored["generation"]
@@ -101,18 +124,20 @@ class Metadata:
         """What ``get-metadata`` answers: everything, as plain data."""
         return {"version": self.version, "members": [self.members[k] for k in sorted(self.members)],
                 "workers": dict(self.workers), "slots": self.slots, "routes": self.routes,
-                "groups": self.groups()}
+                "groups": self.groups(), "replicas": self.replicas.view()}
 
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, "version": self.version, "seeded": self.seeded, "members": self.members,
-                "workers": self.workers, "slots": self.slots, "routes": self.routes}
+                "workers": self.workers, "slots": self.slots, "routes": self.routes,
+                "replicas": self.replicas.groups}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Metadata":
-        if data.get("schema") != SCHEMA:
+        if data.get("schema") not in (1, SCHEMA):
             raise ValueError(f"metadata snapshot schema {data.get('schema')!r}, this code reads {SCHEMA}")
         out = cls()
         out.version, out.seeded = data["version"], data["seeded"]
         out.members, out.workers = dict(data["members"]), dict(data["workers"])
         out.slots, out.routes = dict(data["slots"]), dict(data["routes"])
+        out.replicas = Replicas(dict(data.get("replicas", {})))
         return out

@@ -30,6 +30,9 @@ from cluster.controller.metadata import Metadata
 
 log = logging.getLogger("twistmq.controller")
 
+CODE_VERSION = 1
+"""The highest ``@replicated(ver=N)`` of ``MetadataLog``: the leader switches the group to it once it leads."""
+
 _FAILURES = {value: name for name, value in vars(FAIL_REASON).items() if name.isupper()}
 
 
@@ -76,6 +79,21 @@ class MetadataLog(SyncObjConsumer):
     @replicated
     def forget(self, node_id, generation):
         return self._apply("forget", node_id, generation)
+
+    # Code version 1: the broker groups' replicas (RIP-44). Enabled by the leader (``RaftNode.enable_code``)
+    # once it leads; numbered after every version 0 method, so a journal written before replays as it was.
+
+    @replicated(ver=1)
+    def register_broker(self, group, broker, address, can_master):
+        return self._apply("register_broker", group, broker, address, can_master)
+
+    @replicated(ver=1)
+    def alter_sync_state_set(self, group, master, master_epoch, new_set, set_epoch):
+        return self._apply("alter_sync_state_set", group, master, master_epoch, new_set, set_epoch)
+
+    @replicated(ver=1)
+    def elect_master(self, group, broker, alive, unclean):
+        return self._apply("elect_master", group, broker, alive, unclean)
 
     @replicated
     def barrier(self):
@@ -184,7 +202,22 @@ class RaftNode:
         if self._sync is None:
             return defer.fail(CommitFailed("stopped"))
         d: defer.Deferred = defer.Deferred()
-        getattr(self.metadata, name)(*args, callback=lambda result, error: self.reactor.callFromThread(
+        try:
+            getattr(self.metadata, name)(*args, callback=lambda result, error: self.reactor.callFromThread(
+                self._settle, d, result, error))
+        except KeyError:  # pysyncobj knows no such command at the enabled code version (not switched yet)
+            return defer.fail(CommitFailed(f"command {name} needs code version {CODE_VERSION}, not enabled yet"))
+        return d
+
+    def enable_code(self) -> defer.Deferred:
+        """Switch every controller to ``CODE_VERSION``'s commands (a Raft command of pysyncobj's own), if not yet."""
+        sync = self._sync
+        if sync is None:
+            return defer.fail(CommitFailed("stopped"))
+        if sync.getCodeVersion() >= CODE_VERSION:
+            return defer.succeed(None)
+        d: defer.Deferred = defer.Deferred()
+        sync.setCodeVersion(CODE_VERSION, callback=lambda result, error: self.reactor.callFromThread(
             self._settle, d, result, error))
         return d
 

@@ -17,6 +17,13 @@ RPC (``msgpack`` maps in the bodies):
   a member whose answer shows a version it has not read calls ``controller.metadata``.
 - ``controller.deregister`` ``{"node_id", "generation"}`` -> ``{}``.
 - ``controller.metadata`` ``{}`` -> the metadata (any controller answers, from its applied log).
+- Broker groups' replicas (RIP-44, ``cluster.controller.replicas``), answered ``{"replica": info}``:
+  ``controller.register_broker`` ``{"group", "broker", "address", "can_master"}`` (the leader);
+  ``controller.alter_sync_state_set`` ``{"group", "master", "master_epoch", "sync_state_set", "set_epoch"}``
+  (the leader; a refusal's code is ``not_master``, ``stale_master_epoch``, ...);
+  ``controller.replica_info`` ``{"group"}`` (any controller, from its applied log: GetReplicaInfo, which
+  brokers also poll so a lost event cannot split a group). ElectMaster is the admin API's
+  (``elect_master``): alive means a live member lease, so a broker must register as a member too.
 
 Refusals are logged and answered with the lease table's code (``wrong_cluster``, ``unknown_member``:
 register first, ``stale_lease``: register again). After each metadata change the leader pushes a
@@ -31,6 +38,7 @@ import logging
 import msgpack
 from twisted.internet import defer, task
 
+from cluster.controller import replicas
 from cluster.controller.raft import CommitFailed, RaftNode
 from cluster.discovery.leases import (
     LeaseRefused,
@@ -75,13 +83,14 @@ class Controller:
     """``Controller(reactor, raft, cluster_id, timings, heartbeat_interval, seed)``; ``register(dispatcher)``."""
 
     def __init__(self, reactor, raft: RaftNode, cluster_id: str, timings: LeaseTimings, heartbeat_interval: float,
-                 seed: tuple[dict, dict]) -> None:
+                 seed: tuple[dict, dict], unclean_master_election: bool = False) -> None:
         self.reactor = reactor
         self.raft = raft
         self.cluster_id = cluster_id
         self.timings = timings
         self.heartbeat_interval = heartbeat_interval
         self.seed = seed  # (slots {group: [[lo, hi], ...]}, routes {level: group}) from [cluster]
+        self.unclean_master_election = unclean_master_election
         self.table: LeaseTable | None = None  # only while leader and caught up
         self._ticker: task.LoopingCall | None = None
         self._leading = False
@@ -97,6 +106,9 @@ class Controller:
         dispatcher.register("controller.heartbeat", self._heartbeat)
         dispatcher.register("controller.deregister", self._deregister)
         dispatcher.register("controller.metadata", self._metadata)
+        dispatcher.register("controller.register_broker", self._register_broker)
+        dispatcher.register("controller.alter_sync_state_set", self._alter_sync_state_set)
+        dispatcher.register("controller.replica_info", self._replica_info)
 
     def connection_lost(self, protocol) -> None:
         for node_id, p in list(self._connections.items()):
@@ -130,6 +142,7 @@ class Controller:
         self._ticker.clock = self.reactor
         self._ticker.start(self.timings.tick, now=False)
         log.info("controller_leading term=%d members=%d", term, len(table.members()))
+        self.raft.enable_code().addErrback(self._commit_failed, "set_code_version")
         if not self.raft.read(lambda m: m.seeded):
             slots, routes = self.seed
             return self.raft.commit("seed", slots, routes).addErrback(self._commit_failed, "seed")
@@ -228,6 +241,53 @@ class Controller:
 
     def _metadata(self, protocol, body: bytes):
         return msgpack.packb(self.raft.read(lambda m: m.view()))
+
+    # -- broker groups' replicas ---------------------------------------------------------------------------
+
+    def _replica_answer(self, answer):
+        code, info = answer
+        if code != replicas.OK:
+            log.warning("replica_change_refused code=%s group=%s", code, (info or {}).get("group"))
+            raise ControllerError(code, f"refused: {code} (now: {info})")
+        return msgpack.packb({"replica": info})
+
+    def _register_broker(self, protocol, body: bytes):
+        self._leader_table()
+        request = _unpack(body)
+        d = self.raft.commit("register_broker", _field(request, "group", str), _field(request, "broker", str),
+                             request.get("address") or "", bool(request.get("can_master", False)))
+        d.addCallback(self._replica_answer)
+        d.addErrback(self._unavailable)
+        return d
+
+    def _alter_sync_state_set(self, protocol, body: bytes):
+        self._leader_table()
+        request = _unpack(body)
+        new_set = _field(request, "sync_state_set", list)
+        if not all(isinstance(b, str) for b in new_set):
+            raise ControllerError("invalid_argument", "sync_state_set must be a list of broker ids")
+        d = self.raft.commit("alter_sync_state_set", _field(request, "group", str), _field(request, "master", str),
+                             _field(request, "master_epoch", int), new_set, _field(request, "set_epoch", int))
+        d.addCallback(self._replica_answer)
+        d.addErrback(self._unavailable)
+        return d
+
+    def _replica_info(self, protocol, body: bytes):
+        group = _field(_unpack(body), "group", str)
+        return msgpack.packb({"replica": self.replica_info(group)})
+
+    def replica_info(self, group: str) -> dict | None:
+        """A group's replica info from this controller's applied log (None: no broker of it registered)."""
+        return self.raft.read(lambda m: replicas.info(group, m.replicas.groups.get(group)))
+
+    def elect_master(self, group: str, broker: str | None) -> defer.Deferred:
+        """ElectMaster (the admin's, or the failover scan's): ``broker`` if given, else the controllers' choice
+        among the alive members of the SyncStateSet. Fires ``(code, info)``; only the leader runs it."""
+        table = self._leader_table()
+        alive = sorted(m.node_id for m in table.members() if m.joined and m.node_type == "broker")
+        d = self.raft.commit("elect_master", group, broker, alive, self.unclean_master_election)
+        d.addErrback(self._unavailable)
+        return d
 
     def _push(self) -> None:
         """Tell the live members on this controller's connections that the metadata moved."""

@@ -329,6 +329,57 @@ def test_controllers_metadata_answers_to_its_schema(cluster):
     assert answer["slots"] == {"g1": [[0, 511]], "g2": [[512, 1023]]}
 
 
+def test_broker_groups_register_alter_their_set_and_elect_a_master(cluster):
+    """RIP-44 on the controllers: the first broker that may master a group masters it; only the master at the
+    current epochs alters the SyncStateSet; any controller answers sync-state-set; elect-master on the leader picks
+    a named broker only from the set and moves the master epoch on (a follower refuses: not_leader)."""
+    leader = cluster.leader()
+    brokers = {b: Member(cluster, leader, b, "broker") for b in ("rb1", "rb2", "rb3")}
+    try:
+        for b, m in brokers.items():
+            ok, answer = wait_for(lambda: _answered(m.register(group="rg")), f"{b} registered")
+            assert ok, answer
+        for b, m in brokers.items():
+            ok, answer = m.call("controller.register_broker", {"group": "rg", "broker": b,
+                                                                "address": f"tcp:127.0.0.1:{9000 + int(b[2])}",
+                                                                "can_master": b == "rb1"})
+            assert ok, answer
+        replica = answer["replica"]
+        assert (replica["master"], replica["master_epoch"], replica["sync_state_set"]) == ("rb1", 1, ["rb1"])
+        assert replica["brokers"] == {"rb1": 1, "rb2": 2, "rb3": 3}
+        ok, answer = brokers["rb2"].call("controller.alter_sync_state_set", {
+            "group": "rg", "master": "rb2", "master_epoch": 1, "sync_state_set": ["rb2"], "set_epoch": 1})
+        assert not ok and answer[0] == "not_master"
+        ok, answer = brokers["rb1"].call("controller.alter_sync_state_set", {
+            "group": "rg", "master": "rb1", "master_epoch": 1, "sync_state_set": ["rb1", "rb2"], "set_epoch": 1})
+        assert ok and answer["replica"]["sync_state_set"] == ["rb1", "rb2"] and answer["replica"]["set_epoch"] == 2
+        follower = next(i for i in range(3) if i != leader)
+        status, answer = wait_for(lambda: (lambda r: r if r[0] == 200 and r[1]["set_epoch"] == 2 else None)(
+            _http(cluster, follower, "GET", "/api/v1/cluster/groups/rg/sync-state-set")), "the set on a follower")
+        validate("ReplicaInfo", answer)
+        assert answer["master"] == "rb1" and answer["master_address"] == "tcp:127.0.0.1:9001"
+        assert _http(cluster, follower, "GET", "/api/v1/cluster/groups/nope/sync-state-set")[0] == 404
+        for m in brokers.values():
+            assert m.heartbeat()[0]
+        status, answer = _http(cluster, follower, "POST", "/api/v1/cluster/groups/rg/elect-master", {"broker": "rb2"})
+        assert status == 409 and answer["code"] == "not_leader"
+        status, answer = _http(cluster, leader, "POST", "/api/v1/cluster/groups/rg/elect-master", {"broker": "rb3"})
+        assert status == 409 and answer["code"] == "not_in_sync_state_set", answer
+        status, answer = _http(cluster, leader, "POST", "/api/v1/cluster/groups/rg/elect-master", {"broker": "rb2"})
+        assert status == 200, answer
+        validate("ReplicaInfo", answer)
+        assert (answer["master"], answer["master_epoch"], answer["sync_state_set"]) == ("rb2", 2, ["rb2"])
+        ok, answer = brokers["rb1"].call("controller.alter_sync_state_set", {
+            "group": "rg", "master": "rb1", "master_epoch": 1, "sync_state_set": ["rb1"], "set_epoch": 3})
+        assert not ok and answer[0] == "not_master"  # the deposed master is fenced
+        ok, answer = brokers["rb3"].call("controller.replica_info", {"group": "rg"})
+        assert ok and answer["replica"]["master"] == "rb2"
+        assert "replica_change_refused code=not_master" in cluster.log(leader)
+    finally:
+        for m in brokers.values():
+            m.close()
+
+
 def test_sighup_is_a_reload_not_a_stop(cluster):
     """SIGHUP (systemctl reload) is logged as a reload; the controller keeps running and a leader stays agreed."""
     i = cluster.alive()[0]
@@ -407,16 +458,17 @@ def test_killed_leader_is_replaced_within_two_seconds_and_leases_survive(cluster
 
 
 def test_all_killed_and_restarted_keep_members_routes_and_worker_ids(cluster):
-    """SIGKILL all three, restart them: the members, slots, routes and worker ids read back as before."""
+    """SIGKILL all three, restart them: the members, slots, routes, worker ids and broker groups' replicas (master,
+    epochs, SyncStateSet) read back as before."""
     leader = cluster.leader()
     before = metadata(cluster, leader)
-    assert before["members"]
+    assert before["members"] and before["replicas"]["rg"]["master"] == "rb2"
     for node in cluster.nodes:
         node.kill()
     cluster.start()
     cluster.leader()
     after = metadata(cluster, 0)
-    for key in ("slots", "routes", "workers"):
+    for key in ("slots", "routes", "workers", "replicas"):
         assert after[key] == before[key], key
     assert {m["node_id"]: m["generation"] for m in after["members"]} == \
         {m["node_id"]: m["generation"] for m in before["members"]}

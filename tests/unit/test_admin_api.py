@@ -32,7 +32,8 @@ def test_every_operation_has_a_handler_and_every_handler_an_operation():
     assert api_ops == _public_methods(Handlers)
     controller_ops = {r.operation_id for r in served_by(routes(), "controller") if r.segments}
     assert controller_ops == _public_methods(ControllerHandlers)
-    assert controller_ops == {"list_members", "elect_leader", "get_controller_metadata"}
+    assert controller_ops == {"list_members", "elect_leader", "get_controller_metadata", "get_sync_state_set",
+                              "elect_master"}
 
 
 def test_the_site_serves_nothing_the_file_lacks():
