@@ -39,6 +39,12 @@ class ControllerConfig:
     """Raft log entries after which the metadata is snapshotted to the data dir and the journal cut."""
     compaction_seconds: float = 300.0
     """Seconds after which the metadata is snapshotted even with fewer entries."""
+    broker_heartbeat_interval: float = 0.5
+    """Seconds between a broker's heartbeats to the controllers' leader (told to brokers when they register): faster than the member heartbeat, since a dead master is replaced on it."""
+    broker_timeout: float = 1.5
+    """Seconds without a broker heartbeat after which the leader counts the broker dead; a dead master's group gets a new master from its SyncStateSet. A new leader first gives every broker one member lease."""
+    broker_scan_interval: float = 0.5
+    """Seconds between the leader's scans for brokers whose heartbeats stopped (RocketMQ's scanNotActiveBroker)."""
     unclean_master_election: bool = False
     """Allow electing a broker group's master from outside its SyncStateSet when no member of the set is alive (RIP-44's enableUncleanMasterElect): the group serves again, but messages the old master acknowledged may be lost."""
 
@@ -51,7 +57,7 @@ class ControllerConfig:
         if len(set(self.peers)) != len(self.peers):
             raise ConfigError("peers lists an address twice")
         for key in ("tick", "append_period", "election_min", "election_max", "connection_retry", "leader_fallback",
-                    "compaction_seconds"):
+                    "compaction_seconds", "broker_heartbeat_interval", "broker_timeout", "broker_scan_interval"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be positive, not {getattr(self, key)!r}")
         if self.election_max < self.election_min:
@@ -60,5 +66,8 @@ class ControllerConfig:
         if self.append_period * 2 > self.election_min:
             raise ConfigError(f"append_period ({self.append_period}) must be at most half of election_min "
                               f"({self.election_min}): followers would start elections against a live leader")
+        if self.broker_timeout <= self.broker_heartbeat_interval:
+            raise ConfigError(f"broker_timeout ({self.broker_timeout}) must be longer than broker_heartbeat_interval "
+                              f"({self.broker_heartbeat_interval}): one late heartbeat must not replace a master")
         if self.compaction_entries < 10:
             raise ConfigError(f"compaction_entries must be at least 10, not {self.compaction_entries!r}")

@@ -21,9 +21,13 @@ RPC (``msgpack`` maps in the bodies):
   ``controller.register_broker`` ``{"group", "broker", "address", "can_master"}`` (the leader);
   ``controller.alter_sync_state_set`` ``{"group", "master", "master_epoch", "sync_state_set", "set_epoch"}``
   (the leader; a refusal's code is ``not_master``, ``stale_master_epoch``, ...);
-  ``controller.replica_info`` ``{"group"}`` (any controller, from its applied log: GetReplicaInfo, which
-  brokers also poll so a lost event cannot split a group). ElectMaster is the admin API's
-  (``elect_master``): alive means a live member lease, so a broker must register as a member too.
+  ``controller.replica_info`` ``{"group"}`` (any controller, from its applied log: GetReplicaInfo);
+  ``controller.broker_heartbeat`` ``{"group", "broker", "max_offset"}`` (the leader; every
+  ``broker_heartbeat_interval``), answered with the replica info too, so a broker polls its role with
+  every heartbeat and a lost event cannot split a group. The leader scans the heartbeats
+  (``cluster.controller.broker_liveness``) and elects a new master from the SyncStateSet when a
+  master's stop; ElectMaster is also the admin API's (``elect_master``). Alive, for an election, is
+  a broker heard within ``broker_timeout`` or holding a live member lease.
 
 Refusals are logged and answered with the lease table's code (``wrong_cluster``, ``unknown_member``:
 register first, ``stale_lease``: register again). After each metadata change the leader pushes a
@@ -39,6 +43,8 @@ import msgpack
 from twisted.internet import defer, task
 
 from cluster.controller import replicas
+from cluster.controller.broker_liveness import BrokerLiveness
+from cluster.controller.config import ControllerConfig
 from cluster.controller.raft import CommitFailed, RaftNode
 from cluster.discovery.leases import (
     LeaseRefused,
@@ -83,14 +89,20 @@ class Controller:
     """``Controller(reactor, raft, cluster_id, timings, heartbeat_interval, seed)``; ``register(dispatcher)``."""
 
     def __init__(self, reactor, raft: RaftNode, cluster_id: str, timings: LeaseTimings, heartbeat_interval: float,
-                 seed: tuple[dict, dict], unclean_master_election: bool = False) -> None:
+                 seed: tuple[dict, dict], config: ControllerConfig = ControllerConfig()) -> None:
         self.reactor = reactor
         self.raft = raft
         self.cluster_id = cluster_id
         self.timings = timings
         self.heartbeat_interval = heartbeat_interval
         self.seed = seed  # (slots {group: [[lo, hi], ...]}, routes {level: group}) from [cluster]
-        self.unclean_master_election = unclean_master_election
+        self.config = config
+        self.brokers: BrokerLiveness | None = None  # only while leader and caught up
+        self._scanner: task.LoopingCall | None = None
+        self.elections = 0
+        """masters elected by the scan (for metrics)."""
+        self._electing: dict[str, bool] = {}  # groups with an election committing
+        self._no_candidate_logged: dict[str, str] = {}  # group -> the dead master a refusal was logged for
         self.table: LeaseTable | None = None  # only while leader and caught up
         self._ticker: task.LoopingCall | None = None
         self._leading = False
@@ -109,6 +121,7 @@ class Controller:
         dispatcher.register("controller.register_broker", self._register_broker)
         dispatcher.register("controller.alter_sync_state_set", self._alter_sync_state_set)
         dispatcher.register("controller.replica_info", self._replica_info)
+        dispatcher.register("controller.broker_heartbeat", self._broker_heartbeat)
 
     def connection_lost(self, protocol) -> None:
         for node_id, p in list(self._connections.items()):
@@ -141,6 +154,12 @@ class Controller:
         self._ticker = task.LoopingCall(self._tick)
         self._ticker.clock = self.reactor
         self._ticker.start(self.timings.tick, now=False)
+        self.brokers = BrokerLiveness(self.config.broker_timeout)
+        known = self.raft.read(lambda m: [(g, b) for g, state in m.replicas.groups.items() for b in state["brokers"]])
+        self.brokers.grace(known, now, self.timings.lease)  # it has heard none of them yet
+        self._scanner = task.LoopingCall(self._scan)
+        self._scanner.clock = self.reactor
+        self._scanner.start(self.config.broker_scan_interval, now=False)
         log.info("controller_leading term=%d members=%d", term, len(table.members()))
         self.raft.enable_code().addErrback(self._commit_failed, "set_code_version")
         if not self.raft.read(lambda m: m.seeded):
@@ -161,9 +180,11 @@ class Controller:
             self._retry.cancel()
         self._retry = None
         self.table = None
-        if self._ticker is not None and self._ticker.running:
-            self._ticker.stop()
-        self._ticker = None
+        self.brokers = None
+        for loop in (self._ticker, self._scanner):
+            if loop is not None and loop.running:
+                loop.stop()
+        self._ticker = self._scanner = None
 
     def _tick(self) -> None:
         if self.table is not None:
@@ -254,11 +275,77 @@ class Controller:
     def _register_broker(self, protocol, body: bytes):
         self._leader_table()
         request = _unpack(body)
-        d = self.raft.commit("register_broker", _field(request, "group", str), _field(request, "broker", str),
-                             request.get("address") or "", bool(request.get("can_master", False)))
+        group, broker = _field(request, "group", str), _field(request, "broker", str)
+        if self.brokers is not None:
+            self.brokers.heartbeat(group, broker, self.reactor.seconds(), request.get("max_offset"))
+        d = self.raft.commit("register_broker", group, broker, request.get("address") or "",
+                             bool(request.get("can_master", False)))
         d.addCallback(self._replica_answer)
+        d.addCallback(lambda packed: msgpack.packb({
+            **msgpack.unpackb(packed), "heartbeat_interval": self.config.broker_heartbeat_interval}))
         d.addErrback(self._unavailable)
         return d
+
+    def _broker_heartbeat(self, protocol, body: bytes):
+        self._leader_table()
+        request = _unpack(body)
+        group, broker = _field(request, "group", str), _field(request, "broker", str)
+        max_offset = request.get("max_offset")
+        if self.brokers is None:
+            raise ControllerError("not_leader", "this controller is taking the lead; try again")
+        if self.brokers.heartbeat(group, broker, self.reactor.seconds(),
+                                  max_offset if isinstance(max_offset, int) else None):
+            log.info("broker_alive group=%s broker=%s", group, broker)
+        return msgpack.packb({"replica": self.replica_info(group)})
+
+    def _alive(self, group: str) -> list[str]:
+        """Brokers of ``group`` heard within broker_timeout, or holding a live member lease."""
+        now = self.reactor.seconds()
+        alive = set(self.brokers.alive(group, now)) if self.brokers is not None else set()
+        if self.table is not None:
+            alive.update(m.node_id for m in self.table.members()
+                         if m.joined and m.node_type == "broker" and m.group == group)
+        return sorted(alive)
+
+    def _scan(self) -> None:
+        """Brokers whose heartbeats stopped: a dead master's group gets a new master from its SyncStateSet."""
+        if self.brokers is None:
+            return
+        now = self.reactor.seconds()
+        for died in self.brokers.scan(now):
+            log.warning("broker_dead group=%s broker=%s silent_for=%.1fs", died.group, died.broker,
+                        self.config.broker_timeout)
+        groups = self.raft.read(lambda m: {g: (s["master"], list(s["sync_state_set"]), list(s["brokers"]))
+                                           for g, s in m.replicas.groups.items()})
+        for group, (master, in_sync, brokers) in sorted(groups.items()):
+            if master is None or master in self.brokers.alive(group, now) or group in self._electing:
+                continue
+            alive = [b for b in self.brokers.alive(group, now) if b != master]
+            candidates = [b for b in alive if b in in_sync] or (alive if self.config.unclean_master_election else [])
+            if candidates:
+                self._elect_for_dead_master(group, master, alive)
+            elif self._no_candidate_logged.get(group) != master:  # once per dead master, not per scan
+                self._no_candidate_logged[group] = master
+                log.error("master_not_elected group=%s dead_master=%s reason=no alive broker in the sync state set "
+                          "%s (alive: %s)", group, master, ",".join(in_sync), ",".join(alive) or "-")
+
+    def _elect_for_dead_master(self, group: str, master: str, alive: list[str]) -> None:
+        self._electing[group] = True
+        d = self.raft.commit("elect_master", group, None, alive, self.config.unclean_master_election)
+
+        def elected(answer):
+            code, info = answer
+            if code == replicas.OK:
+                self.elections += 1
+                log.warning("master_elected group=%s master=%s master_epoch=%d previous=%s sync_state_set=%s",
+                            group, info["master"], info["master_epoch"], master, ",".join(info["sync_state_set"]))
+            else:
+                log.error("master_not_elected group=%s dead_master=%s reason=%s alive=%s", group, master, code,
+                          ",".join(alive) or "-")
+
+        d.addCallback(elected)
+        d.addErrback(self._commit_failed, "elect_master")
+        d.addBoth(lambda _: self._electing.pop(group, None))
 
     def _alter_sync_state_set(self, protocol, body: bytes):
         self._leader_table()
@@ -283,9 +370,9 @@ class Controller:
     def elect_master(self, group: str, broker: str | None) -> defer.Deferred:
         """ElectMaster (the admin's, or the failover scan's): ``broker`` if given, else the controllers' choice
         among the alive members of the SyncStateSet. Fires ``(code, info)``; only the leader runs it."""
-        table = self._leader_table()
-        alive = sorted(m.node_id for m in table.members() if m.joined and m.node_type == "broker")
-        d = self.raft.commit("elect_master", group, broker, alive, self.unclean_master_election)
+        self._leader_table()
+        alive = self._alive(group)
+        d = self.raft.commit("elect_master", group, broker, alive, self.config.unclean_master_election)
         d.addErrback(self._unavailable)
         return d
 

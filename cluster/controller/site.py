@@ -57,7 +57,9 @@ class _ControllerCollector:
                 ("twistmq_leases_refused", "registers and heartbeats refused (this leadership)",
                  table.refused if table is not None else 0),
                 ("twistmq_raft_state_changes", "Raft state changes of this controller", self.raft.leader_changes),
-                ("twistmq_metadata_pushes", "metadata events pushed to members", self.controller.pushes)):
+                ("twistmq_metadata_pushes", "metadata events pushed to members", self.controller.pushes),
+                ("twistmq_master_elections", "broker masters elected after their heartbeats stopped (this "
+                 "controller's leaderships)", self.controller.elections)):
             c = CounterMetricFamily(name, doc)
             c.add_metric([], value)
             yield c

@@ -148,7 +148,7 @@ class ControllerParts:
         self.raft = RaftNode(reactor, cfg.controller, os.path.join(cfg.node.data_dir, "raft"), cluster.secret or None)
         self.controller = Controller(reactor, self.raft, cluster.cluster_id, discovery.timings(),
                                      discovery.heartbeat_interval, seed_from(cluster),
-                                     cfg.controller.unclean_master_election)
+                                     cfg.controller)
         self.metrics = RpcMetrics()
         self.dispatcher = Dispatcher(reactor, self.metrics)
         self.controller.register(self.dispatcher)

@@ -380,6 +380,46 @@ def test_broker_groups_register_alter_their_set_and_elect_a_master(cluster):
             m.close()
 
 
+def test_a_master_whose_heartbeats_stop_is_replaced_from_its_set(cluster):
+    """RIP-44 failover on the controllers: three brokers heartbeat every 0.2 s; the master stops; within the broker
+    timeout (1.5 s) plus a scan (0.5 s) the leader elects the first alive member of the SyncStateSet."""
+    leader = cluster.leader()
+    brokers = {b: Member(cluster, leader, b, "broker") for b in ("fb1", "fb2", "fb3")}
+    try:
+        for b, m in brokers.items():
+            ok, answer = m.call("controller.register_broker", {"group": "fg", "broker": b, "address": "",
+                                                                "can_master": b == "fb1"})
+            assert ok, answer
+        assert answer["heartbeat_interval"] == 0.5
+        ok, answer = brokers["fb1"].call("controller.alter_sync_state_set", {
+            "group": "fg", "master": "fb1", "master_epoch": 1, "sync_state_set": ["fb1", "fb2", "fb3"],
+            "set_epoch": 1})
+        assert ok, answer
+        for _ in range(3):
+            for b, m in brokers.items():
+                ok, answer = m.call("controller.broker_heartbeat", {"group": "fg", "broker": b, "max_offset": 0})
+                assert ok and answer["replica"]["master"] == "fb1", answer
+            time.sleep(0.2)
+        stopped = time.monotonic()
+        deadline = stopped + 5.0
+        master = "fb1"
+        while master == "fb1" and time.monotonic() < deadline:  # fb2 and fb3 go on; fb1 is silent
+            for b in ("fb2", "fb3"):
+                ok, answer = brokers[b].call("controller.broker_heartbeat", {"group": "fg", "broker": b})
+                assert ok, answer
+                master = answer["replica"]["master"]
+            time.sleep(0.2)
+        took = time.monotonic() - stopped
+        replica = answer["replica"]
+        assert (replica["master"], replica["master_epoch"], replica["sync_state_set"]) == ("fb2", 2, ["fb2"])
+        assert 1.4 <= took <= 2.6, took
+        assert "master_elected group=fg master=fb2 master_epoch=2 previous=fb1" in cluster.log(leader)
+        print(f"new master {took * 1000:.0f} ms after the old one's last heartbeat")
+    finally:
+        for m in brokers.values():
+            m.close()
+
+
 def test_sighup_is_a_reload_not_a_stop(cluster):
     """SIGHUP (systemctl reload) is logged as a reload; the controller keeps running and a leader stays agreed."""
     i = cluster.alive()[0]
