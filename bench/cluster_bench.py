@@ -1,4 +1,4 @@
-"""Fan-in, fan-out and proxy-hop latency through 1 and 2 proxy processes against one broker, beside Mosquitto.
+"""The cluster's data path beside the node and Mosquitto: fan-in, fan-out, proxy-hop latency, connect rate, CPU.
 
 Usage::
 
@@ -11,20 +11,29 @@ Setups, each fresh for every scenario and started in turn on the same 2 cores
 - ``mosquitto``: Mosquitto 2 (one process, its queue limit lifted);
 - ``node``: twistmq in one process (the embedded default);
 - ``1 proxy``: a broker process + one proxy process (``./dev cluster up --proxies 1``);
-- ``2 proxies``: a broker + two proxies sharing the MQTT port (``--shared-port``, SO_REUSEPORT).
+- ``2 proxies``: a broker + two proxies sharing the MQTT port (``--shared-port``, SO_REUSEPORT);
+- ``2x2``: two broker groups + two proxies on one port (topics hash over both groups): the
+  projection's second point, one group and one proxy per core.
 
 Scenarios (``bench/loadgen.py``): fan-in QoS 1 (4 publishers, window 100 → one
-``dev/+/temp`` subscriber), fan-out (1 QoS 0 publisher → 500 subscribers) and
-QoS 1 latency at 1,000 msg/s (p50/p99 send-to-delivery). The proxy hop is
-the latency of ``1 proxy`` minus ``node``'s. Figures are from one run of each
-setup per repetition (medians over repetitions); the machine is shared, so
-compare ratios within one run.
+``dev/+/temp`` subscriber), fan-out (1 QoS 0 publisher → 500 subscribers),
+QoS 1 latency at 1,000 msg/s (p50/p99 send-to-delivery) and the connect rate
+(10,000 clients, 100 handshakes at once). The proxy hop is the latency of
+``1 proxy`` minus ``node``'s. Figures are from one run of each setup per
+repetition (medians over repetitions); the machine is shared, so compare
+ratios within one run.
+
+CPU: user + system seconds of the data path's processes (brokers and proxies,
+read from ``/proc/PID/stat`` before and after each run, connection set-up
+included, the same for the node), per message delivered; the controllers'
+CPU over the same run is reported beside it, never inside it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -35,25 +44,43 @@ from bench import engine_rows
 from bench.brokers import BROKERS
 from cluster.tools import launcher
 
-SCENARIOS = {2: "fan-in QoS 1, msg/s", 3: "fan-out 1 -> 500, deliveries/s", 4: "QoS 1 latency at 1k msg/s, ms"}
+SCENARIOS = {2: "fan-in QoS 1, msg/s", 3: "fan-out 1 -> 500, deliveries/s", 4: "QoS 1 latency at 1k msg/s, ms",
+             5: "connect rate, connections/s"}
+CPU_SCENARIOS = {2: "CPU per fan-in QoS 1 message, µs", 3: "CPU per fan-out delivery, µs"}
 BASE_CONFIG = "[mqtt]\nallow_anonymous = true\n"
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pids) -> float:
+    """User + system CPU seconds of the processes still alive among ``pids``."""
+    total = 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / _TICKS
+    return total
 
 
 class ClusterSetup:
-    """A broker and ``proxies`` proxies from the launcher; MQTT on the first proxy's port (shared if 2)."""
+    """``groups`` brokers and ``proxies`` proxies from the launcher; MQTT on the first proxy's port (shared if 2)."""
 
-    def __init__(self, proxies: int) -> None:
+    def __init__(self, proxies: int, groups: int = 1) -> None:
         self.proxies = proxies
-        self.name = f"{proxies} prox{'y' if proxies == 1 else 'ies'}"
+        self.groups = groups
+        self.name = f"{proxies} prox{'y' if proxies == 1 else 'ies'}" if groups == 1 else f"{groups}x{proxies}"
 
     def start(self, workdir: Path):
         base = workdir / "base.toml"
         base.write_text(BASE_CONFIG)
-        doc = launcher.up(str(workdir / "c"), groups=1, proxies=self.proxies, shared_port=self.proxies > 1,
-                          base_config=str(base))
+        doc = launcher.up(str(workdir / "c"), groups=self.groups, proxies=self.proxies,
+                          shared_port=self.proxies > 1, base_config=str(base))
         self.root = str(workdir / "c")
         proxy = [p for p in doc["processes"] if p["role"] == "proxy"][0]
-        self.pids = [p["pid"] for p in doc["processes"]]
+        self.pids = [p["pid"] for p in doc["processes"] if p["role"] in ("broker", "proxy")]
+        self.side_pids = [p["pid"] for p in doc["processes"] if p["role"] not in ("broker", "proxy")]
         return proxy["ports"]["mqtt"]
 
     def stop(self) -> None:
@@ -68,6 +95,7 @@ class SingleSetup:
     def start(self, workdir: Path):
         self.running = self.broker.start(workdir)
         self.pids = [self.running.pid]
+        self.side_pids = []
         return self.running.port
 
     def stop(self) -> None:
@@ -87,7 +115,16 @@ def figure(result: dict, scenario: int):
     figures = result.get("figures") or {}
     if scenario == 4:
         return figures.get("p50_ms"), figures.get("p99_ms")
+    if scenario == 5:
+        return figures.get("connect_rate")
     return figures.get("rate")
+
+
+def cpu_per_message(result: dict):
+    """µs of data-path CPU per message delivered (None without a count)."""
+    delivered = result.get("delivered") or 0
+    cpu = result.get("cluster_cpu_s")
+    return None if not delivered or cpu is None else cpu / delivered * 1e6
 
 
 def build_setups(wanted) -> list:
@@ -101,24 +138,31 @@ def build_setups(wanted) -> list:
     if "node" in wanted:
         setups.append(SingleSetup("twistmq", "node"))
     setups += [ClusterSetup(int(n)) for n in ("1", "2") if n in wanted]
+    if "2x2" in wanted:
+        setups.append(ClusterSetup(2, groups=2))
     return setups
 
 
-def run_all(setups, reps: int = 1, scale: float = 0.5, cap: float = 15.0) -> dict:
+def run_all(setups, reps: int = 1, scale: float = 0.5, cap: float = 15.0, scenarios=tuple(SCENARIOS)) -> dict:
     """Every scenario on every setup, setups rotating per repetition; {(scenario, setup name): [result]}."""
     results: dict = {}
     for rep in range(reps):
-        for scenario in SCENARIOS:
+        for scenario in scenarios:
             for setup in setups[rep % len(setups):] + setups[:rep % len(setups)]:
                 with tempfile.TemporaryDirectory(prefix="cluster-bench-") as tmp:
                     port = setup.start(Path(tmp))
                     try:
+                        before, side = cpu_seconds(setup.pids), cpu_seconds(setup.side_pids)
                         result = run_scenario(scenario, port, scale, cap)
+                        result["cluster_cpu_s"] = cpu_seconds(setup.pids) - before
+                        result["side_cpu_s"] = cpu_seconds(setup.side_pids) - side
                     finally:
                         setup.stop()
                 results.setdefault((scenario, setup.name), []).append(result)
+                cpu = cpu_per_message(result)
                 print(f"cluster rows: rep {rep + 1} {SCENARIOS[scenario]:34} {setup.name:10} "
-                      f"{figure(result, scenario)!s}", file=sys.stderr, flush=True)
+                      f"{figure(result, scenario)!s}" + (f" cpu {cpu:.2f} µs/msg" if cpu is not None else "")
+                      + f" (controllers {result.get('side_cpu_s', 0):.2f} s)", file=sys.stderr, flush=True)
     return results
 
 
@@ -147,10 +191,12 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--scale", type=float, default=0.5, help="multiplies message counts (loadgen --scale)")
     parser.add_argument("--cap", type=float, default=15.0, help="seconds of sending per phase")
-    parser.add_argument("--setups", default="mosquitto,node,1,2")
+    parser.add_argument("--setups", default="mosquitto,node,1,2,2x2")
+    parser.add_argument("--scenarios", default="2,3,4,5", help="of " + ", ".join(f"{k}: {v}" for k, v in
+                                                                              SCENARIOS.items()))
     args = parser.parse_args(argv)
     setups = build_setups(args.setups.split(","))
-    results = run_all(setups, args.reps, args.scale, args.cap)
+    results = run_all(setups, args.reps, args.scale, args.cap, [int(s) for s in args.scenarios.split(",")])
     print("\n".join(table_lines(setups, results)))
     return 0
 
@@ -163,25 +209,65 @@ def _median(values):
 def table_lines(setups, results) -> list[str]:
     names = [s.name for s in setups]
     out = ["| scenario | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
-    for scenario, title in SCENARIOS.items():
+    ran = sorted({scenario for scenario, _ in results})
+    for scenario in ran:
         cells = []
         for name in names:
-            runs = results.get((scenario, name), [])
+            runs = [r for r in results.get((scenario, name), []) if "error" not in r]
             if scenario == 4:
-                p50 = _median([figure(r, 4)[0] for r in runs if "error" not in r])
-                p99 = _median([figure(r, 4)[1] for r in runs if "error" not in r])
+                p50 = _median([figure(r, 4)[0] for r in runs])
+                p99 = _median([figure(r, 4)[1] for r in runs])
                 cells.append("-" if p50 is None else f"{p50:.2f} / {p99:.2f}")
             else:
-                rate = _median([figure(r, scenario) for r in runs if "error" not in r])
+                rate = _median([figure(r, scenario) for r in runs])
                 cells.append("-" if rate is None else f"{rate:,.0f}")
-        out.append(f"| {title} | " + " | ".join(cells) + " |")
-    if "node" in names and "1 proxy" in names:
-        node = results.get((4, "node"), [])
-        hop = results.get((4, "1 proxy"), [])
-        if node and hop:
-            p50 = _median([figure(r, 4)[0] for r in hop]) - _median([figure(r, 4)[0] for r in node])
-            p99 = _median([figure(r, 4)[1] for r in hop]) - _median([figure(r, 4)[1] for r in node])
-            out += ["", f"Proxy hop (1 proxy minus node, QoS 1 at 1k msg/s): p50 {p50:+.2f} ms, p99 {p99:+.2f} ms."]
+        out.append(f"| {SCENARIOS[scenario]} | " + " | ".join(cells) + " |")
+    for scenario, title in CPU_SCENARIOS.items():
+        if scenario not in ran:
+            continue
+        cells = []
+        for name in names:
+            cpu = _median([cpu_per_message(r) for r in results.get((scenario, name), []) if "error" not in r])
+            cells.append("-" if cpu is None else f"{cpu:.2f}")
+        out.append(f"| {title} (brokers + proxies) | " + " | ".join(cells) + " |")
+    out += _ratio_lines(names, results, ran)
+    return out
+
+
+def _ratio_lines(names, results, ran) -> list[str]:
+    """Each cluster setup over the node (same run): throughput, CPU per message, the proxy hop's latency."""
+    if "node" not in names:
+        return []
+
+    def med(scenario, name, fn):
+        return _median([fn(r) for r in results.get((scenario, name), []) if "error" not in r])
+
+    out = [""]
+    for name in names:
+        if name in ("node", "mosquitto"):
+            continue
+        parts = []
+        for scenario in (2, 3, 5):
+            if scenario in ran:
+                node, this = med(scenario, "node", lambda r: figure(r, scenario)), \
+                    med(scenario, name, lambda r: figure(r, scenario))
+                if node and this:
+                    parts.append(f"{SCENARIOS[scenario].split(',')[0]} {this / node:.2f}× the node's")
+        for scenario in (2, 3):
+            if scenario in ran:
+                node, this = med(scenario, "node", cpu_per_message), med(scenario, name, cpu_per_message)
+                if node and this:
+                    parts.append(f"CPU per {'fan-in message' if scenario == 2 else 'fan-out delivery'} "
+                                 f"{this / node:.2f}× the node's")
+        if 4 in ran:
+            node = results.get((4, "node"), [])
+            hop = results.get((4, name), [])
+            if node and hop:
+                p50 = _median([figure(r, 4)[0] for r in hop]) - _median([figure(r, 4)[0] for r in node])
+                p99 = _median([figure(r, 4)[1] for r in hop]) - _median([figure(r, 4)[1] for r in node])
+                parts.append(f"QoS 1 latency at 1k msg/s p50 {p50:+.2f} ms, p99 {p99:+.2f} ms over the node")
+        if parts:
+            out.append(f"- {name}: " + "; ".join(parts) + ".")
     return out
 
 
