@@ -36,6 +36,7 @@ from typing import Any, Callable, NamedTuple
 import msgpack
 
 from store import api
+from store.record import Record, RecordKind
 
 __all__ = ["CodecError", "OPERATIONS", "Operation", "decode", "encode", "pack", "pack_call", "pack_error",
            "pack_result", "store_error", "unpack", "unpack_call", "unpack_error", "unpack_result"]
@@ -242,11 +243,74 @@ def _named_tuple(cls: type) -> tuple[Callable, Callable]:
     return enc, dec
 
 
+_RECORD_FIELDS = 11
+_RECORD_TYPES = (int, int, int, int, bool, int, int, str, str, dict, bytes)  # Record's fields, kind as its value
+
+
+def _read_result() -> tuple[Callable, Callable]:
+    """``ReadResult``, the hot result (a proxy reads every message it delivers through it), packed compactly.
+
+    One read is of one queue in one group: the wire says queue and group once, then the
+    offsets, then each record as the list of its fields, instead of a position per message;
+    decoding checks each record's shape and field types in one pass and builds it directly
+    (the generic dataclass path took a third of a proxy's CPU in fan-out). A read whose
+    positions are not all of ``next``'s queue and group (none today) goes the generic way:
+    the two forms differ in length (6 against 3).
+    """
+    generic_enc, generic_dec = _dataclass(api.ReadResult)
+    kinds = {k.value: k for k in RecordKind}
+
+    def enc(value):
+        if not isinstance(value, api.ReadResult):
+            raise _fail(api.ReadResult, value)
+        nxt = value.next
+        queue, group = nxt.queue, nxt.group
+        offsets, records = [], []
+        for m in value.messages:
+            pos, r = m.position, m.record
+            if pos.queue != queue or pos.group != group or not isinstance(r, Record):
+                return generic_enc(value)
+            offsets.append(pos.offset)
+            records.append([r.offset, r.size, int(r.kind), r.qos, r.retain, r.store_ts, r.born_ts, r.topic,
+                            r.client_id, dict(r.properties), bytes(r.body)])
+        return [queue, group, nxt.offset, value.lost, offsets, records]
+
+    def dec(value):
+        if type(value) is not list:
+            raise _fail(api.ReadResult, value)
+        if len(value) != 6:
+            return generic_dec(value)
+        queue, group, next_offset, lost, offsets, records = value
+        if type(queue) is not str or type(group) is not str or type(next_offset) is not int \
+                or type(lost) is not int or type(offsets) is not list or type(records) is not list \
+                or len(offsets) != len(records):
+            raise CodecError("a read result is [queue, group, next offset, lost, [offsets], [records]]")
+        messages = []
+        position, message = api.QueuePosition, api.QueuedMessage
+        for offset, r in zip(offsets, records):
+            if type(offset) is not int or type(r) is not list or len(r) != _RECORD_FIELDS \
+                    or any(type(v) is not t for v, t in zip(r, _RECORD_TYPES)):
+                raise CodecError(f"a record is [{', '.join(t.__name__ for t in _RECORD_TYPES)}], got {r!r:.200}")
+            kind = kinds.get(r[2])
+            if kind is None:
+                raise CodecError(f"{r[2]!r} is not a RecordKind")
+            props = r[9]
+            if props and not all(type(k) is str and type(v) is str for k, v in props.items()):
+                raise CodecError("record properties are str -> str")
+            messages.append(message(position(queue, group, offset),
+                                    Record(r[0], r[1], kind, r[3], r[4], r[5], r[6], r[7], r[8], props, r[10])))
+        return api.ReadResult(tuple(messages), position(queue, group, next_offset), lost)
+
+    return enc, dec
+
+
 @functools.cache
 def _converter(hint: Any) -> tuple[Callable, Callable]:
     """(encode, decode) for values of ``hint``; CodecError for a type the wire cannot carry."""
     if hint is _NONE or hint is None:  # Deferred[None] keeps a bare None
         return _scalar(_NONE)
+    if hint is api.ReadResult:
+        return _read_result()
     if hint in (int, str, bool):
         return _scalar(hint)
     if hint is bytes:

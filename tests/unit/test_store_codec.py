@@ -180,3 +180,47 @@ def test_an_unknown_error_code_is_a_plain_store_error():
     """An error code this side does not know (a newer peer) arrives as StoreError naming the code."""
     err = codec.unpack_error(msgpack.packb(["brand_new", "what happened"]))
     assert type(err) is api.StoreError and str(err) == "brand_new: what happened"
+
+
+@st.composite
+def _one_queue_reads(draw):
+    """A ReadResult as a broker answers one read: every message in next's queue and group."""
+    queue, group = draw(strategy(str)), draw(strategy(str))
+    offsets = draw(st.lists(st.integers(0, 2**62), max_size=5))
+    records = [draw(strategy(Record)) for _ in offsets]
+    messages = tuple(api.QueuedMessage(api.QueuePosition(queue, group, o), r) for o, r in zip(offsets, records))
+    return api.ReadResult(messages, api.QueuePosition(queue, group, draw(st.integers(0, 2**62))),
+                          draw(st.integers(0, 2**31)))
+
+
+@given(_one_queue_reads())
+def test_a_read_of_one_queue_goes_compact_and_round_trips(result):
+    """read_queue's result names its queue and group once (6 fields on the wire) and comes back equal."""
+    data = codec.encode(result, api.ReadResult)
+    assert len(data) == 6 and data[:2] == [result.next.queue, result.next.group]
+    back = codec.unpack_result("read_queue", codec.pack_result("read_queue", result))
+    assert back == result and all(type(m.record.kind) is RecordKind for m in back.messages)
+
+
+def _compact(record_fields, offsets=(7,)):
+    return msgpack.packb(["q", "g", 9, 0, list(offsets), [record_fields]], use_bin_type=True)
+
+
+_GOOD = [7, 40, 1, 1, False, 5, 4, "t/1", "c", {"k": "v"}, b"body"]
+
+
+@pytest.mark.parametrize("fields, why", [
+    (_GOOD[:10], "a field missing"),
+    ([*_GOOD[:2], 99, *_GOOD[3:]], "an unknown kind"),
+    ([*_GOOD[:3], True, *_GOOD[4:]], "qos as a bool"),
+    ([*_GOOD[:7], b"t/1", *_GOOD[8:]], "topic as bytes"),
+    ([*_GOOD[:9], {"k": 1}, _GOOD[10]], "a property value not a string"),
+    ([*_GOOD[:10], "body"], "body as text"),
+])
+def test_a_compact_read_off_its_shape_is_refused(fields, why):
+    """Each record of a compact read is checked field by field: anything off the shape is a CodecError."""
+    assert codec.unpack_result("read_queue", _compact(_GOOD)).messages[0].record.topic == "t/1"
+    with pytest.raises(codec.CodecError):
+        codec.unpack_result("read_queue", _compact(fields))
+    with pytest.raises(codec.CodecError):
+        codec.unpack_result("read_queue", _compact(_GOOD, offsets=(7, 8)))
