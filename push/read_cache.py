@@ -8,7 +8,10 @@ position its read said comes next, so a walk through the cache never computes
 with offsets, and a gap retention left is walked the way the store reported it.
 Each entry also links to the next entry once known, so a walk costs one dict
 lookup per read rather than one per message (fan-out reads the same run of
-messages once per subscriber).
+messages once per subscriber). Readers that ask for a position whose store read
+is under way wait for that read instead of starting their own: after news, every
+session on a queue asks for the same position in the same tick, and across RPC
+the first read has not come back when the others ask.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections import OrderedDict
 from operator import attrgetter
 
 from twisted.internet import defer
+from twisted.python.failure import Failure
 
 from store.api import QueuePosition, QueuedMessage, Queues, ReadResult
 
@@ -53,6 +57,8 @@ class ReadCache:
         # queue -> group -> the position a store read last found to be the end, until news of the queue
         self._ends: dict[str, dict[str, QueuePosition]] = {}
         self._news: dict[str, int] = {}  # queue -> news heard: a read answered after news found no end
+        # position -> readers waiting on the store read from it under way: [(Deferred, max_count, enough)]
+        self._reading: dict[QueuePosition, list] = {}
         self._entries = 0
         self._bytes = 0  # record bytes held: large payloads must not multiply memory
         self.hits = 0
@@ -94,8 +100,26 @@ class ReadCache:
                 rest = max_count - len(out)
                 return self._store.read_queue(p, rest).addCallback(
                     self._joined, key, tuple(out), rest, self._news.get(position.queue, 0))
-        return self._store.read_queue(position, max_count).addCallback(
+        waiting = self._reading.get(position)
+        if waiting is not None:
+            d: defer.Deferred = defer.Deferred()
+            waiting.append((d, max_count, enough))
+            return d
+        self._reading[position] = []
+        d = self._store.read_queue(position, max_count).addCallback(
             self._fill, key, max_count, self._news.get(position.queue, 0))
+        return d.addBoth(self._answer_waiting, position, max_count)
+
+    def _answer_waiting(self, result, position: QueuePosition, asked: int):
+        """The store read from ``position`` is back: the readers that waited on it get their answers."""
+        for d, max_count, enough in self._reading.pop(position, ()):
+            if isinstance(result, Failure):
+                d.errback(result)
+            elif max_count == asked or (max_count > asked and len(result.messages) < asked):
+                d.callback(result)  # the same question (or the whole queue): the same answer
+            else:
+                self.read(position, max_count, enough).chainDeferred(d)  # from the cache it just filled
+        return result
 
     def news(self, queue: str) -> None:
         """``queue`` has news: the ends found so far are ends no more (``QueueWatches`` calls this first)."""

@@ -302,3 +302,43 @@ def test_a_queue_with_one_reader_bypasses_the_read_cache(tmp_path):
         assert cache.misses == 1 and cache.hits == 1  # one store read served both
     finally:
         h.close()
+
+
+class _SlowQueue(_CountingQueue):
+    """As ``_CountingQueue``, but each read answers only when ``answer()`` is called (a store across RPC)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.waiting = []
+
+    def read_queue(self, position, max_count):
+        d = defer.Deferred()
+        self.waiting.append((super().read_queue(position, max_count), d))
+        return d
+
+    def answer(self) -> None:
+        waiting, self.waiting = self.waiting, []
+        for result, d in waiting:
+            result.chainDeferred(d)
+
+
+def test_readers_of_a_position_with_a_store_read_under_way_wait_for_it():
+    """Sessions that ask for the same position while its store read is under way (a fan-out's readers after news,
+    across RPC) share that read: one store read, every reader answered, failures shared too."""
+    store = _SlowQueue(20)
+    cache = ReadCache(store)
+    at = QueuePosition("q", "g", 0)
+    got = []
+    for count in (20, 20, 5, 20):
+        cache.read(at, count).addCallback(got.append)
+    assert store.reads == [0] and got == []
+    store.answer()
+    assert store.reads == [0]
+    assert sorted([m.record.offset for m in r.messages] for r in got) == [list(range(5))] + [list(range(20))] * 3
+    assert all(r.next == QueuePosition("q", "g", 20 if len(r.messages) == 20 else 5) for r in got)
+    failed = []
+    cache.read(QueuePosition("q", "g", 40), 10).addErrback(failed.append)
+    cache.read(QueuePosition("q", "g", 40), 10).addErrback(failed.append)
+    store.waiting[0][1].errback(RuntimeError("broker gone"))
+    store.waiting.clear()
+    assert len(failed) == 2 and store.reads == [0, 40]
