@@ -59,7 +59,9 @@ MOSQUITTO_NOTES = [
 
 TWISTMQ_NOTES = [
     "twistd -n --pidfile= twistmq node --mqtt tcp:PORT:interface=127.0.0.1 "
-    "--http tcp:HTTP_PORT:interface=127.0.0.1 --data-dir <fresh temp dir> (the same as ./dev run ...)",
+    "--http tcp:HTTP_PORT:interface=127.0.0.1 --data-dir <fresh temp dir> --config WORKDIR/twistmq.toml",
+    "twistmq.toml: [log] connection_messages = false (Mosquitto's connection_messages false: no line per "
+    "client connecting or leaving; refusals and failures are still logged)",
     "every other setting: the defaults of conf/twistmq.toml (every message written to the commit log)",
 ]
 
@@ -261,9 +263,11 @@ class Twistmq(Broker):
 
     def command(self, port, workdir, scenario=None):
         http = free_port()
+        config = workdir / "twistmq.toml"
+        config.write_text("[log]\nconnection_messages = false\n")
         return [self.twistd(), "-n", "--pidfile=", "twistmq", "node",
                 "--mqtt", f"tcp:{port}:interface=127.0.0.1", "--http", f"tcp:{http}:interface=127.0.0.1",
-                "--data-dir", str(workdir / "data")]
+                "--data-dir", str(workdir / "data"), "--config", str(config)]
 
 
 BROKERS = {b.name: b for b in (Twistmq(), Mosquitto(), Amqtt())}

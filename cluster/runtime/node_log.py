@@ -39,14 +39,24 @@ class WithoutConnectionMessages(logging.Filter):
     """Drops records whose event code (the first word) is one of ``CONNECTION_EVENTS``."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.getMessage().split(" ", 1)[0] not in CONNECTION_EVENTS
+        # The event code is the format string's first word: no need to format the line to drop it.
+        return str(record.msg).split(" ", 1)[0] not in CONNECTION_EVENTS
 
 
 @implementer(ILogObserver)
 class StdlibObserver:
-    """A ``twisted.logger`` observer that passes each event to the stdlib logger of its namespace."""
+    """A ``twisted.logger`` observer that passes each event to the stdlib logger of its namespace.
+
+    ``drop``: event codes not to pass on (``CONNECTION_EVENTS`` with ``connection_messages = false``),
+    dropped before the event is formatted (a connect storm would pay for formatting every line).
+    """
+
+    def __init__(self, drop: frozenset = frozenset()) -> None:
+        self.drop = drop
 
     def __call__(self, event: dict) -> None:
+        if self.drop and str(event.get("log_format") or "").split(" ", 1)[0] in self.drop:
+            return
         namespace = event.get("log_namespace")
         # Events of Twisted's legacy log.msg carry no useful namespace: file them under "twisted".
         logger = logging.getLogger("twisted" if namespace in (None, "log_legacy") else namespace)
@@ -83,5 +93,5 @@ def configure(config: LogConfig, stream=None) -> StdlibObserver:
         old.close()
     root.addHandler(handler)
     root.setLevel(config.level.upper())
-    return StdlibObserver()
+    return StdlibObserver(frozenset() if config.connection_messages else CONNECTION_EVENTS)
 
