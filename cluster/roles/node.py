@@ -31,6 +31,7 @@ from cluster.roles.common import (
     NodeOptions,
     client_security,
     client_listeners,
+    mongodb_pool,
     node_config,
     security_reloader,
 )
@@ -70,7 +71,8 @@ class NodeParts:
         self.retained, self.timers, self.kv = self.state.retained, self.state.timers, self.state.kv
         self.notifier, self.native = self.state.notifier, self.state.native
         mqtt = cfg.mqtt
-        self.auth_executor, auth, acl = client_security(reactor, cfg)
+        self.mongodb = mongodb_pool(reactor, cfg)  # None unless the config uses MongoDB
+        self.auth_executor, auth, acl = client_security(reactor, cfg, self.mongodb)
         # The MQTT front end reaches the parts above only through the store interface, served in-process
         # here by one broker group (a proxy runs the same front end over the remote store).
         self.local_store = self.state.local_store(cfg.cluster.group)
@@ -96,6 +98,8 @@ class NodeParts:
         handlers = Handlers(self.view, reactor, self._overview, self.timers, self.native.engine, self.history)
         self.admin_api = AdminAPI(served_by(routes(), "node"), handlers, cfg.admin.token, cfg.admin.max_body_bytes)
         self.extra_stats = [("native", self.native.stats), ("timer", self.timers.stats)]
+        if self.mongodb is not None:
+            self.extra_stats.append(("mongodb", self.mongodb.stats))
         self.streams, self.datagrams = self._listeners()
 
     def _listeners(self):
@@ -163,6 +167,7 @@ def node_tree(parts: NodeParts) -> RoleService:
 
     children = [
         SignalService("reload", signal.SIGHUP, parts.reloader().reload, parts.reactor),
+        *([parts.mongodb] if parts.mongodb is not None else []),
         Part("auth-executor", start=parts.auth_executor.start, stop=parts.auth_executor.stop),
         *parts.state.tree_parts(),
         Part("mqtt-sessions", start=parts.mqtt.restore, stop=parts.mqtt.shutdown),
