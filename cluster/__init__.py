@@ -19,6 +19,9 @@ Rooms (sub-packages), read as the architecture:
   member leases, and the RPC members register, heartbeat and read metadata on.
 - ``discovery``: member records, their leases (renewed by heartbeats, evicted on a hashed-wheel
   timer) and snowflake ids.
+- ``bridges``: bridges to outside systems (MongoDB), run by the broker-side roles (node, broker):
+  each a durable subscriber of its filter with its own light-queue position, a retention owner;
+  the pump (batching, back-off) is sans-IO over the store interface, a sink and a clock.
 - ``tools``: developer tools (the local-cluster launcher, test certificates, the
   password-file editor behind ``twistmq-admin``).
 - Directly here: ``tap`` (twistd's entry point) and ``routing`` (the hash-slot table, pure).
@@ -31,6 +34,8 @@ every room, but no role module imports another; ``runtime`` imports no other roo
 config gathers ``admin.config``); ``local`` never imports ``remote`` and ``remote`` never
 imports ``local``; ``rpc`` imports neither store implementation, nor ``runtime``; ``admin``
 and ``tools`` import no role, store implementation or ``rpc``; ``routing`` imports no room; ``discovery`` imports only ``rpc`` and ``runtime``;
-``controller`` imports ``rpc``, ``runtime``, ``routing`` and ``discovery`` (the lease table runs on its leader).
+``controller`` imports ``rpc``, ``runtime``, ``routing`` and ``discovery`` (the lease table runs on its leader);
+``bridges`` reads the store only through the store interface: it imports no role, store implementation
+(``local``, ``remote``), ``rpc``, ``admin``, ``tools`` or ``runtime`` (whose config gathers ``bridges.config``).
 The rules between top-level packages are DESIGN.md's package table.
 """

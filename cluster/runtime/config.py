@@ -27,6 +27,7 @@ import tomllib
 from dataclasses import dataclass
 
 from cluster.admin.config import AdminConfig
+from cluster.bridges.config import BridgeConfig, bridge_values
 from cluster.controller.config import ControllerConfig
 from cluster.discovery.config import DiscoveryConfig
 from cluster.runtime.listeners import (
@@ -233,6 +234,7 @@ class Config:
     admin: AdminConfig = AdminConfig()
     discovery: DiscoveryConfig = DiscoveryConfig()
     controller: ControllerConfig = ControllerConfig()
+    bridge: BridgeConfig = BridgeConfig()
 
     @property
     def source(self) -> str:
@@ -242,7 +244,7 @@ class Config:
 
 SECTIONS = {"node": NodeConfig, "store": StoreConfig, "mqtt": MQTTConfig, "limits": LimitsConfig,
             "log": LogConfig, "cluster": ClusterConfig, "admin": AdminConfig, "discovery": DiscoveryConfig,
-            "controller": ControllerConfig}
+            "controller": ControllerConfig, "bridge": BridgeConfig}
 
 _FILE_KEYS = (("node", "mqtt_tls_ca"), ("mqtt", "password_file"), ("mqtt", "acl_file"), ("log", "file"))
 """(section, key) of every setting that names a file; each must exist except the log file."""
@@ -285,6 +287,8 @@ def _build(raw: dict, path: str, base_dir: str) -> Config:
                     values[key] = tuple(value)
         if name == "cluster":
             values = _cluster_values(values)
+        if name == "bridge":
+            values = bridge_values(values)
         if name == "controller":  # arrays in TOML, tuples in the frozen dataclass
             values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
         built[name] = from_mapping(cls, name, values)
@@ -298,7 +302,7 @@ def _build(raw: dict, path: str, base_dir: str) -> Config:
             built[section] = dataclasses.replace(built[section], **{key: resolve_path(value, base_dir)})
     return Config(built["node"], built["store"], built["mqtt"], built["limits"], dict(raw.get("native", {})),
                   base_dir, built["log"], built["cluster"], path, admin=built["admin"],
-                  discovery=built["discovery"], controller=built["controller"])
+                  discovery=built["discovery"], controller=built["controller"], bridge=built["bridge"])
 
 
 def with_flags(cfg: Config, node_changes: dict) -> Config:
