@@ -41,6 +41,10 @@ def arg_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--exclude", default=DEFAULT_EXCLUDE,
                    help=f"payload fields that are not metrics (default: {DEFAULT_EXCLUDE})")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--mongo-uri", default=None,
+                   help="also upsert each result table into the MongoDB collection of its name (pymongo, from "
+                        "the executors), by its natural key")
+    p.add_argument("--mongo-db", default="twistmq", help="the MongoDB database of --mongo-uri (default: twistmq)")
     return p
 
 
@@ -156,6 +160,18 @@ def write_parquet(df, out: str, name: str) -> str:
     """Write ``df`` to ``out/name`` (replacing it) and return the path."""
     path = os.path.join(out, name)
     df.write.mode("overwrite").parquet(path)
+    return path
+
+
+def write_table(df, args: argparse.Namespace, name: str) -> str:
+    """Write result table ``name`` to Parquet and, with ``--mongo-uri``, to the MongoDB collection ``name``
+    (``spark.mongo_writer``: upserted by its natural key); returns the Parquet path."""
+    path = write_parquet(df, args.out, name)
+    if args.mongo_uri:
+        from spark.mongo_writer import write_mongo
+
+        # From the Parquet just written: the rows MongoDB gets are those files, not a second computation.
+        write_mongo(df.sparkSession.read.parquet(path), args.mongo_uri, args.mongo_db, name)
     return path
 
 
