@@ -1,0 +1,172 @@
+"""The MongoDB bridge against a real wire-protocol server process: nothing acknowledged is lost, nothing is doubled,
+through a database SIGKILL and a node SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+
+import paho.mqtt.client as mqtt
+import pytest
+
+from tests.integration.node import NodeProcess
+from tests.integration.waiting import metric_value, wait_until
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("pymongo", reason="pymongo is not installed (the 'mongodb' extra)")
+
+from cluster.bridges.documents import parse_document_id  # noqa: E402
+from tests.mongo_server import MongoServer  # noqa: E402
+
+MESSAGES = 10_000
+DB_KILL_AT, DB_BACK_AT, NODE_KILL_AT = 2_500, 4_500, 7_000
+DEADLINE_S = 300  # the whole publishing run; each publish waits for its PUBACK at most PUBACK_WAIT
+PUBACK_WAIT = 5.0
+COLLECTION = "telemetry"
+
+
+def _config(path: str, uri: str) -> str:
+    with open(path, "w") as f:
+        f.write(f"""
+[mongodb]
+uri = "{uri}"
+database = "bridged"
+timeout = 1.0
+
+[[bridge.mongodb]]
+name = "telemetry"
+filter = "dev/#"
+collection = "{COLLECTION}"
+batch_size = 200
+retry_max = 1.0
+""")
+    return path
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A secantusd-py process and a node bridging dev/# into it; both killed in teardown."""
+    root = tmp_path_factory.mktemp("bridge")
+    server = MongoServer(str(root / "db")).start()
+    node = NodeProcess(str(root / "node"), extra_args=["--config", _config(str(root / "twistmq.toml"), server.uri)])
+    try:
+        node.start()
+        yield server, node
+    finally:
+        node.stop_hard()
+        server.remove()
+
+
+class Publisher:
+    """A paho client that publishes QoS 1 one at a time and remembers which sequence numbers were acknowledged."""
+
+    def __init__(self, port: int, client_id: str) -> None:
+        self.port = port
+        self.client_id = client_id
+        self.acked: set[int] = set()
+        self.unacked: set[int] = set()
+        self.client = None
+
+    def connect(self) -> bool:
+        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=self.client_id, clean_session=True)
+        try:
+            c.connect("127.0.0.1", self.port, keepalive=30)
+        except OSError:
+            return False
+        c.loop_start()
+        self.client = c
+        return True
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.disconnect()
+            self.client.loop_stop()
+            self.client = None
+
+    def publish(self, seq: int) -> bool:
+        """One message, waiting for its PUBACK; a message with no PUBACK is never sent again (a new seq follows)."""
+        payload = json.dumps({"seq": seq, "temp": 20 + seq % 7}).encode()
+        try:
+            info = self.client.publish(f"dev/{seq % 16}/telemetry", payload, qos=1)
+            info.wait_for_publish(PUBACK_WAIT)
+        except (RuntimeError, ValueError):
+            info = None
+        if info is not None and info.is_published():
+            self.acked.add(seq)
+            return True
+        self.unacked.add(seq)
+        self.close()  # a fresh connection: paho must not resend the unacknowledged one under another seq
+        return False
+
+
+def _api(node, path):
+    with urllib.request.urlopen(f"http://127.0.0.1:{node.port('http')}/api/v1/{path}", timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+def test_every_acknowledged_message_once_through_database_and_node_kills(setup):
+    """10,000 QoS 1 publishes, each waiting for its PUBACK, while the database is SIGKILLed and restarted and the
+    node SIGKILLed and restarted: the collection holds every acknowledged message exactly once."""
+    server, node = setup
+    pub = Publisher(node.port(), "bridge-publisher")
+    assert pub.connect()
+    start = time.monotonic()
+    events = []
+    for seq in range(MESSAGES):
+        assert time.monotonic() - start < DEADLINE_S, f"publishing took over {DEADLINE_S} s (at {seq})"
+        if seq == DB_KILL_AT:
+            server.kill()
+            events.append(("db killed", seq))
+        elif seq == DB_BACK_AT:
+            wait_until(lambda: metric_value(node.port("http"), "twistmq_bridge_failed_batches_total") > 0, 30,
+                       what="the bridge to notice the database is gone")
+            server.start()
+            events.append(("db back", seq))
+        elif seq == NODE_KILL_AT:
+            pub.close()
+            node.kill()
+            node.start()
+            events.append(("node killed and restarted", seq))
+        if pub.client is None:
+            wait_until(pub.connect, 30, interval=0.2, what="a connection to the node")
+        pub.publish(seq)
+    pub.close()
+    publish_s = time.monotonic() - start
+    assert len(pub.acked) >= MESSAGES - 5, f"only {len(pub.acked)} acknowledged ({sorted(pub.unacked)[:10]})"
+
+    client = server.client()
+    try:
+        coll = client["bridged"][COLLECTION]
+
+        def caught_up():
+            rows = _api(node, "bridges")["items"]
+            return rows and rows[0]["lag"] == 0 and rows[0]["state"] == "idle" and \
+                coll.count_documents({}) >= len(pub.acked)
+
+        wait_until(caught_up, 120, interval=0.5, what="the bridge to catch up")
+        docs = list(coll.find({}, {"payload.seq": 1, "topic": 1, "qos": 1}))
+    finally:
+        client.close()
+    seqs = [d["payload"]["seq"] for d in docs]
+    ids = [parse_document_id(d["_id"]) for d in docs]
+    assert len(set(ids)) == len(ids)  # no (group, offset) twice
+    assert len(set(seqs)) == len(seqs), "a message was inserted twice"
+    missing = pub.acked - set(seqs)
+    assert not missing, f"{len(missing)} acknowledged messages missing, e.g. {sorted(missing)[:10]}"
+    assert set(seqs) <= pub.acked | pub.unacked
+    assert {g for g, _ in ids} == {"g1"} and all(d["qos"] == 1 for d in docs)
+    row = _api(node, "bridges")["items"][0]
+    assert (row["name"], row["filter"], row["collection"], row["lost"]) == ("telemetry", "dev/#", COLLECTION, 0)
+    assert metric_value(node.port("http"), "twistmq_bridge_lag_messages") == 0
+    print(f"published {MESSAGES} in {publish_s:.1f} s; acked {len(pub.acked)}; documents {len(docs)}; "
+          f"events {events}")
+
+
+def test_position_survives_in_the_data_dir(setup):
+    """The bridge's position is a file in DATA_DIR/bridges naming its queue and group."""
+    _server, node = setup
+    with open(os.path.join(node.data_dir, "bridges", "telemetry.json")) as f:
+        saved = json.load(f)
+    assert saved["queue"] == "%LMQ%dev/#" and saved["group"] == "g1" and saved["offset"] > 0
