@@ -19,6 +19,9 @@ Rooms (sub-packages), read as the architecture:
   member leases, and the RPC members register, heartbeat and read metadata on.
 - ``discovery``: member records, their leases (renewed by heartbeats, evicted on a hashed-wheel
   timer) and snowflake ids.
+- ``mongodb``: the ``[mongodb]`` section and the process's one MongoDB client (``MongoPool``: every
+  ``pymongo`` call on a bounded thread pool, outages logged once and counted); what uses MongoDB
+  gets it passed in.
 - ``bridges``: bridges to outside systems (MongoDB), run by the broker-side roles (node, broker):
   each a durable subscriber of its filter with its own light-queue position, a retention owner;
   the pump (batching, back-off) is sans-IO over the store interface, a sink and a clock.
@@ -31,11 +34,13 @@ Room still to come: ``replication``
 
 Rules between the rooms (``.importlinter`` checks them in ``./dev test``): roles may import
 every room, but no role module imports another; ``runtime`` imports no other room (its
-config gathers ``admin.config``); ``local`` never imports ``remote`` and ``remote`` never
+config gathers ``admin.config``, ``mongodb.config`` and the like); ``local`` never imports ``remote`` and ``remote`` never
 imports ``local``; ``rpc`` imports neither store implementation, nor ``runtime``; ``admin``
 and ``tools`` import no role, store implementation or ``rpc``; ``routing`` imports no room; ``discovery`` imports only ``rpc`` and ``runtime``;
 ``controller`` imports ``rpc``, ``runtime``, ``routing`` and ``discovery`` (the lease table runs on its leader);
+``mongodb`` imports no other room (``runtime.config`` gathers its config; roles, ``admin`` and ``tools`` use it);
 ``bridges`` reads the store only through the store interface: it imports no role, store implementation
-(``local``, ``remote``), ``rpc``, ``admin``, ``tools`` or ``runtime`` (whose config gathers ``bridges.config``).
+(``local``, ``remote``), ``rpc``, ``admin``, ``tools`` or ``runtime`` (whose config gathers ``bridges.config``);
+it gets ``mongodb``'s ``MongoPool`` passed in.
 The rules between top-level packages are DESIGN.md's package table.
 """

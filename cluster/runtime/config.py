@@ -30,6 +30,7 @@ from cluster.admin.config import AdminConfig
 from cluster.bridges.config import BridgeConfig, bridge_values
 from cluster.controller.config import ControllerConfig
 from cluster.discovery.config import DiscoveryConfig
+from cluster.mongodb.config import MongoConfig, check_usable
 from cluster.runtime.listeners import (
     FLAGS,
     Listener,
@@ -37,6 +38,7 @@ from cluster.runtime.listeners import (
     parse_listener,
     resolve_path,
 )
+from mqtt_proxy.auth.config import AuthConfig, MongoAuthConfig
 from mqtt_proxy.config import LimitsConfig, MQTTConfig
 from store.config import ConfigError, StoreConfig, from_mapping
 
@@ -234,6 +236,9 @@ class Config:
     admin: AdminConfig = AdminConfig()
     discovery: DiscoveryConfig = DiscoveryConfig()
     controller: ControllerConfig = ControllerConfig()
+    mongodb: MongoConfig = MongoConfig()
+    auth: AuthConfig = AuthConfig()
+    auth_mongodb: MongoAuthConfig = MongoAuthConfig()
     bridge: BridgeConfig = BridgeConfig()
 
     @property
@@ -244,7 +249,9 @@ class Config:
 
 SECTIONS = {"node": NodeConfig, "store": StoreConfig, "mqtt": MQTTConfig, "limits": LimitsConfig,
             "log": LogConfig, "cluster": ClusterConfig, "admin": AdminConfig, "discovery": DiscoveryConfig,
-            "controller": ControllerConfig, "bridge": BridgeConfig}
+            "controller": ControllerConfig, "auth": AuthConfig, "auth.mongodb": MongoAuthConfig,
+            "mongodb": MongoConfig, "bridge": BridgeConfig}
+"""Section name to dataclass, in the documented file's order; ``auth.mongodb`` is the ``[auth.mongodb]`` table."""
 
 _FILE_KEYS = (("node", "mqtt_tls_ca"), ("mqtt", "password_file"), ("mqtt", "acl_file"), ("log", "file"))
 """(section, key) of every setting that names a file; each must exist except the log file."""
@@ -278,7 +285,7 @@ def _build(raw: dict, path: str, base_dir: str) -> Config:
     """The dataclasses from the parsed file (*raw*); relative paths of the file start at *base_dir*."""
     built = {}
     for name, cls in SECTIONS.items():
-        values = dict(raw.get(name, {}))
+        values = dict(_section(raw, name))
         if name == "node":
             for key, value in values.items():
                 if isinstance(value, str) and key not in ("data_dir", "mqtt_tls_ca", "ws_path"):
@@ -289,7 +296,7 @@ def _build(raw: dict, path: str, base_dir: str) -> Config:
             values = _cluster_values(values)
         if name == "bridge":
             values = bridge_values(values)
-        if name == "controller":  # arrays in TOML, tuples in the frozen dataclass
+        if name in ("controller", "auth"):  # arrays in TOML, tuples in the frozen dataclass
             values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
         built[name] = from_mapping(cls, name, values)
     # Relative paths of the file start at its directory, whatever the node's working directory.
@@ -302,7 +309,21 @@ def _build(raw: dict, path: str, base_dir: str) -> Config:
             built[section] = dataclasses.replace(built[section], **{key: resolve_path(value, base_dir)})
     return Config(built["node"], built["store"], built["mqtt"], built["limits"], dict(raw.get("native", {})),
                   base_dir, built["log"], built["cluster"], path, admin=built["admin"],
-                  discovery=built["discovery"], controller=built["controller"], bridge=built["bridge"])
+                  discovery=built["discovery"], controller=built["controller"], mongodb=built["mongodb"],
+                  auth=built["auth"], auth_mongodb=built["auth.mongodb"], bridge=built["bridge"])
+
+
+def _section(raw: dict, name: str) -> dict:
+    """The table of section *name* in the parsed file; ``[auth]`` without its ``[auth.mongodb]`` sub-table."""
+    if name == "auth.mongodb":
+        table = raw.get("auth", {}).get("mongodb", {})
+        if not isinstance(table, dict):
+            raise ConfigError("config key auth.mongodb must be a [section]")
+        return table
+    table = raw.get(name, {})
+    if name == "auth":
+        table = {k: v for k, v in table.items() if k != "mongodb"}
+    return table
 
 
 def with_flags(cfg: Config, node_changes: dict) -> Config:
@@ -345,7 +366,7 @@ def settle(cfg: Config, from_flags: set[str] = frozenset()) -> Config:
         for description in getattr(cfg.node, key):
             listeners.append(parse_listener(key, description, None if flag else cfg.source,
                                             None if flag else cfg.base_dir))
-    mqtt = cfg.mqtt
+    mqtt = _auth_sources(cfg)
     native_token = cfg.native.get("token", "")  # checked as a string when the native service is built
     check_exposure(listeners, mqtt.allow_anonymous, mqtt.anonymous_allowed, cfg.node.mqtt_tls_ca,
                    native_token=native_token if isinstance(native_token, str) else "")
@@ -355,6 +376,21 @@ def settle(cfg: Config, from_flags: set[str] = frozenset()) -> Config:
     for key in FLAGS:
         node = dataclasses.replace(node, **{key: tuple(l.description for l in listeners if l.key == key)})
     return dataclasses.replace(cfg, mqtt=mqtt, node=node, listeners=tuple(listeners))
+
+
+def _auth_sources(cfg: Config) -> MQTTConfig:
+    """Check ``[auth] backends`` against the files and MongoDB; return ``[mqtt]`` with ``allow_anonymous``
+    defaulted to false when a source besides the password file authenticates clients."""
+    mqtt, auth = cfg.mqtt, cfg.auth
+    if "file" not in auth.backends:
+        for key in ("password_file", "acl_file"):
+            if getattr(mqtt, key):
+                raise ConfigError(f'mqtt.{key} is set but auth.backends does not name "file"')
+    if auth.mongodb:
+        check_usable(cfg.mongodb, "auth.backends")
+        if mqtt.allow_anonymous is None:
+            mqtt = dataclasses.replace(mqtt, allow_anonymous=False)
+    return mqtt
 
 
 _FLAG_NAMES = {"mqtt_tls_ca": "--mqtt-tls-ca", "data_dir": "--data-dir"}
