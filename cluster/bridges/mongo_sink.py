@@ -8,6 +8,12 @@ payload was a JSON object) is retried once with its payload as binary; one
 refused even then is counted and logged, never retried for ever (it would stop
 the bridge). Anything else (the server unreachable, a write-concern error)
 fails the Deferred: the pump keeps its position and retries the whole batch.
+
+Write concern ``{w: "majority", j: true}``, whatever the URI says: the
+position moves once the insert is acknowledged, so the acknowledgement must
+mean the documents survive the server's own crash (journaled) and a replica
+set's failover (majority). With the default ``w: 1`` a server killed right
+after acknowledging lost the last batch (the integration test's database kill).
 """
 
 from __future__ import annotations
@@ -41,8 +47,9 @@ def insert_batch(database, collection: str, docs: list[dict], bodies: list[bytes
     """Blocking: insert ``docs`` (``bodies`` their raw payloads) into ``database[collection]``."""
     from bson import encode
     from bson.errors import InvalidDocument
+    from pymongo import WriteConcern
 
-    coll = database[collection]
+    coll = database.get_collection(collection, write_concern=WriteConcern(w="majority", j=True))
     try:
         inserted, dups, bad = _insert(coll, docs)
     except InvalidDocument:
