@@ -11,6 +11,7 @@ import urllib.request
 import paho.mqtt.client as mqtt
 import pytest
 
+from tests.integration.admin_support import validate
 from tests.integration.node import NodeProcess
 from tests.integration.waiting import metric_value, wait_until
 
@@ -46,17 +47,23 @@ retry_max = 1.0
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    """A secantusd-py process and a node bridging dev/# into it; both killed in teardown."""
+def mongo(tmp_path_factory):
+    """One secantusd-py process for the module, killed and removed in teardown."""
+    server = MongoServer(str(tmp_path_factory.mktemp("mongo") / "db")).start()
+    yield server
+    server.remove()
+
+
+@pytest.fixture(scope="module")
+def setup(mongo, tmp_path_factory):
+    """A node bridging dev/# into the server; killed in teardown."""
     root = tmp_path_factory.mktemp("bridge")
-    server = MongoServer(str(root / "db")).start()
-    node = NodeProcess(str(root / "node"), extra_args=["--config", _config(str(root / "twistmq.toml"), server.uri)])
+    node = NodeProcess(str(root / "node"), extra_args=["--config", _config(str(root / "twistmq.toml"), mongo.uri)])
     try:
         node.start()
-        yield server, node
+        yield mongo, node
     finally:
         node.stop_hard()
-        server.remove()
 
 
 class Publisher:
@@ -85,11 +92,11 @@ class Publisher:
             self.client.loop_stop()
             self.client = None
 
-    def publish(self, seq: int) -> bool:
+    def publish(self, seq: int, topic: str | None = None) -> bool:
         """One message, waiting for its PUBACK; a message with no PUBACK is never sent again (a new seq follows)."""
         payload = json.dumps({"seq": seq, "temp": 20 + seq % 7}).encode()
         try:
-            info = self.client.publish(f"dev/{seq % 16}/telemetry", payload, qos=1)
+            info = self.client.publish(topic or f"dev/{seq % 16}/telemetry", payload, qos=1)
             info.wait_for_publish(PUBACK_WAIT)
         except (RuntimeError, ValueError):
             info = None
@@ -157,7 +164,9 @@ def test_every_acknowledged_message_once_through_database_and_node_kills(setup):
     assert not missing, f"{len(missing)} acknowledged messages missing, e.g. {sorted(missing)[:10]}"
     assert set(seqs) <= pub.acked | pub.unacked
     assert {g for g, _ in ids} == {"g1"} and all(d["qos"] == 1 for d in docs)
-    row = _api(node, "bridges")["items"][0]
+    page = _api(node, "bridges")
+    validate("BridgePage", page)
+    row = page["items"][0]
     assert (row["name"], row["filter"], row["collection"], row["lost"]) == ("telemetry", "dev/#", COLLECTION, 0)
     assert metric_value(node.port("http"), "twistmq_bridge_lag_messages") == 0
     print(f"published {MESSAGES} in {publish_s:.1f} s; acked {len(pub.acked)}; documents {len(docs)}; "
@@ -170,3 +179,55 @@ def test_position_survives_in_the_data_dir(setup):
     with open(os.path.join(node.data_dir, "bridges", "telemetry.json")) as f:
         saved = json.load(f)
     assert saved["queue"] == "%LMQ%dev/#" and saved["group"] == "g1" and saved["offset"] > 0
+
+
+def test_a_filter_spanning_groups_is_bridged_by_each_group(mongo, tmp_path):
+    """Two broker groups and a proxy (``./dev cluster up``): a filter whose topics live in both groups is bridged
+    by the broker of each, each from its own light queue, and every acknowledged message arrives once."""
+    from cluster.routing import SlotTable
+    from cluster.tools import launcher
+
+    base = tmp_path / "base.toml"
+    base.write_text(f"""
+[mqtt]
+allow_anonymous = true
+
+[mongodb]
+uri = "{mongo.uri}"
+database = "cluster"
+timeout = 2.0
+
+[[bridge.mongodb]]
+name = "sites"
+filter = "+/telemetry"
+collection = "sites"
+""")
+    root = str(tmp_path / "c")
+    doc = launcher.up(root, groups=2, proxies=1, controllers=0, base_config=str(base))
+    try:
+        proxy = next(p for p in doc["processes"] if p["role"] == "proxy")
+        brokers = [p for p in doc["processes"] if p["role"] == "broker"]
+        pub = Publisher(proxy["ports"]["mqtt"], "cluster-publisher")
+        assert pub.connect()
+        for seq in range(400):
+            assert pub.publish(seq, topic=f"site{seq % 20}/telemetry"), f"no PUBACK for {seq}"
+        pub.close()
+        table = SlotTable.build(("g1", "g2"))
+        expect: dict[str, set[int]] = {"g1": set(), "g2": set()}
+        for seq in range(400):
+            expect[table.group_of_topic(f"site{seq % 20}/telemetry")].add(seq)
+        assert all(expect.values())  # the topics span both groups
+        for broker in brokers:
+            wait_until(lambda b=broker: metric_value(b["ports"]["http"], "twistmq_bridge_inserted_documents_total")
+                       >= len(expect[b["group"]]), 60, what=f"the bridge of {broker['group']}")
+        client = mongo.client()
+        try:
+            docs = list(client["cluster"]["sites"].find({}, {"payload.seq": 1}))
+        finally:
+            client.close()
+        got: dict[str, set[int]] = {"g1": set(), "g2": set()}
+        for d in docs:
+            got[parse_document_id(d["_id"])[0]].add(d["payload"]["seq"])
+        assert len(docs) == 400 and got == expect
+    finally:
+        launcher.down(root)
