@@ -177,23 +177,19 @@ class BridgePump:
     def _got(self, result: api.ReadResult, start: int):
         if self.state is State.STOPPED:
             return self._done_step()
-        if result.lost:
-            self.stats.lost += result.lost
-            log.warning("bridge_lost name=%s queue=%s queue_offsets=[%d,%d) messages=%d reason=disk_limit",
-                        self.name, self.queue, start, start + result.lost, result.lost)
         records = [m.record for m in result.messages if m.record.kind == rec.RecordKind.MQTT_PUBLISH]
         nxt = result.next.offset
         if not records:
             if nxt == start:
                 return self._idle()
-            return self._commit(nxt)
+            return self._commit(start, nxt, result.lost)
         docs = [document(r, self.group, self.payload) for r in records]
         self.state = State.INSERTING
         d = defer.maybeDeferred(self._sink.insert, docs, [r.body for r in records])
-        d.addCallbacks(self._inserted, self._failed, callbackArgs=(nxt,), errbackArgs=("insert",))
+        d.addCallbacks(self._inserted, self._failed, callbackArgs=(start, nxt, result.lost), errbackArgs=("insert",))
         return d
 
-    def _inserted(self, result: InsertResult, nxt: int):
+    def _inserted(self, result: InsertResult, start: int, nxt: int, lost: int):
         s = self.stats
         s.inserted += result.inserted
         s.duplicates += result.duplicates
@@ -204,17 +200,21 @@ class BridgePump:
             self._down_since = None
         self.backoff.reset()
         self.last_error = ""
-        return self._commit(nxt)
+        return self._commit(start, nxt, lost)
 
-    def _commit(self, nxt: int):
+    def _commit(self, start: int, nxt: int, lost: int):
         if self.state is State.STOPPED:
             return self._done_step()
         self.state = State.SAVING
         d = defer.maybeDeferred(self._save, nxt)
-        d.addCallbacks(self._saved, self._failed, callbackArgs=(nxt,), errbackArgs=("save",))
+        d.addCallbacks(self._saved, self._failed, callbackArgs=(start, nxt, lost), errbackArgs=("save",))
         return d
 
-    def _saved(self, _, nxt: int) -> None:
+    def _saved(self, _, start: int, nxt: int, lost: int) -> None:
+        if lost:  # counted once the position has moved past them: a retried read sees the same gap again
+            self.stats.lost += lost
+            log.warning("bridge_lost name=%s queue=%s queue_offsets=[%d,%d) messages=%d reason=disk_limit",
+                        self.name, self.queue, start, start + lost, lost)
         self.position = nxt
         self._done_step()
         if self.state is not State.STOPPED:

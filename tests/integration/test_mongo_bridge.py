@@ -231,3 +231,67 @@ collection = "sites"
         assert len(docs) == 400 and got == expect
     finally:
         launcher.down(root)
+
+
+def test_what_a_disk_limit_forces_out_is_counted_and_logged(mongo, tmp_path):
+    """Database down while a 1 MB disk quota deletes owed segments: the bridge's loss is counted (its lost count,
+    retention's per-queue count) and logged naming the bridge; everything else arrives once when it is back."""
+    count = 20_000
+    cfg = tmp_path / "quota.toml"
+    cfg.write_text(f"""
+[store]
+segment_size = 65536
+retention_hours = {2 / 3600!r}
+retention_check_s = 0.5
+disk_quota_mb = 1
+disk_max_used_ratio = 1.0
+
+[mongodb]
+uri = "{mongo.uri}"
+database = "quota"
+timeout = 1.0
+
+[[bridge.mongodb]]
+name = "quota"
+filter = "q/#"
+collection = "quota"
+retry_max = 0.5
+""")
+    mongo.kill()
+    node = NodeProcess(str(tmp_path / "node"), extra_args=["--config", str(cfg)]).start()
+    try:
+        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="quota-pub")
+        c.max_inflight_messages_set(100)
+        c.connect("127.0.0.1", node.port())
+        c.loop_start()
+        infos = [c.publish(f"q/{i % 8}", json.dumps({"seq": i, "pad": "x" * 80}), qos=1) for i in range(count)]
+        for info in infos:
+            info.wait_for_publish(30)
+            assert info.is_published()
+        c.disconnect()
+        c.loop_stop()
+        http = node.port("http")
+        wait_until(lambda: metric_value(http, "twistmq_retention_dropped_messages_total", "%LMQ%q/#") > 0, 30,
+                   what="the disk quota to drop owed messages")
+        mongo.start()
+        wait_until(lambda: _api(node, "bridges")["items"][0]["lag"] == 0, 60, interval=0.2,
+                   what="the bridge to catch up")
+        row = _api(node, "bridges")["items"][0]
+        client = mongo.client()
+        try:
+            seqs = [d["payload"]["seq"] for d in client["quota"]["quota"].find({}, {"payload.seq": 1})]
+        finally:
+            client.close()
+        assert row["lost"] > 0 and row["lost"] == metric_value(http, "twistmq_bridge_lost_messages_total")
+        # the pump and retention count the same messages
+        assert row["lost"] == metric_value(http, "twistmq_retention_dropped_messages_total", "%LMQ%q/#")
+        assert len(seqs) == len(set(seqs)) and len(seqs) + row["lost"] == count
+        assert set(seqs) == set(range(count - len(seqs), count))  # the oldest went, the rest arrived
+        with open(node.data_dir.rstrip("/") + ".stderr.log") as f:
+            log = f.read()
+        assert "retention_dropped_owed queue=%LMQ%q/# owner='bridge quota'" in log
+        assert "bridge_lost name=quota" in log
+    finally:
+        node.stop_hard()
+        if mongo.proc is None or mongo.proc.poll() is not None:
+            mongo.start()

@@ -179,6 +179,24 @@ def test_retention_loss_is_counted_and_skipped():
     assert pump.stats.lost == 3 and pump.position == 6 and len(sink.docs) == 2
 
 
+def test_a_loss_is_counted_once_however_often_the_insert_is_retried():
+    """Entries gone before an outage's retries: each retry reads the same gap; lost counts it once, when it is passed."""
+    clock, q, sink, saved = task.Clock(), FakeQueue(), FakeSink(), Saved()
+    q.add(6)
+    q.first = 4
+    sink.down = True
+    pump = _pump(q, sink, saved, clock)
+    pump.start(0)
+    for _ in range(4):
+        clock.advance(pump._timer.getTime() - clock.seconds())
+        _run(clock)
+    assert pump.stats.lost == 0 and pump.position == 0
+    sink.down = False
+    clock.advance(pump._timer.getTime() - clock.seconds())
+    _run(clock)
+    assert pump.stats.lost == 4 and pump.position == 6 and len(sink.docs) == 2
+
+
 def test_stop_waits_for_the_insert_in_flight():
     """stop() fires only once the insert in flight is over, and nothing is read after it."""
     clock, q, sink, saved = task.Clock(), FakeQueue(), FakeSink(), Saved()
