@@ -33,6 +33,7 @@ from cluster.roles.common import (
     default_node_id,
     health_probe,
     member_agent,
+    mongodb_pool,
     rpc_and_http_listeners,
     store_bridges,
 )
@@ -117,7 +118,8 @@ class BrokerParts:
         self.local = SessionInterest(local_store, SessionStore(self.state.kv))
         # [[bridge.mongodb]]: each reads this group's light queue of its filter (a filter whose topics span
         # groups is read by the bridge of every group, each with its own position).
-        self.bridges, self.mongo = store_bridges(reactor, cfg, self.state, local_store)
+        self.mongodb = mongodb_pool(reactor, cfg)  # None unless the config uses MongoDB
+        self.bridges = store_bridges(reactor, cfg, self.state, local_store, self.mongodb)
         self.metrics = RpcMetrics()
         self.dispatcher = Dispatcher(reactor, self.metrics)
         self.server = StoreServer(self.local, reactor)
@@ -142,7 +144,7 @@ class BrokerParts:
         return [("native", native.stats()), ("timer", self.state.timers.stats()),
                 ("rpc", {"watches": self.server.watches, "filters": self.server.filters,
                          "session_filters": self.local.held}),
-                *([("mongodb", self.mongo.stats())] if self.mongo is not None else [])]
+                *([("mongodb", self.mongodb.stats())] if self.mongodb is not None else [])]
 
 
 def broker_tree(parts: BrokerParts) -> RoleService:
@@ -158,9 +160,10 @@ def broker_tree(parts: BrokerParts) -> RoleService:
         # systemctl reload sends SIGHUP, whose default action ends the process: a broker has no password file,
         # ACL or certificate to re-read, so it only says it heard.
         SignalService("reload", signal.SIGHUP, lambda: log.info("reload_ok role=broker files=none"), parts.reactor),
+        *([parts.mongodb] if parts.mongodb is not None else []),
         *parts.state.tree_parts(),
         Part("session-interest", start=parts.local.restore),
-        *bridge_parts(parts.bridges, parts.mongo),
+        *bridge_parts(parts.bridges),
         *parts.listeners,
         Part("rpc-goodbye", stop=parts.rpc.stop),  # stops before the listeners close: peers hear why
         *([parts.agent] if parts.agent is not None else []),  # registers once the listeners are bound

@@ -221,24 +221,28 @@ def health_probe(cfg) -> HealthProbe:
     return HealthProbe(HealthLimits(cfg.cluster.max_load_per_core, cfg.cluster.min_free_memory))
 
 
-def store_bridges(reactor, cfg, state, store) -> tuple[Bridges | None, MongoPool | None]:
+def mongodb_pool(reactor, cfg) -> MongoPool | None:
+    """The process's one MongoDB client when something in the config uses MongoDB (the bridges), else None."""
+    return MongoPool(reactor, cfg.mongodb) if cfg.auth.mongodb or cfg.bridge.mongodb else None
+
+
+def store_bridges(reactor, cfg, state, store, pool: MongoPool | None) -> Bridges | None:
     """The ``[[bridge.mongodb]]`` bridges of a broker-side role over its ``StoreParts`` *state* and store
-    interface *store* (one broker group), and the process's MongoDB pool they insert through; (None, None)
-    without bridges. A bridge without pymongo or a usable ``[mongodb] uri`` is a ConfigError (exit 2).
+    interface *store* (one broker group), inserting through the process's MongoDB *pool* (``mongodb_pool``);
+    None without bridges. A bridge without pymongo or a usable ``[mongodb] uri`` is a ConfigError (exit 2).
     Retention keeps what the bridges owe from here on."""
     if not cfg.bridge.mongodb:
-        return None, None
+        return None
     check_usable(cfg.mongodb, "bridge.mongodb")
-    pool = MongoPool(reactor, cfg.mongodb)
     bridges = Bridges(cfg.bridge.mongodb, store, state.index.max_offset, bridges_directory(cfg.node.data_dir),
                       state.executor, pool.call, reactor, cfg.cluster.group)
     state.store.retention.add_holder(bridges.owed)
-    return bridges, pool
+    return bridges
 
 
-def bridge_parts(bridges: Bridges | None, pool: MongoPool | None) -> list:
-    """The service-tree children of ``store_bridges``' result, after the store opens and before any listener
-    binds: the pool, then the bridges (which stop first, finishing the insert in flight)."""
+def bridge_parts(bridges: Bridges | None) -> list:
+    """The service-tree child of ``store_bridges``' result: after the store opens (and the MongoDB pool
+    starts) and before any listener binds; it stops first, finishing the insert in flight."""
     if bridges is None:
         return []
-    return [pool, Part("bridges", start=bridges.start, stop=bridges.stop)]
+    return [Part("bridges", start=bridges.start, stop=bridges.stop)]

@@ -32,6 +32,7 @@ from cluster.roles.common import (
     NodeOptions,
     client_security,
     client_listeners,
+    mongodb_pool,
     node_config,
     bridge_parts,
     security_reloader,
@@ -73,12 +74,13 @@ class NodeParts:
         self.retained, self.timers, self.kv = self.state.retained, self.state.timers, self.state.kv
         self.notifier, self.native = self.state.notifier, self.state.native
         mqtt = cfg.mqtt
+        self.mongodb = mongodb_pool(reactor, cfg)  # None unless the config uses MongoDB
         self.auth_executor, auth, acl = client_security(reactor, cfg)
         # The MQTT front end reaches the parts above only through the store interface, served in-process
         # here by one broker group (a proxy runs the same front end over the remote store).
         self.local_store = self.state.local_store(cfg.cluster.group)
         # [[bridge.mongodb]]: durable subscribers inside the store, with their own positions (cluster/bridges).
-        self.bridges, self.mongo = store_bridges(reactor, cfg, self.state, self.local_store)
+        self.bridges = store_bridges(reactor, cfg, self.state, self.local_store, self.mongodb)
         deliver_latency = Histogram()
         self.mqtt = build_front_end(self.local_store, reactor, mqtt, cfg.limits, auth, acl, holder=NODE_HOLDER,
                                     deliver_latency=deliver_latency)
@@ -102,8 +104,8 @@ class NodeParts:
                             bridges=self.bridges.rows if self.bridges is not None else None)
         self.admin_api = AdminAPI(served_by(routes(), "node"), handlers, cfg.admin.token, cfg.admin.max_body_bytes)
         self.extra_stats = [("native", self.native.stats), ("timer", self.timers.stats)]
-        if self.mongo is not None:
-            self.extra_stats.append(("mongodb", self.mongo.stats))
+        if self.mongodb is not None:
+            self.extra_stats.append(("mongodb", self.mongodb.stats))
         self.streams, self.datagrams = self._listeners()
 
     def _listeners(self):
@@ -172,9 +174,10 @@ def node_tree(parts: NodeParts) -> RoleService:
 
     children = [
         SignalService("reload", signal.SIGHUP, parts.reloader().reload, parts.reactor),
+        *([parts.mongodb] if parts.mongodb is not None else []),
         Part("auth-executor", start=parts.auth_executor.start, stop=parts.auth_executor.stop),
         *parts.state.tree_parts(),
-        *bridge_parts(parts.bridges, parts.mongo),
+        *bridge_parts(parts.bridges),
         Part("mqtt-sessions", start=parts.mqtt.restore, stop=parts.mqtt.shutdown),
         Part("sys", start=parts.sys.start, stop=parts.sys.stop),
         Part("admin-history", start=parts.history.start, stop=parts.history.stop),
