@@ -295,3 +295,28 @@ retry_max = 0.5
         node.stop_hard()
         if mongo.proc is None or mongo.proc.poll() is not None:
             mongo.start()
+
+
+def test_sink_counts_duplicates_and_keeps_what_bson_cannot_hold(mongo):
+    """insert_batch against the server: a replayed document is a duplicate, not an error; a JSON object BSON cannot
+    hold (a NUL in a key) is kept with its payload as binary; nothing is lost or refused."""
+    from cluster.bridges.documents import document
+    from cluster.bridges.mongo_sink import insert_batch
+    from store import record as rec
+
+    def doc(offset, body):
+        r = rec.Record(offset, 10, rec.RecordKind.MQTT_PUBLISH, 1, False, 1, 1, "dev/x", "c", {}, body)
+        return document(r, "g1", "auto"), body
+
+    first = [doc(1, b'{"a": 1}'), doc(2, b'{"b": 2}')]
+    client = mongo.client()
+    try:
+        db = client["sink"]
+        assert insert_batch(db, "c", [d for d, _ in first], [b for _, b in first]) == (2, 0, 0)
+        again = first + [doc(3, b'{"bad\\u0000key": 3}'), doc(4, b"plain")]
+        result = insert_batch(db, "c", [d for d, _ in again], [b for _, b in again])
+        assert result == (2, 2, 0)
+        stored = {d["_id"]: d["payload"] for d in db["c"].find()}
+    finally:
+        client.close()
+    assert stored == {"g1:1": {"a": 1}, "g1:2": {"b": 2}, "g1:3": b'{"bad\\u0000key": 3}', "g1:4": b"plain"}
