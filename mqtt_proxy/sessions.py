@@ -260,6 +260,7 @@ class SessionRegistry:
                 ack_props = Properties(**kw)
             conn.client_id = client_id
             conn.session = session
+            self.acl.hold(conn.acl_username, client_id)  # a MongoDB ACL keeps a connected client's rules fresh
             conn.send(ConnAck(session_present, ReasonCode.SUCCESS, ack_props or Properties()))
             self.stats.clients_connected += 1
             session.attach(conn)  # resends what was in flight
@@ -404,6 +405,7 @@ class SessionRegistry:
         if session is None:
             return
         conn.session = None
+        self.acl.release(conn.acl_username, conn.client_id)
         if session.conn is not conn:
             return
         self.stats.clients_connected -= 1

@@ -5,7 +5,9 @@ WiredTiger and advertises a one-node replica set, so ``pymongo`` (change streams
 included) cannot tell it from a ``mongod``. It is GPL-2.0 and only ever run as a
 process, never imported. The server binds 127.0.0.1 on a free port with a data
 directory of its own; ``kill()`` SIGKILLs it and ``start()`` brings it back on the
-same port and data directory, which is how tests stage an outage.
+same port and data directory, which is how tests stage an outage. ``standalone=True``
+makes it present itself as a standalone ``mongod``, which (like a real one) refuses
+change streams.
 """
 
 from __future__ import annotations
@@ -31,8 +33,14 @@ def free_port() -> int:
 class MongoServer:
     """One ``secantusd-py`` process; ``uri`` is what a ``[mongodb] uri`` key names."""
 
-    def __init__(self, data_dir: str, port: int | None = None) -> None:
+    def __init__(self, data_dir: str, port: int | None = None, standalone: bool = False,
+                 sync_on_commit: bool = True) -> None:
         self.data_dir = str(data_dir)
+        self.sync_on_commit = sync_on_commit
+        """True (the default): every commit is fsynced, so a SIGKILL loses no acknowledged write; without it the
+        server buffers its log like a mongod answering w:1, j:false, and a kill loses the last writes."""
+        self.standalone = standalone
+        """True: the server presents itself as a standalone mongod, which has no change streams."""
         self.port = port or free_port()
         self.proc: subprocess.Popen | None = None
         self._log = None
@@ -59,7 +67,9 @@ class MongoServer:
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [SERVER, "--config", config, "--host", "127.0.0.1", "--port", str(self.port),
-             "--storage-path", storage, "--log-level", "WARNING", "--cache-size", "64M"],
+             "--storage-path", storage, "--log-level", "WARNING", "--cache-size", "64M",
+             *(["--standalone"] if self.standalone else []),
+             *(["--sync-on-commit"] if self.sync_on_commit else [])],
             stdout=self._log, stderr=subprocess.STDOUT, cwd=self.data_dir, start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -1,8 +1,8 @@
 """``twistmq-admin``: argparse entry point; each subcommand lives in its own module.
 
 ``twistmq-admin [--server URL] [--token T] [--json] NOUN VERB ARGS`` runs the
-admin API's operations (``cluster.admin.commands``); ``certs`` and ``passwd``
-work offline. Global options come before the command.
+admin API's operations (``cluster.admin.commands``); ``certs``, ``passwd`` and
+``users`` (MQTT users in MongoDB or the password file) work without the API. Global options come before the command.
 
 A subcommand module exposes ``register(subparsers)``, which adds its parser and
 sets ``func=run`` with ``run(args) -> int``. To add one (e.g. ``status``), add

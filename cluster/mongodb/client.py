@@ -19,8 +19,9 @@ failed calls. Other ``pymongo`` errors (a refused operation) pass through as the
 ``watch(names, on_change, on_restart)`` follows a change stream on the database's
 collections *names* on a thread of its own (one long-lived thread per watch, not a
 pool slot): each change is handed to the reactor with ``callFromThread``. After an
-error it reopens the stream with back-off and calls ``on_restart`` (events may have
-been missed) each time a stream opens. A server without change streams (a
+error it resumes, with back-off, after the last event it reported; when a stream
+opens anew (at first, or when resuming fails) ``on_restart(since)`` says from which
+operation time on changes are reported. A server without change streams (a
 standalone ``mongod``) answers with an ``OperationFailure``: the watch logs it once
 and gives up; its users then rely on their cache's TTL.
 
@@ -161,8 +162,13 @@ class MongoPool(service.Service):
     # -- change streams -----------------------------------------------------------------------
 
     def watch(self, names: tuple[str, ...], on_change: Callable[[dict], None],
-              on_restart: Callable[[], None]) -> None:
-        """Follow the changes of collections *names* on a thread of its own until the service stops."""
+              on_restart: Callable[[Any], None]) -> None:
+        """Follow the changes of collections *names* on a thread of its own until the service stops.
+
+        ``on_change(event)`` gets each change-stream event; ``on_restart(since)`` is called when a stream opens
+        that reports the changes after operation time *since* (a read at or after it misses none). After an
+        error the stream resumes after the last event it reported; only when that fails does it open anew.
+        """
         thread = threading.Thread(target=self._watch_loop, args=(tuple(names), on_change, on_restart),
                                   name="twistmq-mongodb-watch", daemon=True)
         self._watchers.append(thread)
@@ -171,20 +177,33 @@ class MongoPool(service.Service):
     def _watch_loop(self, names, on_change, on_restart) -> None:
         from pymongo.errors import OperationFailure, PyMongoError
 
-        failures = 0
+        failures, token = 0, None
         pipeline = [{"$match": {"ns.coll": {"$in": list(names)}}}]
         while not self._stop.is_set():
             try:
                 database = self.database()
-                with database.watch(pipeline, full_document="updateLookup", max_await_time_ms=500) as stream:
+                if token is None:
+                    with database.client.start_session(causal_consistency=False) as session:
+                        database.command("ping", session=session)
+                        since = session.operation_time
+                    where = {"start_at_operation_time": since} if since is not None else {}
+                else:
+                    where = {"resume_after": token}
+                with database.watch(pipeline, full_document="updateLookup", max_await_time_ms=500,
+                                    **where) as stream:
                     failures = 0
-                    self.reactor.callFromThread(on_restart)
+                    if token is None:
+                        self.reactor.callFromThread(on_restart, since)
                     self.reactor.callFromThread(self.mark_up)
                     while not self._stop.is_set() and stream.alive:
                         change = stream.try_next()
                         if change is not None:
                             self.reactor.callFromThread(on_change, change)
+                        token = stream.resume_token
             except OperationFailure as exc:
+                if token is not None:
+                    token = None  # could not resume there (history gone): open anew, and the user re-reads
+                    continue
                 log.warning("mongodb_change_stream_unavailable collections=%s reason=%s: cached entries "
                             "live for their TTL", ",".join(names), _reason(exc))
                 return

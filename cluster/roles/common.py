@@ -17,12 +17,12 @@ from twisted.python import usage
 from cluster.bridges.service import Bridges, bridges_directory
 from cluster.discovery.agent import MemberAgent
 from cluster.discovery.members import MemberRecord
+from cluster.mongodb.client import MongoPool
+from cluster.mongodb.config import check_usable
 from cluster.rpc.frames import RPC_VERSION, Hello
 from cluster.rpc.health import HealthLimits, HealthProbe
 from cluster.rpc.peer import PeerClient
 from cluster.rpc.protocol import RpcSettings
-from cluster.mongodb.client import MongoPool
-from cluster.mongodb.config import check_usable
 from cluster.runtime.config import CONFIG_HELP, find_config, load_config, settle, with_data_dir, with_flags
 from cluster.runtime.services import Part, address
 from cluster.runtime.listeners import parse_listener
@@ -32,6 +32,8 @@ from cluster.runtime.version import print_version, twistmq_version
 from mqtt_proxy import tls
 from mqtt_proxy.auth.acl import load_acl
 from mqtt_proxy.auth.authenticator import Authenticator
+from mqtt_proxy.auth.chain import ChainACL, FileSource, MongoSource, PasswordChain
+from mqtt_proxy.auth.mongodb import MongoUserSource
 from mqtt_proxy.auth.passwords import PasswordFile
 from mqtt_proxy.auth.reload import Reloader, security_targets
 from mqtt_proxy.protocol import MQTTServerFactory
@@ -139,27 +141,70 @@ def client_listeners(reactor, cfg, front, native, http):
     return streams, datagrams
 
 
-def client_security(reactor, cfg):
-    """``(auth executor, Authenticator, ACL)`` of a role that serves clients, from ``[mqtt]`` and ``[node]``.
+def mongodb_pool(reactor, cfg) -> MongoPool | None:
+    """The process's one MongoDB client when something in the config uses MongoDB ([auth] backends, the
+    bridges), else None."""
+    return MongoPool(reactor, cfg.mongodb) if cfg.auth.mongodb or cfg.bridge.mongodb else None
+
+
+class ClientSecurity:
+    """The services behind authentication: the password-check pool, and MongoDB's cached users and rules."""
+
+    def __init__(self, executor, pool: MongoPool | None = None, users: MongoUserSource | None = None) -> None:
+        self.executor = executor
+        self.pool = pool
+        self.users = users
+
+    def start(self) -> None:
+        self.executor.start()
+        if self.users is not None:
+            self.users.start()
+            self.pool.watch((self.users.collection, self.users.acl_collection), self.users.changed,
+                            self.users.restarted)
+
+    def stop(self) -> None:
+        if self.users is not None:
+            self.users.stop()
+        self.executor.stop()
+
+
+def client_security(reactor, cfg, mongodb: MongoPool | None = None):
+    """``(ClientSecurity, Authenticator, ACL)`` of a role that serves clients, from ``[mqtt]``, ``[node]`` and
+    ``[auth]``; *mongodb* is the process's MongoDB client (``mongodb_pool``) when ``[auth] backends`` names it.
 
     scrypt runs on its own small pool so password checks never queue behind fsyncs.
     """
-    mqtt = cfg.mqtt
+    mqtt, chain_config = cfg.mqtt, cfg.auth
     executor = ThreadPoolExecutor(reactor, max_threads=2, name="twistmq-auth")
-    auth = Authenticator(PasswordFile.load(mqtt.password_file) if mqtt.password_file else None,
-                         allow_anonymous=mqtt.allow_anonymous, clock=reactor, executor=executor,
+    passwords = PasswordFile.load(mqtt.password_file) if mqtt.password_file else None
+    acl = load_acl(mqtt.acl_file or None, client_ids_bound=mqtt.use_username_as_clientid)
+    users = chain = None
+    if chain_config.mongodb:
+        section = cfg.auth_mongodb
+        users = MongoUserSource(mongodb.call, reactor, section.collection, section.acl_collection,
+                                section.cache_ttl)
+        acl = ChainACL(acl if acl.configured else None, users, nomatch=chain_config.acl_nomatch == "allow")
+    elif chain_config.acl_nomatch == "allow":
+        acl = ChainACL(acl if acl.configured else None, None, nomatch=True)
+    auth = None
+    if chain_config.mongodb:
+        sources = [FileSource(lambda: auth.password_file, executor) if name == "file"
+                   else MongoSource(users, executor) for name in chain_config.backends]
+        chain = PasswordChain(sources, executor)
+    auth = Authenticator(passwords, allow_anonymous=mqtt.allow_anonymous, clock=reactor, executor=executor,
                          use_identity_as_username=cfg.node.use_identity_as_username,
                          base_delay=mqtt.auth_fail_delay, max_delay=mqtt.auth_fail_delay_max,
-                         address_limit=mqtt.auth_fail_address_limit, forget_after=mqtt.auth_fail_window)
-    acl = load_acl(mqtt.acl_file or None, client_ids_bound=mqtt.use_username_as_clientid)
-    return executor, auth, acl
+                         address_limit=mqtt.auth_fail_address_limit, forget_after=mqtt.auth_fail_window,
+                         chain=chain, acl_loader=acl.load if users is not None else None)
+    return ClientSecurity(executor, mongodb, users), auth, acl
 
 
 def security_reloader(front, streams) -> Reloader:
     """SIGHUP's work: re-read the password file, the ACL and the TLS listeners' certificates."""
     contexts = [(svc.listener.key.replace("_", "-"), svc.endpoint.context_factory)
                 for svc in streams if isinstance(svc.endpoint, tls.TLSServerEndpoint)]
-    return Reloader(security_targets(front.auth.password_file, front.acl, contexts))
+    acl = getattr(front.acl, "file_acl", front.acl)  # a chain's file part is what SIGHUP re-reads
+    return Reloader(security_targets(front.auth.password_file, acl, contexts))
 
 
 def _backlog(description: str) -> str:
@@ -219,11 +264,6 @@ def member_agent(reactor, cfg, node_type: str, listeners, health) -> MemberAgent
 def health_probe(cfg) -> HealthProbe:
     """The health flag of this process, with ``[cluster]``'s limits."""
     return HealthProbe(HealthLimits(cfg.cluster.max_load_per_core, cfg.cluster.min_free_memory))
-
-
-def mongodb_pool(reactor, cfg) -> MongoPool | None:
-    """The process's one MongoDB client when something in the config uses MongoDB (the bridges), else None."""
-    return MongoPool(reactor, cfg.mongodb) if cfg.auth.mongodb or cfg.bridge.mongodb else None
 
 
 def store_bridges(reactor, cfg, state, store, pool: MongoPool | None) -> Bridges | None:

@@ -30,11 +30,11 @@ from cluster.bridges.metrics import BridgeCollector
 from cluster.local.parts import StoreParts
 from cluster.roles.common import (
     NodeOptions,
-    client_security,
+    bridge_parts,
     client_listeners,
+    client_security,
     mongodb_pool,
     node_config,
-    bridge_parts,
     security_reloader,
     store_bridges,
 )
@@ -75,7 +75,7 @@ class NodeParts:
         self.notifier, self.native = self.state.notifier, self.state.native
         mqtt = cfg.mqtt
         self.mongodb = mongodb_pool(reactor, cfg)  # None unless the config uses MongoDB
-        self.auth_executor, auth, acl = client_security(reactor, cfg)
+        self.auth_executor, auth, acl = client_security(reactor, cfg, self.mongodb)
         # The MQTT front end reaches the parts above only through the store interface, served in-process
         # here by one broker group (a proxy runs the same front end over the remote store).
         self.local_store = self.state.local_store(cfg.cluster.group)

@@ -36,6 +36,7 @@ from cluster.remote.store import RemoteStore
 from cluster.roles.common import (
     NodeOptions,
     client_security,
+    mongodb_pool,
     client_listeners,
     default_node_id,
     health_probe,
@@ -112,7 +113,8 @@ class ProxyParts:
         self.table = SlotTable.build(tuple(self.remotes), cluster.slot_assignment(), dict(cluster.routes))
         self.store = RoutedStore(self.table, self.remotes)
         mqtt = cfg.mqtt
-        self.auth_executor, auth, acl = client_security(reactor, cfg)
+        self.mongodb = mongodb_pool(reactor, cfg)  # None unless the config uses MongoDB
+        self.auth_executor, auth, acl = client_security(reactor, cfg, self.mongodb)
         self.mqtt = build_front_end(self.store, reactor, mqtt, cfg.limits, auth, acl, holder=cluster.node_id)
         self.native = ProxyNativeService(ForwardingEngine(self.store),
                                          from_mapping(NativeConfig, "native", cfg.native), topic_limits(cfg.limits))
@@ -153,7 +155,9 @@ class ProxyParts:
 
     def _listeners(self):
         http = proxy_site(self.mqtt, [(r.peer, r) for r in self.remotes.values()],
-                          lambda: [("native", self.native.stats())], self.lag)
+                          lambda: [("native", self.native.stats()),
+                                   *([("mongodb", self.mongodb.stats())] if self.mongodb is not None else [])],
+                          self.lag)
         return client_listeners(self.reactor, self.cfg, self.mqtt, self.native, http)
 
     def reloader(self) -> Reloader:
@@ -172,6 +176,7 @@ def proxy_tree(parts: ProxyParts) -> RoleService:
 
     children = [
         SignalService("reload", signal.SIGHUP, parts.reloader().reload, parts.reactor),
+        *([parts.mongodb] if parts.mongodb is not None else []),
         Part("auth-executor", start=parts.auth_executor.start, stop=parts.auth_executor.stop),
         Part("rpc-peers", start=parts.connect, stop=parts.disconnect),
         Part("mqtt-sessions", start=parts.mqtt.restore, stop=parts.mqtt.shutdown),

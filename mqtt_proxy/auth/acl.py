@@ -398,6 +398,12 @@ class ACL:
         """Tell whether the client may subscribe to *topic_filter* (see the module docstring for the rule)."""
         return self.for_client(username, client_id).can_subscribe(topic_filter)
 
+    def hold(self, username: str | None, client_id: str | None) -> None:
+        """A client connected with these rules (an ACL read from elsewhere keeps them fresh; a file has no need)."""
+
+    def release(self, username: str | None, client_id: str | None) -> None:
+        """That client is gone."""
+
     def __repr__(self) -> str:
         if not self.configured:
             return "<ACL allow-all>"

@@ -26,8 +26,17 @@ no success from it drains that count. A failure is answered only after the new
 delay, and an attempt arriving during a delay waits for it before it is even
 checked, however many connections it opens.
 
-Every attempt is logged (``mqtt.auth.ok`` / ``mqtt.auth.fail``) with client id,
-username, peer address and reason; never the password.
+With ``[auth] backends`` naming more than the file (``chain``, a
+``mqtt_proxy.auth.chain.PasswordChain``), step 3 asks the chain's sources in
+order instead; a source that could not be asked (MongoDB down, nothing cached)
+makes the answer ``SERVER_UNAVAILABLE`` (CONNACK 0x88 / 3) unless an earlier source
+decided. That answer is not a failed login: it neither counts nor delays. An
+accepted client's ACL rules are then read (``acl_loader``) before CONNACK, and
+when they cannot be, the answer is ``SERVER_UNAVAILABLE`` too.
+
+Every attempt is logged (``mqtt.auth.ok`` / ``mqtt.auth.fail`` /
+``mqtt.auth.unavailable``) with client id, username, peer address and reason;
+never the password.
 """
 
 from __future__ import annotations
@@ -38,10 +47,11 @@ from typing import Any, Callable
 from twisted.internet import defer, task
 from twisted.logger import Logger
 
+from mqtt_proxy.auth.chain import MATCH, UNAVAILABLE
 from mqtt_proxy.auth.guessing import FailureCounter
 from mqtt_proxy.auth.passwords import PasswordFile
 
-__all__ = ["AuthResult", "Authenticator", "BAD_CREDENTIALS", "NOT_AUTHORIZED", "OK"]
+__all__ = ["AuthResult", "Authenticator", "BAD_CREDENTIALS", "NOT_AUTHORIZED", "OK", "SERVER_UNAVAILABLE"]
 
 OK = "ok"
 BAD_CREDENTIALS = "bad_credentials"
@@ -49,8 +59,11 @@ BAD_CREDENTIALS = "bad_credentials"
 NOT_AUTHORIZED = "not_authorized"
 """Anonymous refused or identity not acceptable: CONNACK 0x87 (v5) / return code 5 (v3.1.1)."""
 
-_V5_CODES = {OK: 0x00, BAD_CREDENTIALS: 0x86, NOT_AUTHORIZED: 0x87}
-_V3_CODES = {OK: 0, BAD_CREDENTIALS: 4, NOT_AUTHORIZED: 5}
+SERVER_UNAVAILABLE = "server_unavailable"
+"""A user source could not be asked (MongoDB down, nothing cached): CONNACK 0x88 (v5) / return code 3 (v3.1.1)."""
+
+_V5_CODES = {OK: 0x00, BAD_CREDENTIALS: 0x86, NOT_AUTHORIZED: 0x87, SERVER_UNAVAILABLE: 0x88}
+_V3_CODES = {OK: 0, BAD_CREDENTIALS: 4, NOT_AUTHORIZED: 5, SERVER_UNAVAILABLE: 3}
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +74,7 @@ class AuthResult:
     username: str | None
     """The username the session runs as (the certificate identity with use_identity_as_username)."""
     reason: str
-    """``OK``, ``BAD_CREDENTIALS`` or ``NOT_AUTHORIZED``."""
+    """``OK``, ``BAD_CREDENTIALS``, ``NOT_AUTHORIZED`` or ``SERVER_UNAVAILABLE``."""
     verified: bool = False
     """True when the username was proven (password or certificate), False for anonymous/unverified."""
 
@@ -89,13 +102,20 @@ class Authenticator:
     def __init__(self, password_file: PasswordFile | str | None, allow_anonymous: bool, clock: Any,
                  executor: Any = None, *, use_identity_as_username: bool = False,
                  base_delay: float = 1.0, max_delay: float = 30.0, forget_after: float = 600.0,
-                 max_tracked: int = 10000, address_limit: int = 100) -> None:
-        """*executor* has ``submit(fn, *args) -> Deferred`` (``store.executor``); required with a password file."""
+                 max_tracked: int = 10000, address_limit: int = 100, chain: Any = None,
+                 acl_loader: Callable[[str | None, str], defer.Deferred] | None = None) -> None:
+        """*executor* has ``submit(fn, *args) -> Deferred`` (``store.executor``); required with a password file.
+
+        *chain* (a ``PasswordChain``) replaces the password file's check; *acl_loader(username, client_id)*
+        reads an accepted client's ACL rules before it is answered (failing when it cannot).
+        """
         if isinstance(password_file, str):
             password_file = PasswordFile.load(password_file) if password_file else None
         if password_file is not None and executor is None:
             raise ValueError("a password file needs an executor: scrypt must not run on the reactor thread")
         self._passwords = password_file
+        self._chain = chain
+        self._acl_loader = acl_loader
         self.allow_anonymous = allow_anonymous
         self.use_identity_as_username = use_identity_as_username
         self._clock = clock
@@ -127,6 +147,8 @@ class Authenticator:
         else:
             d = defer.succeed(None)
         d.addCallback(lambda _: self._decide(username, password, cert_identity))
+        if self._acl_loader is not None:
+            d.addCallback(self._load_acl, client_id)
         d.addCallback(self._finish, client_id, peer_host, username, cert_identity)
         return d
 
@@ -138,6 +160,8 @@ class Authenticator:
             if self.allow_anonymous:
                 return AuthResult(True, None, OK)
             return AuthResult(False, None, NOT_AUTHORIZED)
+        if self._chain is not None:
+            return self._ask_chain(username, password)
         if self._passwords is None:
             if self.allow_anonymous:
                 return AuthResult(True, username, OK, verified=False)
@@ -164,8 +188,42 @@ class Authenticator:
 
         return d.addCallbacks(verdict, broken)
 
+    def _ask_chain(self, username: str, password: str | bytes | None) -> AuthResult | defer.Deferred:
+        if password is None:
+            return AuthResult(False, username, BAD_CREDENTIALS)
+        if isinstance(password, bytes):
+            try:
+                password = password.decode("utf-8")
+            except UnicodeDecodeError:
+                return AuthResult(False, username, BAD_CREDENTIALS)
+        def verdict(answer: str) -> AuthResult:
+            if answer == UNAVAILABLE:
+                return AuthResult(False, username, SERVER_UNAVAILABLE)
+            matched = answer == MATCH
+            return AuthResult(matched, username, OK if matched else BAD_CREDENTIALS, verified=matched)
+
+        def broken(failure) -> AuthResult:
+            if failure.check(defer.CancelledError):
+                return failure
+            self.log.failure("mqtt.auth.error password check failed for user={username!r}",
+                             failure, username=username)
+            return AuthResult(False, username, SERVER_UNAVAILABLE)
+
+        return self._chain.check(username, password).addCallbacks(verdict, broken)
+
+    def _load_acl(self, result: AuthResult, client_id: str) -> AuthResult | defer.Deferred:
+        if not result.ok:
+            return result
+        return self._acl_loader(result.acl_username, client_id).addCallbacks(
+            lambda _: result, lambda _failure: AuthResult(False, result.username, SERVER_UNAVAILABLE))
+
     def _finish(self, result: AuthResult, client_id: str, peer_host: str, username: str | None,
                 cert_identity: str | None) -> AuthResult | defer.Deferred:
+        if result.reason == SERVER_UNAVAILABLE:
+            # Nobody could say whether the credentials are good: not a failed login, no slow-down.
+            self.log.warn("mqtt.auth.unavailable client_id={client_id!r} username={username!r} peer={peer}",
+                          client_id=client_id, username=username, peer=peer_host)
+            return result
         if result.ok:
             if result.verified and result.username == username:
                 self._failures.succeeded(username)  # only the name it proved: not the address, not other names

@@ -80,13 +80,30 @@ class MongoPoolTest(unittest.TestCase):
     def test_change_stream_reports_inserts_and_deletes(self):
         """watch() hands each change of the named collections to the reactor; other collections are ignored."""
         changes, restarts = [], []
-        self.pool.watch(("users",), changes.append, lambda: restarts.append(1))
+        self.pool.watch(("users",), changes.append, restarts.append)
         yield until(lambda: restarts, what="the change stream to open")
         yield self.pool.call(lambda db: (db.other.insert_one({"x": 1}), db.users.insert_one({"username": "u1"}),
                                          db.users.delete_one({"username": "u1"})))
         yield until(lambda: len(changes) >= 2, what="two changes")
         self.assertEqual([c["operationType"] for c in changes], ["insert", "delete"])
         self.assertEqual(changes[0]["fullDocument"]["username"], "u1")
+
+    @defer.inlineCallbacks
+    def test_change_stream_resumes_after_the_server_is_killed(self):
+        """A watch survives a SIGKILL of the server: it resumes after the last event, reporting the changes made
+        once the server is back, without opening anew (which would make its user re-read everything)."""
+        changes, restarts = [], []
+        self.pool.watch(("users",), changes.append, restarts.append)
+        yield until(lambda: restarts, what="the change stream to open")
+        yield self.pool.call(lambda db: db.users.insert_one({"username": "before"}))
+        yield until(lambda: changes, what="the first change")
+        self.server.kill()
+        yield sleep(1.5)  # the watch notices the outage (a timeout of 1 s) and backs off
+        self.server.start()
+        yield self.pool.call(lambda db: db.users.insert_one({"username": "after"}))
+        yield until(lambda: len(changes) >= 2, timeout=15, what="the change made after the restart")
+        self.assertEqual([c["fullDocument"]["username"] for c in changes], ["before", "after"])
+        self.assertEqual(len(restarts), 1)
 
     @defer.inlineCallbacks
     def test_outage_is_logged_once_counted_and_ends_when_the_server_is_back(self):
