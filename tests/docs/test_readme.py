@@ -29,7 +29,7 @@ from tests.integration.node import NodeProcess
 
 pytestmark = pytest.mark.slow
 
-PORTS = (1883, 8080, 8883, 9876)  # the fixed ports the examples use
+PORTS = (1883, 8080, 8883, 9876, 27017)  # the fixed ports the examples use (27017: the MongoDB test server)
 TOOLS = ("mosquitto_pub", "mosquitto_sub", "curl", "java")
 SPARK_VARS = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_HOME")
 
@@ -74,6 +74,22 @@ class ReadmeNode(NodeProcess):
             self.stop_hard()
             if self._log:
                 self._log.close()
+
+
+def _kill_left_behind(tmp: str) -> None:
+    """SIGKILL what a README line started in the background under *tmp* (the MongoDB test server) and a failed
+    block left running: only processes whose command line names this test's own temp dir."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if any(tmp in arg for arg in argv) and int(pid) != os.getpid():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
 
 
 def _env() -> dict[str, str]:
@@ -127,5 +143,6 @@ def test_readme_top_to_bottom(tmp_path):
     finally:
         for node in nodes:
             node.stop_hard()
+        _kill_left_behind(rewrite.tmp)
         print("\n".join(ran))
     assert any("jobs.py" in r for r in ran) and any("ds.py" in r for r in ran)
