@@ -114,3 +114,35 @@ def test_corrupt_password_file_names_line(tmp_path, capsys):
     path.write_text("garbage\n")
     assert main(["passwd", str(path), "alice", "--password", "x"]) == 2
     assert f"{path}:1:" in capsys.readouterr().err
+
+
+def test_users_with_the_file_backend(tmp_path, capsys):
+    """users add/passwd/list/delete --backend file edit [mqtt] password_file (relative to the config file);
+    adding twice, changing a missing user and --superuser are one-line errors with exit status 2."""
+    config = tmp_path / "twistmq.toml"
+    config.write_text('[mqtt]\npassword_file = "passwd"\n')
+    base = ["--backend", "file", "--config", str(config)]
+    assert main(["users", "add", "dev-1", *base, "--password", "first-pw"]) == 0
+    assert PasswordFile.load(str(tmp_path / "passwd")).verify("dev-1", "first-pw")
+    assert main(["users", "passwd", "dev-1", *base, "--password", "second-pw"]) == 0
+    assert PasswordFile.load(str(tmp_path / "passwd")).verify("dev-1", "second-pw")
+    capsys.readouterr()
+    assert main(["users", "list", *base]) == 0 and capsys.readouterr().out.splitlines() == ["dev-1"]
+    for argv, message in ((["users", "add", "dev-1", *base, "--password", "x"], "already exists"),
+                          (["users", "passwd", "nobody", *base, "--password", "x"], "no user 'nobody'"),
+                          (["users", "add", "dev-2", *base, "--password", "x", "--superuser"], "--backend mongodb"),
+                          (["users", "add", *base], "needs a USER")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1
+    assert main(["users", "delete", "dev-1", *base]) == 0
+    assert PasswordFile.load(str(tmp_path / "passwd")).users() == []
+
+
+def test_users_mongodb_backend_needs_a_uri(tmp_path, capsys):
+    """--backend mongodb with a config that names no [mongodb] uri: one line naming the key, exit status 2."""
+    config = tmp_path / "twistmq.toml"
+    config.write_text("[auth]\nbackends = [\"mongodb\"]\n")
+    assert main(["users", "list", "--backend", "mongodb", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "mongodb.uri must be set" in err and err.count("\n") == 1
