@@ -22,6 +22,9 @@ Rooms (sub-packages), read as the architecture:
 - ``mongodb``: the ``[mongodb]`` section and the process's one MongoDB client (``MongoPool``: every
   ``pymongo`` call on a bounded thread pool, outages logged once and counted); what uses MongoDB
   gets it passed in.
+- ``bridges``: bridges to outside systems (MongoDB), run by the broker-side roles (node, broker):
+  each a durable subscriber of its filter with its own light-queue position, a retention owner;
+  the pump (batching, back-off) is sans-IO over the store interface, a sink and a clock.
 - ``tools``: developer tools (the local-cluster launcher, test certificates, the
   password-file editor behind ``twistmq-admin``).
 - Directly here: ``tap`` (twistd's entry point) and ``routing`` (the hash-slot table, pure).
@@ -35,6 +38,9 @@ config gathers ``admin.config``, ``mongodb.config`` and the like); ``local`` nev
 imports ``local``; ``rpc`` imports neither store implementation, nor ``runtime``; ``admin``
 and ``tools`` import no role, store implementation or ``rpc``; ``routing`` imports no room; ``discovery`` imports only ``rpc`` and ``runtime``;
 ``controller`` imports ``rpc``, ``runtime``, ``routing`` and ``discovery`` (the lease table runs on its leader);
-``mongodb`` imports no other room (``runtime.config`` gathers its config; roles, ``admin`` and ``tools`` use it).
+``mongodb`` imports no other room (``runtime.config`` gathers its config; roles, ``admin`` and ``tools`` use it);
+``bridges`` reads the store only through the store interface: it imports no role, store implementation
+(``local``, ``remote``), ``rpc``, ``admin``, ``tools`` or ``runtime`` (whose config gathers ``bridges.config``);
+it gets ``mongodb``'s ``MongoPool`` passed in.
 The rules between top-level packages are DESIGN.md's package table.
 """

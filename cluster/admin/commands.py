@@ -53,6 +53,7 @@ COMMANDS = (
     Command("queues", "list", "GET", "queues", "list light queues with depth and lag", paged=True),
     Command("queues", "show", "GET", "queues/{name}", "show a light queue and its readers", ("name",)),
     Command("queues", "delete", "DELETE", "queues/{name}", "delete a light queue nobody subscribes to", ("name",)),
+    Command("bridges", "list", "GET", "bridges", "list bridges (MongoDB) with their lag and counts", paged=True),
     Command("retained", "list", "GET", "retained", "list retained messages", paged=True),
     Command("retained", "delete", "DELETE", "retained/{topic}", "clear the retained message of a topic",
             ("topic",)),

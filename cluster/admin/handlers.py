@@ -25,13 +25,14 @@ from store.timer_service import TimerNotFound
 class Handlers:
     """The admin routes of one process (a node: every role's part of the API)."""
 
-    def __init__(self, view, clock, stats, timers=None, native=None, history=None) -> None:
+    def __init__(self, view, clock, stats, timers=None, native=None, history=None, bridges=None) -> None:
         self.view = view
         self.clock = clock
         self.stats = stats  # () -> the Stats object of openapi.json
         self.timers = timers  # store.timer_service.TimerService
         self.native = native  # lightqueue.native_engine.NativeEngine
         self.history = history  # cluster.admin.metrics.RateHistory: topic rates
+        self.bridges = bridges  # () -> the rows of GET bridges (cluster.bridges.service.Bridges.rows); None: none
 
     def _session(self, client_id: str):
         session = self.view.session(client_id)
@@ -89,6 +90,9 @@ class Handlers:
 
     def list_queues(self, params, query, body):
         return self.view.light_queues()
+
+    def list_bridges(self, params, query, body):
+        return [] if self.bridges is None else self.bridges()
 
     def get_queue(self, params, query, body):
         queue = self.view.light_queue(params["name"])

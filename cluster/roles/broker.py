@@ -24,10 +24,19 @@ import signal
 from twisted.internet import endpoints
 from twisted.python import usage
 
+from cluster.bridges.metrics import BridgeCollector
 from cluster.local.parts import StoreParts
 from cluster.local.session_interest import SessionInterest
 from cluster.remote.server import StoreServer
-from cluster.roles.common import default_node_id, health_probe, member_agent, rpc_and_http_listeners
+from cluster.roles.common import (
+    bridge_parts,
+    default_node_id,
+    health_probe,
+    member_agent,
+    mongodb_pool,
+    rpc_and_http_listeners,
+    store_bridges,
+)
 from cluster.rpc.dispatch import Dispatcher
 from cluster.rpc.frames import RPC_VERSION, Hello
 from cluster.rpc.metrics import RpcMetrics
@@ -107,6 +116,10 @@ class BrokerParts:
         # the broker's own interest in stored sessions' filters: they miss nothing while their proxy is gone
         local_store = self.state.local_store(cluster.group)
         self.local = SessionInterest(local_store, SessionStore(self.state.kv))
+        # [[bridge.mongodb]]: each reads this group's light queue of its filter (a filter whose topics span
+        # groups is read by the bridge of every group, each with its own position).
+        self.mongodb = mongodb_pool(reactor, cfg)  # None unless the config uses MongoDB
+        self.bridges = store_bridges(reactor, cfg, self.state, local_store, self.mongodb)
         self.metrics = RpcMetrics()
         self.dispatcher = Dispatcher(reactor, self.metrics)
         self.server = StoreServer(self.local, reactor)
@@ -117,7 +130,8 @@ class BrokerParts:
         health = health_probe(cfg)
         self.rpc = RpcServerFactory(hello, settings, reactor, self.dispatcher, health=health)
         self.rpc.on_lost(self.server.connection_lost)
-        site = store_site(self.state.store, [self.metrics], self._extra_stats)
+        collectors = [self.metrics] + ([BridgeCollector(self.bridges.rows)] if self.bridges is not None else [])
+        site = store_site(self.state.store, collectors, self._extra_stats)
         self.listeners = []
         for listener in cfg.listeners:
             factory = self.rpc if listener.key == "rpc" else site
@@ -129,7 +143,8 @@ class BrokerParts:
         native = self.state.native
         return [("native", native.stats()), ("timer", self.state.timers.stats()),
                 ("rpc", {"watches": self.server.watches, "filters": self.server.filters,
-                         "session_filters": self.local.held})]
+                         "session_filters": self.local.held}),
+                *([("mongodb", self.mongodb.stats())] if self.mongodb is not None else [])]
 
 
 def broker_tree(parts: BrokerParts) -> RoleService:
@@ -145,8 +160,10 @@ def broker_tree(parts: BrokerParts) -> RoleService:
         # systemctl reload sends SIGHUP, whose default action ends the process: a broker has no password file,
         # ACL or certificate to re-read, so it only says it heard.
         SignalService("reload", signal.SIGHUP, lambda: log.info("reload_ok role=broker files=none"), parts.reactor),
+        *([parts.mongodb] if parts.mongodb is not None else []),
         *parts.state.tree_parts(),
         Part("session-interest", start=parts.local.restore),
+        *bridge_parts(parts.bridges),
         *parts.listeners,
         Part("rpc-goodbye", stop=parts.rpc.stop),  # stops before the listeners close: peers hear why
         *([parts.agent] if parts.agent is not None else []),  # registers once the listeners are bound

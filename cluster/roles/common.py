@@ -1,8 +1,9 @@
-"""What the roles share: the options and listeners of the roles that serve clients, and member ids.
+"""What the roles share: the options and listeners of the roles that serve clients, member ids, and bridges.
 
 ``node`` and ``proxy`` terminate clients: the same listener flags, the same
 config settling, the same MQTT/native/HTTP listeners and the same SIGHUP
-reload. No role module imports another; they meet here.
+reload; ``node`` and ``broker`` hold a store, and run its bridges
+(``store_bridges``). No role module imports another; they meet here.
 """
 
 from __future__ import annotations
@@ -13,15 +14,17 @@ import socket
 from twisted.internet import endpoints
 from twisted.python import usage
 
+from cluster.bridges.service import Bridges, bridges_directory
 from cluster.discovery.agent import MemberAgent
-from cluster.mongodb.client import MongoPool
 from cluster.discovery.members import MemberRecord
+from cluster.mongodb.client import MongoPool
+from cluster.mongodb.config import check_usable
 from cluster.rpc.frames import RPC_VERSION, Hello
 from cluster.rpc.health import HealthLimits, HealthProbe
 from cluster.rpc.peer import PeerClient
 from cluster.rpc.protocol import RpcSettings
 from cluster.runtime.config import CONFIG_HELP, find_config, load_config, settle, with_data_dir, with_flags
-from cluster.runtime.services import address
+from cluster.runtime.services import Part, address
 from cluster.runtime.listeners import parse_listener
 from cluster.runtime.reuseport import server_endpoint
 from cluster.runtime.services import DatagramListenerService, ListenerService
@@ -139,8 +142,9 @@ def client_listeners(reactor, cfg, front, native, http):
 
 
 def mongodb_pool(reactor, cfg) -> MongoPool | None:
-    """The process's one MongoDB client when something in the config uses MongoDB, else None."""
-    return MongoPool(reactor, cfg.mongodb) if cfg.auth.mongodb else None
+    """The process's one MongoDB client when something in the config uses MongoDB ([auth] backends, the
+    bridges), else None."""
+    return MongoPool(reactor, cfg.mongodb) if cfg.auth.mongodb or cfg.bridge.mongodb else None
 
 
 class ClientSecurity:
@@ -260,3 +264,25 @@ def member_agent(reactor, cfg, node_type: str, listeners, health) -> MemberAgent
 def health_probe(cfg) -> HealthProbe:
     """The health flag of this process, with ``[cluster]``'s limits."""
     return HealthProbe(HealthLimits(cfg.cluster.max_load_per_core, cfg.cluster.min_free_memory))
+
+
+def store_bridges(reactor, cfg, state, store, pool: MongoPool | None) -> Bridges | None:
+    """The ``[[bridge.mongodb]]`` bridges of a broker-side role over its ``StoreParts`` *state* and store
+    interface *store* (one broker group), inserting through the process's MongoDB *pool* (``mongodb_pool``);
+    None without bridges. A bridge without pymongo or a usable ``[mongodb] uri`` is a ConfigError (exit 2).
+    Retention keeps what the bridges owe from here on."""
+    if not cfg.bridge.mongodb:
+        return None
+    check_usable(cfg.mongodb, "bridge.mongodb")
+    bridges = Bridges(cfg.bridge.mongodb, store, state.index.max_offset, bridges_directory(cfg.node.data_dir),
+                      state.executor, pool.call, reactor, cfg.cluster.group)
+    state.store.retention.add_holder(bridges.owed)
+    return bridges
+
+
+def bridge_parts(bridges: Bridges | None) -> list:
+    """The service-tree child of ``store_bridges``' result: after the store opens (and the MongoDB pool
+    starts) and before any listener binds; it stops first, finishing the insert in flight."""
+    if bridges is None:
+        return []
+    return [Part("bridges", start=bridges.start, stop=bridges.stop)]

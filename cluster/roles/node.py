@@ -26,14 +26,17 @@ from cluster.admin.metrics import NodeFigures, RateHistory
 from cluster.admin.overview import overview
 from cluster.admin.routes import routes, served_by
 from cluster.admin.view import NodeView
+from cluster.bridges.metrics import BridgeCollector
 from cluster.local.parts import StoreParts
 from cluster.roles.common import (
     NodeOptions,
-    client_security,
+    bridge_parts,
     client_listeners,
+    client_security,
     mongodb_pool,
     node_config,
     security_reloader,
+    store_bridges,
 )
 from cluster.runtime import node_log
 from cluster.runtime.histogram import Histogram
@@ -76,6 +79,8 @@ class NodeParts:
         # The MQTT front end reaches the parts above only through the store interface, served in-process
         # here by one broker group (a proxy runs the same front end over the remote store).
         self.local_store = self.state.local_store(cfg.cluster.group)
+        # [[bridge.mongodb]]: durable subscribers inside the store, with their own positions (cluster/bridges).
+        self.bridges = store_bridges(reactor, cfg, self.state, self.local_store, self.mongodb)
         deliver_latency = Histogram()
         self.mqtt = build_front_end(self.local_store, reactor, mqtt, cfg.limits, auth, acl, holder=NODE_HOLDER,
                                     deliver_latency=deliver_latency)
@@ -95,7 +100,8 @@ class NodeParts:
                                    self.view.topic_offsets)
         self.sys = SysPublisher(self.mqtt, self.local_store, reactor, cfg.mqtt.sys_interval, twistmq_version(),
                                 self._broker_figures, extra=self.figures.sys_values)
-        handlers = Handlers(self.view, reactor, self._overview, self.timers, self.native.engine, self.history)
+        handlers = Handlers(self.view, reactor, self._overview, self.timers, self.native.engine, self.history,
+                            bridges=self.bridges.rows if self.bridges is not None else None)
         self.admin_api = AdminAPI(served_by(routes(), "node"), handlers, cfg.admin.token, cfg.admin.max_body_bytes)
         self.extra_stats = [("native", self.native.stats), ("timer", self.timers.stats)]
         if self.mongodb is not None:
@@ -106,7 +112,8 @@ class NodeParts:
         """A ListenerService per stream listener, a DatagramListenerService per UDP one, in flag order."""
         http = http_site(self.mqtt, self.store, self._extra_stats, self._losses, self.lag, self.figures,
                          self.admin_api, DASHBOARD_DIR if self.cfg.admin.dashboard else None,
-                         self.cfg.admin.max_body_bytes, self.cfg.admin.request_timeout_s, self.reactor)
+                         self.cfg.admin.max_body_bytes, self.cfg.admin.request_timeout_s, self.reactor,
+                         collectors=[BridgeCollector(self.bridges.rows)] if self.bridges is not None else [])
         return client_listeners(self.reactor, self.cfg, self.mqtt, self.native, http)
 
     def reloader(self) -> Reloader:
@@ -170,6 +177,7 @@ def node_tree(parts: NodeParts) -> RoleService:
         *([parts.mongodb] if parts.mongodb is not None else []),
         Part("auth-executor", start=parts.auth_executor.start, stop=parts.auth_executor.stop),
         *parts.state.tree_parts(),
+        *bridge_parts(parts.bridges),
         Part("mqtt-sessions", start=parts.mqtt.restore, stop=parts.mqtt.shutdown),
         Part("sys", start=parts.sys.start, stop=parts.sys.stop),
         Part("admin-history", start=parts.history.start, stop=parts.history.stop),

@@ -27,6 +27,7 @@ import tomllib
 from dataclasses import dataclass
 
 from cluster.admin.config import AdminConfig
+from cluster.bridges.config import BridgeConfig, bridge_values
 from cluster.controller.config import ControllerConfig
 from cluster.discovery.config import DiscoveryConfig
 from cluster.mongodb.config import MongoConfig, check_usable
@@ -238,6 +239,7 @@ class Config:
     mongodb: MongoConfig = MongoConfig()
     auth: AuthConfig = AuthConfig()
     auth_mongodb: MongoAuthConfig = MongoAuthConfig()
+    bridge: BridgeConfig = BridgeConfig()
 
     @property
     def source(self) -> str:
@@ -248,7 +250,7 @@ class Config:
 SECTIONS = {"node": NodeConfig, "store": StoreConfig, "mqtt": MQTTConfig, "limits": LimitsConfig,
             "log": LogConfig, "cluster": ClusterConfig, "admin": AdminConfig, "discovery": DiscoveryConfig,
             "controller": ControllerConfig, "auth": AuthConfig, "auth.mongodb": MongoAuthConfig,
-            "mongodb": MongoConfig}
+            "mongodb": MongoConfig, "bridge": BridgeConfig}
 """Section name to dataclass, in the documented file's order; ``auth.mongodb`` is the ``[auth.mongodb]`` table."""
 
 _FILE_KEYS = (("node", "mqtt_tls_ca"), ("mqtt", "password_file"), ("mqtt", "acl_file"), ("log", "file"))
@@ -292,6 +294,8 @@ def _build(raw: dict, path: str, base_dir: str) -> Config:
                     values[key] = tuple(value)
         if name == "cluster":
             values = _cluster_values(values)
+        if name == "bridge":
+            values = bridge_values(values)
         if name in ("controller", "auth"):  # arrays in TOML, tuples in the frozen dataclass
             values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
         built[name] = from_mapping(cls, name, values)
@@ -306,7 +310,7 @@ def _build(raw: dict, path: str, base_dir: str) -> Config:
     return Config(built["node"], built["store"], built["mqtt"], built["limits"], dict(raw.get("native", {})),
                   base_dir, built["log"], built["cluster"], path, admin=built["admin"],
                   discovery=built["discovery"], controller=built["controller"], mongodb=built["mongodb"],
-                  auth=built["auth"], auth_mongodb=built["auth.mongodb"])
+                  auth=built["auth"], auth_mongodb=built["auth.mongodb"], bridge=built["bridge"])
 
 
 def _section(raw: dict, name: str) -> dict:

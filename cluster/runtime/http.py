@@ -164,7 +164,7 @@ def _api_gate(api):
 
 def http_site(front, store, extra=lambda: (), losses=lambda: {}, lag=None, figures=None, api=None,
               dashboard_dir=None, max_body: int = MAX_BODY,
-              request_timeout: float = REQUEST_TIMEOUT_S, reactor=None) -> BoundedSite:
+              request_timeout: float = REQUEST_TIMEOUT_S, reactor=None, collectors=()) -> BoundedSite:
     """A Site with /health and /metrics, and /api/ and /dashboard/ when given.
 
     ``extra()`` yields (prefix, {name: value}) for other services; ``losses()``
@@ -172,10 +172,13 @@ def http_site(front, store, extra=lambda: (), losses=lambda: {}, lag=None, figur
     ``lag`` is the node's ``ReactorLagProbe``; ``figures`` its ``NodeFigures``
     (latency histograms, per-listener connections, light-queue lag); ``api`` the
     ``AdminAPI`` resource; ``dashboard_dir`` the directory of the dashboard's files;
-    ``max_body`` and ``request_timeout`` bound each request (``[admin]``), timed on ``reactor``.
+    ``max_body`` and ``request_timeout`` bound each request (``[admin]``), timed on ``reactor``;
+    ``collectors`` are more Prometheus collectors for /metrics (the bridges').
     """
     registry = CollectorRegistry()
     registry.register(_BrokerCollector(front, store, extra, losses, lag, figures))
+    for collector in collectors:
+        registry.register(collector)
     ProcessCollector(registry=registry)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
     root = resource.Resource()
     root.putChild(b"health", Health(store))

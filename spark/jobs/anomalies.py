@@ -69,7 +69,7 @@ def main(argv=None, spark=None) -> dict:
         found = anomalies(common.metrics(common.load(spark, args), args.exclude),
                           args.lookback, args.min_points, args.threshold)
         progress.step(f"writing anomalies to {args.out}")
-        path = common.write_parquet(found, args.out, "anomalies")
+        path = common.write_table(found, args, "anomalies")
     return {"anomalies": path}
 
 

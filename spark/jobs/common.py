@@ -41,7 +41,28 @@ def arg_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--exclude", default=DEFAULT_EXCLUDE,
                    help=f"payload fields that are not metrics (default: {DEFAULT_EXCLUDE})")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--mongo-uri", default=None, type=mongo_uri,
+                   help="also upsert each result table into the MongoDB collection of its name (pymongo, from "
+                        "the executors), by its natural key (needs the mongodb extra)")
+    p.add_argument("--mongo-db", default="twistmq", help="the MongoDB database of --mongo-uri (default: twistmq)")
     return p
+
+
+def mongo_uri(value: str) -> str:
+    """``--mongo-uri``, checked before any work: pymongo installed, a well-formed URI (never echoed: it may
+    hold credentials)."""
+    try:
+        from pymongo.errors import PyMongoError
+        from pymongo.uri_parser import parse_uri
+    except ImportError:
+        raise argparse.ArgumentTypeError("needs pymongo: pip install 'twistmq[mongodb]'") from None
+    if value.startswith("mongodb+srv://"):
+        return value  # parsing resolves DNS: the executors' clients do that
+    try:
+        parse_uri(value)
+    except (PyMongoError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(f"not a MongoDB URI ({type(exc).__name__})") from None
+    return value
 
 
 def session(args: argparse.Namespace, app: str):
@@ -156,6 +177,18 @@ def write_parquet(df, out: str, name: str) -> str:
     """Write ``df`` to ``out/name`` (replacing it) and return the path."""
     path = os.path.join(out, name)
     df.write.mode("overwrite").parquet(path)
+    return path
+
+
+def write_table(df, args: argparse.Namespace, name: str) -> str:
+    """Write result table ``name`` to Parquet and, with ``--mongo-uri``, to the MongoDB collection ``name``
+    (``spark.mongo_writer``: upserted by its natural key); returns the Parquet path."""
+    path = write_parquet(df, args.out, name)
+    if args.mongo_uri:
+        from spark.mongo_writer import write_mongo
+
+        # From the Parquet just written: the rows MongoDB gets are those files, not a second computation.
+        write_mongo(df.sparkSession.read.parquet(path), args.mongo_uri, args.mongo_db, name)
     return path
 
 

@@ -78,20 +78,20 @@ def main(argv=None, spark=None) -> dict:
 
         progress.step("message rates")
         rates = device_rates(df, args.window)
-        out["device_rates"] = common.write_parquet(rates, args.out, "device_rates")
+        out["device_rates"] = common.write_table(rates, args, "device_rates")
         progress.step("window statistics")
-        out.update(telemetry_stats=common.write_parquet(telemetry.window_stats(m, args.window), args.out,
-                                                        "telemetry_stats"))
+        out.update(telemetry_stats=common.write_table(telemetry.window_stats(m, args.window), args,
+                                                      "telemetry_stats"))
         progress.step("anomalies")
         found = anomalies.anomalies(m, args.lookback, args.min_points, args.threshold).orderBy("ts", "offset")
-        out["anomalies"] = common.write_parquet(found, args.out, "anomalies")
+        out["anomalies"] = common.write_table(found, args, "anomalies")
         progress.step("silent devices")
         as_of = silent.as_of_ms(args.as_of)
-        out["silent_devices"] = common.write_parquet(silent.silent_devices(df, args.minutes, as_of), args.out,
-                                                     "silent_devices")
+        out["silent_devices"] = common.write_table(silent.silent_devices(df, args.minutes, as_of), args,
+                                                   "silent_devices")
         progress.step("top talkers and topic heat")
-        out["top_talkers"] = common.write_parquet(talkers.top_talkers(df, args.top), args.out, "top_talkers")
-        out["topic_heat"] = common.write_parquet(talkers.topic_heat(df, args.window), args.out, "topic_heat")
+        out["top_talkers"] = common.write_table(talkers.top_talkers(df, args.top), args, "top_talkers")
+        out["topic_heat"] = common.write_table(talkers.topic_heat(df, args.window), args, "topic_heat")
 
         progress.step("summary")
         summary = {

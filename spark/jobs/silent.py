@@ -58,7 +58,7 @@ def main(argv=None, spark=None) -> dict:
         progress.step(f"reading {args.data_dir}")
         found = silent_devices(common.load(spark, args), args.minutes, as_of_ms(args.as_of))
         progress.step(f"writing silent devices to {args.out}")
-        path = common.write_parquet(found, args.out, "silent_devices")
+        path = common.write_table(found, args, "silent_devices")
     return {"silent_devices": path}
 
 

@@ -54,9 +54,9 @@ def main(argv=None, spark=None) -> dict:
     with common.Progress(spark, "talkers", 3, args.quiet) as progress:
         df = common.load(spark, args).cache()
         progress.step(f"ranking talkers in {args.data_dir}")
-        talkers = common.write_parquet(top_talkers(df, args.top), args.out, "top_talkers")
+        talkers = common.write_table(top_talkers(df, args.top), args, "top_talkers")
         progress.step("computing topic heat")
-        heat = common.write_parquet(topic_heat(df, args.window), args.out, "topic_heat")
+        heat = common.write_table(topic_heat(df, args.window), args, "topic_heat")
         progress.step("releasing cache")
         df.unpersist()
     return {"top_talkers": talkers, "topic_heat": heat}

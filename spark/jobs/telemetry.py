@@ -50,7 +50,7 @@ def main(argv=None, spark=None) -> dict:
         progress.step(f"reading {args.data_dir} and parsing payloads")
         stats = window_stats(common.metrics(common.load(spark, args), args.exclude), args.window)
         progress.step(f"writing window statistics to {args.out}")
-        path = common.write_parquet(stats, args.out, "telemetry_stats")
+        path = common.write_table(stats, args, "telemetry_stats")
     return {"telemetry_stats": path}
 
 

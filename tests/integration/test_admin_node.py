@@ -80,6 +80,7 @@ def test_every_route_of_the_file_answers_to_its_schema(node):
         "list_queues": ("GET", "/api/v1/queues?limit=1000", None),
         "get_queue": ("GET", "/api/v1/queues/" + quote("%LMQ%adm/+/t", safe=""), None),
         "delete_queue": ("DELETE", "/api/v1/queues/" + quote("%LMQ%idle/q", safe=""), None),
+        "list_bridges": ("GET", "/api/v1/bridges", None),
         "list_retained": ("GET", "/api/v1/retained", None),
         "delete_retained": ("DELETE", "/api/v1/retained/" + quote("adm/1/t", safe=""), None),
         "list_topics": ("GET", "/api/v1/topics", None),

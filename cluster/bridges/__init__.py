@@ -1,0 +1,1 @@
+"""Bridges to outside systems (MongoDB): broker-side durable subscribers, each with its own light-queue position."""
