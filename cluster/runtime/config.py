@@ -136,6 +136,8 @@ class ClusterConfig:
     """Hash slots (0-1023) of each broker group, as ``group = "0-511,700"``; empty: even contiguous ranges in group-name order. Every slot must be assigned once."""
     routes: dict = dataclasses.field(default_factory=dict)
     """Explicit routes: a first topic level to the group that stores it (``sensors = "g2"``); they win over the slots."""
+    group_numbers: dict = dataclasses.field(default_factory=dict)
+    """The number of each broker group in native msg_ids (0-32767, above its 48-bit commit-log offset), as ``g2 = 1``; groups not listed take the lowest free numbers in group-name order. Group 0's msg_ids are plain offsets. Pin the numbers before adding a group whose name sorts before an existing one: a group's number must never change while its ids are in use."""
     secret: str = ""
     """The cluster's shared secret: the password of the controllers' Raft traffic (pysyncobj encrypts and authenticates with it; a controller with another secret is not heard). A controller whose raft address is not on loopback refuses to start without one. The RPC handshake does not check it yet: keep RPC listeners on loopback or a private network."""
     controllers: tuple[str, ...] = ()
@@ -175,6 +177,14 @@ class ClusterConfig:
             self.slot_assignment()
         except ValueError as exc:
             raise ConfigError(f"slots: {exc}") from None
+        if not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+                   for k, v in self.group_numbers.items()):
+            raise ConfigError("group_numbers maps broker groups to integers (group_numbers.g2 = 1)")
+        numbers = list(self.group_numbers.values())
+        if len(set(numbers)) != len(numbers):
+            raise ConfigError("group_numbers gives two groups the same number")
+        if any(not 0 <= n <= 32767 for n in numbers):
+            raise ConfigError(f"group_numbers must be 0-32767, not {[n for n in numbers if not 0 <= n <= 32767][0]}")
 
     def slot_assignment(self) -> dict:
         """``slots`` parsed into ranges per group (empty: the default even split)."""
