@@ -15,6 +15,10 @@ every ``heartbeat_interval``:
 While no controller answers (a majority down), the member keeps serving with the metadata it
 has; nothing here stops it. ``record()`` is called at each register, so addresses bound after
 start (port 0) are in it. Listeners of ``on_metadata`` get each newer metadata map.
+
+``ids()`` is this process's snowflake id generator: the worker id the controllers leased it (kept
+across its re-registrations and restarts, freed only when it is forgotten) and the number of its
+record's zone; None until the first register answered with a worker id.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import msgpack
 from twisted.application import service
 from twisted.internet import defer, task
 
+from cluster.discovery.ids import SnowflakeIds, zone_number
 from cluster.discovery.members import MemberRecord
 
 log = logging.getLogger("twistmq.discovery")
@@ -52,6 +57,7 @@ class MemberAgent(service.Service):
         self._busy = False
         self._reading = False
         self._listeners: list[Callable[[dict], None]] = []
+        self._ids: SnowflakeIds | None = None
         self._loop: task.LoopingCall | None = None
         self.registrations = 0
         """Leases taken (the first and every re-registration; for metrics)."""
@@ -60,6 +66,14 @@ class MemberAgent(service.Service):
 
     def on_metadata(self, listener: Callable[[dict], None]) -> None:
         self._listeners.append(listener)
+
+    def ids(self) -> SnowflakeIds | None:
+        """The snowflake generator of the leased worker id (one per worker id, so ids never go back)."""
+        if self.worker is None:
+            return None
+        if self._ids is None or self._ids.worker != self.worker:
+            self._ids = SnowflakeIds(zone_number(self.record().zone), self.worker, self.clock)
+        return self._ids
 
     @property
     def joined(self) -> bool:

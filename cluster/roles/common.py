@@ -205,8 +205,8 @@ def member_agent(reactor, cfg, node_type: str, listeners, health) -> MemberAgent
     def record() -> MemberRecord:
         bound = [(svc.listener.key, address(svc.port)) for svc in listeners if getattr(svc, "port", None)]
         rpc = cluster.advertise_rpc or next((f"tcp:{addr}" for key, addr in bound if key == "rpc"), "")
-        return MemberRecord(cluster.cluster_id, cluster.node_id, node_type, version=twistmq_version(),
-                            rpc_address=rpc, addresses={key: addr for key, addr in bound if key != "rpc"},
+        return MemberRecord(cluster.cluster_id, cluster.node_id, node_type, zone=cluster.zone,
+                            version=twistmq_version(), rpc_address=rpc, addresses={key: addr for key, addr in bound if key != "rpc"},
                             group=cluster.group if node_type == "broker" else "", healthy=bool(health()))
 
     return MemberAgent(reactor, controllers, record, cfg.discovery.heartbeat_interval, health)

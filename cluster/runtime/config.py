@@ -118,6 +118,8 @@ class ClusterConfig:
     """Cluster name, checked in every RPC handshake: a node of another cluster is refused."""
     node_id: str = ""
     """This process's member id, kept across restarts; empty: the name of the data directory given by --data-dir or node.data_dir, else the host name."""
+    zone: str = ""
+    """This process's zone (data centre, cloud region), listed in its member record; its number (0-15: the sum of the name's UTF-8 bytes mod 16, so the same in every process) is the 4-bit zone field of the snowflake ids it makes. Worker ids are leased cluster-wide, so two zones sharing a number never share an id."""
     group: str = "g1"
     """The broker group a broker serves (every queue position it hands out names it)."""
     rpc: tuple[str, ...] = ("tcp:7800:interface=127.0.0.1",)
@@ -152,6 +154,8 @@ class ClusterConfig:
             raise ConfigError("cluster_id must not be empty")
         if not self.group:
             raise ConfigError("group must not be empty")
+        if self.zone != self.zone.strip() or len(self.zone) > 64:
+            raise ConfigError(f"zone must be a name of at most 64 characters without surrounding spaces, not {self.zone!r}")
         for key in ("call_timeout", "heartbeat_interval"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be positive, not {getattr(self, key)!r}")
