@@ -67,12 +67,20 @@ class RoutedStore:
             raise ValueError(f"no store for broker groups {sorted(missing)}")
         self.table = table
         self.groups = groups
-        self.ids = GroupIds(groups, group_numbers)  # msg_ids: group number above the group's offset
+        self._group_numbers = dict(group_numbers or {})
+        self._ids = GroupIds(groups, self._group_numbers)
         self.native_unavailable = 0  # native requests answered for a group that could not be reached
         self._watch_ids = itertools.count(1)
         self._watches: dict[int, tuple[str, list[tuple[api.Store, api.Watch]]]] = {}
         self._claims: dict[str, tuple[int, dict[str, int]]] = {}  # client id -> (home epoch, group -> epoch)
         self._outbound_group: dict[tuple[str, int], str] = {}  # (client id, packet id) -> group of its position
+
+    @property
+    def ids(self) -> GroupIds:
+        """msg_ids: each group's number above its offsets (numbered again if the groups change)."""
+        if set(self._ids.numbers) != set(self.groups) | set(self._group_numbers):
+            self._ids = GroupIds(self.groups, self._group_numbers)
+        return self._ids
 
     def _group(self, name: str) -> api.Store:
         try:
