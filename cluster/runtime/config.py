@@ -146,6 +146,8 @@ class ClusterConfig:
     """The controllers' RPC addresses, as client endpoint strings (``tcp:127.0.0.1:7910``). When set, brokers and proxies register with them, heartbeat every [discovery] heartbeat_interval and learn the metadata (listed in the controllers' cluster/members, evicted when silent for a lease); slots, routes and brokers still come from this file. Empty: the static membership below only."""
     advertise_rpc: str = ""
     """The RPC address members are told to dial (a client endpoint string), when it differs from the one bound (NAT, a relay); empty: the first RPC listener's bound address."""
+    advertise: dict = dataclasses.field(default_factory=dict)
+    """Client-facing addresses listed in this process's member record instead of the ones it binds, by listener kind (``mqtt = "tcp:mqtt.example.com:1883"``; kinds: mqtt, mqtt_tls, mqtt_ws, native, native_udp, http), for a load balancer, NAT or relay in front of it; a kind not listed shows its bound address. The RPC address is advertise_rpc."""
     members: tuple = ()
     """The static membership, as ``[[cluster.members]]`` tables with ``id``, ``role`` (broker or proxy), ``group`` (brokers) and ``rpc`` (a client endpoint string like tcp:127.0.0.1:7800)."""
 
@@ -171,6 +173,10 @@ class ClusterConfig:
             if not endpoint.startswith(("tcp:", "unix:", "tcp6:")) or ":" not in endpoint[4:]:
                 key = "controllers" if endpoint in self.controllers else "advertise_rpc"
                 raise ConfigError(f"{key} must be client endpoints like tcp:127.0.0.1:7910, not {endpoint!r}")
+        if not all(isinstance(k, str) and isinstance(v, str) and v for k, v in self.advertise.items()):
+            raise ConfigError("advertise maps listener kinds to addresses (advertise.mqtt = \"tcp:host:1883\")")
+        if "rpc" in self.advertise:
+            raise ConfigError("advertise.rpc: the RPC address members dial is advertise_rpc")
         ids = [m.id for m in self.members]
         if len(set(ids)) != len(ids):
             raise ConfigError("members: a member id is listed twice")
