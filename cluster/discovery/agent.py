@@ -8,7 +8,7 @@ every ``heartbeat_interval``:
 - once registered, heartbeats there; ``not_leader`` moves it on with the same generation (a new
   leader lists the records its predecessor committed), ``stale_lease`` or ``unknown_member``
   (evicted, or forgotten) makes it register again;
-- reads the metadata (``controller.metadata``, any controller) when a heartbeat's answer or a
+- reads the metadata (``controller.metadata``, any controller: a healthy one, the leader first) when a heartbeat's answer or a
   pushed ``metadata`` event shows a version newer than the one it holds: push for speed, the
   heartbeat's version as the poll, so a lost push leaves it at most one heartbeat behind.
 
@@ -186,10 +186,18 @@ class MemberAgent(service.Service):
         if not isinstance(version, int) or version <= self.version or self._reading:
             return
         self._reading = True
-        d = self._leader().call("controller.metadata", msgpack.packb({}))
+        d = self._reader().call("controller.metadata", msgpack.packb({}))
         d.addCallback(self._got_metadata)
         d.addErrback(lambda f: log.info("member_metadata_unavailable reason=%s", f.getErrorMessage()))
         d.addBoth(self._read_done)
+
+    def _reader(self):
+        """The controller to read the metadata from. Any controller answers it (a call without a fixed target),
+        so an unhealthy one is avoided: the leader if it is healthy (its log is the newest), else the next
+        healthy one, else the leader all the same."""
+        leader = self._leader()
+        ordered = [leader] + [p for p in self.controllers if p is not leader]
+        return next((p for p in ordered if p.healthy), leader)
 
     def _read_done(self, _result) -> None:
         self._reading = False
