@@ -20,7 +20,7 @@ class ControllerConfig:
     raft: str = "127.0.0.1:7900"
     """This controller's Raft address, HOST:PORT: it binds it and its peers dial it (``--raft``). pysyncobj unpickles what reaches it: keep it on loopback or a private network."""
     peers: tuple[str, ...] = ()
-    """The other controllers' Raft addresses (``--peer``, repeatable); empty: a single controller, its own majority."""
+    """The other controllers' Raft addresses (``--peer``, repeatable), each HOST:PORT or ID=HOST:PORT to name the controller by its member id (its --node-id) in cluster/members and elect-leader; empty: a single controller, its own majority."""
     rpc: tuple[str, ...] = ("tcp:7910:interface=127.0.0.1",)
     """RPC listeners members register, heartbeat and read metadata on (``--rpc``)."""
     tick: float = 0.05
@@ -40,14 +40,29 @@ class ControllerConfig:
     compaction_seconds: float = 300.0
     """Seconds after which the metadata is snapshotted even with fewer entries."""
 
+    def peer_addresses(self) -> tuple[str, ...]:
+        """The peers' Raft addresses (an ``ID=`` prefix left out)."""
+        return tuple(peer.rpartition("=")[2] for peer in self.peers)
+
+    def peer_ids(self) -> dict[str, str]:
+        """Raft address -> member id of the peers named ``ID=HOST:PORT``."""
+        return {address: name for name, sep, address in (p.rpartition("=") for p in self.peers) if sep}
+
     def validate(self) -> None:
         _host_port("raft", self.raft)
         for peer in self.peers:
-            _host_port("peers", peer)
-        if self.raft in self.peers:
+            name, sep, address = peer.rpartition("=")
+            if sep and not name:
+                raise ConfigError(f"peers: {peer!r} names no controller before '=' (ID=HOST:PORT, like c2=127.0.0.1:7901)")
+            _host_port("peers", address)
+        addresses = self.peer_addresses()
+        if self.raft in addresses:
             raise ConfigError(f"peers lists this controller's own raft address {self.raft!r}")
-        if len(set(self.peers)) != len(self.peers):
+        if len(set(addresses)) != len(addresses):
             raise ConfigError("peers lists an address twice")
+        names = list(self.peer_ids().values())
+        if len(set(names)) != len(names):
+            raise ConfigError("peers names two controllers alike")
         for key in ("tick", "append_period", "election_min", "election_max", "connection_retry", "leader_fallback",
                     "compaction_seconds"):
             if getattr(self, key) <= 0:

@@ -128,7 +128,7 @@ class RaftNode:
     def start(self) -> None:
         os.makedirs(os.path.dirname(self.conf.journalFile), exist_ok=True)
         self.metadata.on_applied = lambda: self.reactor.callFromThread(self._changed)
-        self._sync = SyncObj(self.address, list(self.cfg.peers), self.conf, consumers=[self.metadata])
+        self._sync = SyncObj(self.address, list(self.cfg.peer_addresses()), self.conf, consumers=[self.metadata])
         self._sync.addOnTickCallback(self._run_thread_calls)
 
     def stop(self) -> defer.Deferred:
@@ -160,10 +160,10 @@ class RaftNode:
         if self._sync is None:
             return {"state": "stopped"}
         s = self._sync.getStatus()
-        connected = [peer for peer in self.cfg.peers if s.get(f"partner_node_status_server_{peer}") == 2]
+        connected = [peer for peer in self.cfg.peer_addresses() if s.get(f"partner_node_status_server_{peer}") == 2]
         return {"address": self.address, "leader": self.leader, "is_leader": self.is_leader, "term": s["raft_term"],
                 "has_quorum": bool(s["has_quorum"]), "commit_index": s["commit_idx"],
-                "last_applied": s["last_applied"], "log_length": s["log_len"], "peers": list(self.cfg.peers),
+                "last_applied": s["last_applied"], "log_length": s["log_len"], "peers": list(self.cfg.peer_addresses()),
                 "peers_connected": connected}
 
     def read(self, fn):

@@ -63,7 +63,7 @@ class ControllerOptions(usage.Options):
         self.peers: list[str] = []
 
     def opt_peer(self, value):
-        """another controller's Raft address HOST:PORT (repeatable; overrides controller.peers)"""
+        """another controller's Raft address HOST:PORT, or ID=HOST:PORT with its member id (repeatable; overrides controller.peers)"""
         self.peers.append(value)
 
     def opt_rpc(self, value):
@@ -153,9 +153,10 @@ class ControllerParts:
         self.controller.register(self.dispatcher)
         settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes)
         hello = Hello(cluster.cluster_id, cluster.node_id, "controller", RPC_VERSION)
-        self.rpc = RpcServerFactory(hello, settings, reactor, self.dispatcher, health=health_probe(cfg))
+        health = health_probe(cfg)
+        self.rpc = RpcServerFactory(hello, settings, reactor, self.dispatcher, health=health)
         self.rpc.on_lost(self.controller.connection_lost)
-        handlers = ControllerHandlers(self.controller, self.raft, twistmq_version(), reactor)
+        handlers = ControllerHandlers(self.controller, self.raft, twistmq_version(), reactor, cluster.node_id, health)
         api = AdminAPI(served_by(routes(), "controller"), handlers, cfg.admin.token)
         site = controller_site(self.raft, self.controller, [self.metrics], api)
         self.listeners = [ListenerService(listener, endpoints.serverFromString(reactor, listener.description),
