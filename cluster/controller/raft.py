@@ -11,7 +11,8 @@ Calls into pysyncobj that touch its transport (``transferLeadership``) must run 
 ``_on_its_thread`` queues them for its next tick.
 
 The journal (``raft.journal``) and snapshots (``raft.snapshot``) live in the data directory; the
-journal is memory-mapped and flushed by pysyncobj once a second. With ``[cluster] secret`` set,
+journal is memory-mapped and flushed by pysyncobj once a second. They are checked before pysyncobj
+opens them (``raft_files``): one it would misread stops the start instead of starting empty. With ``[cluster] secret`` set,
 it is pysyncobj's password: peers' traffic is encrypted and a peer without it is not heard.
 """
 
@@ -27,6 +28,7 @@ from twisted.internet import defer
 
 from cluster.controller.config import ControllerConfig
 from cluster.controller.metadata import Metadata
+from cluster.controller.raft_files import check_raft_files
 
 log = logging.getLogger("twistmq.controller")
 
@@ -126,7 +128,9 @@ class RaftNode:
     # -- lifecycle -------------------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Open the Raft files and start pysyncobj's thread; a file it would misread is ``UnreadableRaftFile``."""
         os.makedirs(os.path.dirname(self.conf.journalFile), exist_ok=True)
+        check_raft_files(self.conf.journalFile, self.conf.fullDumpFile)
         self.metadata.on_applied = lambda: self.reactor.callFromThread(self._changed)
         self._sync = SyncObj(self.address, list(self.cfg.peer_addresses()), self.conf, consumers=[self.metadata])
         self._sync.addOnTickCallback(self._run_thread_calls)

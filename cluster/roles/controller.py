@@ -27,6 +27,7 @@ from cluster.admin.api import AdminAPI
 from cluster.admin.controller_handlers import ControllerHandlers
 from cluster.admin.routes import routes, served_by
 from cluster.controller.raft import RaftNode
+from cluster.controller.raft_files import UnreadableRaftFile
 from cluster.controller.service import Controller
 from cluster.controller.site import controller_site
 from cluster.roles.common import default_node_id, health_probe, rpc_and_http_listeners
@@ -44,7 +45,7 @@ from store.config import ConfigError
 
 log = logging.getLogger("twistmq.controller")
 
-START_ERRORS = (ConfigError, OSError)
+START_ERRORS = (ConfigError, OSError, UnreadableRaftFile)
 
 
 class ControllerOptions(usage.Options):
