@@ -19,6 +19,8 @@ class ControllerConfig:
 
     raft: str = "127.0.0.1:7900"
     """This controller's Raft address, HOST:PORT: it binds it and its peers dial it (``--raft``). pysyncobj unpickles what reaches it: keep it on loopback or a private network."""
+    raft_bind: str = ""
+    """HOST:PORT this controller binds for Raft when its peers dial another address for it (a relay, NAT: then raft is that address, as its peers list it); empty: it binds raft itself."""
     peers: tuple[str, ...] = ()
     """The other controllers' Raft addresses (``--peer``, repeatable), each HOST:PORT or ID=HOST:PORT to name the controller by its member id (its --node-id) in cluster/members and elect-leader; empty: a single controller, its own majority."""
     rpc: tuple[str, ...] = ("tcp:7910:interface=127.0.0.1",)
@@ -50,6 +52,8 @@ class ControllerConfig:
 
     def validate(self) -> None:
         _host_port("raft", self.raft)
+        if self.raft_bind:
+            _host_port("raft_bind", self.raft_bind)
         for peer in self.peers:
             name, sep, address = peer.rpartition("=")
             if sep and not name:

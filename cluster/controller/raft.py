@@ -115,6 +115,8 @@ class RaftNode:
         self.conf = SyncObjConf(
             autoTick=True, autoTickPeriod=cfg.tick, appendEntriesPeriod=cfg.append_period,
             raftMinTimeout=cfg.election_min, raftMaxTimeout=cfg.election_max,
+            # pysyncobj binds 0.0.0.0 at raft's port unless told: bind exactly what is configured
+            bindAddress=cfg.raft_bind or cfg.raft,
             connectionRetryTime=cfg.connection_retry, connectionTimeout=max(3.5, cfg.election_max * 3),
             leaderFallbackTimeout=cfg.leader_fallback,
             logCompactionMinEntries=cfg.compaction_entries, logCompactionMinTime=cfg.compaction_seconds,

@@ -56,6 +56,7 @@ class ControllerOptions(usage.Options):
         ["data-dir", "d", None, "data directory: the Raft journal and snapshot (overrides node.data_dir)"],
         ["node-id", None, None, "this controller's member id (overrides cluster.node_id)"],
         ["raft", None, None, "this controller's Raft address HOST:PORT (overrides controller.raft)"],
+        ["raft-bind", None, None, "the Raft address to bind when peers dial another one (overrides controller.raft_bind)"],
     ]
 
     def __init__(self) -> None:
@@ -94,6 +95,8 @@ def controller_config(options: ControllerOptions):
     changes = {}
     if options["raft"]:
         changes["raft"] = options["raft"]
+    if options["raft-bind"]:
+        changes["raft_bind"] = options["raft-bind"]
     if options.peers:
         changes["peers"] = tuple(options.peers)
     if options.listeners.get("rpc"):
@@ -104,7 +107,7 @@ def controller_config(options: ControllerOptions):
             controller.validate()
         except ConfigError as exc:
             raise ConfigError(f"controller.{exc}") from None
-    _check_raft_exposure(controller.raft, cluster.secret)
+    _check_raft_exposure(controller.raft_bind or controller.raft, cluster.secret)  # what it binds is exposed
     flags = bool(options.listeners)
     listeners = rpc_and_http_listeners(
         cfg, "controller", list(controller.rpc), options.listeners.get("http", []) if flags else list(cfg.node.http),
