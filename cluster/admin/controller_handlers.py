@@ -32,20 +32,28 @@ class ControllerHandlers:
     """``cluster/members``, ``cluster/elect-leader``, ``cluster/controllers/metadata`` and the broker groups'
     ``sync-state-set`` and ``elect-master`` on a controller."""
 
-    def __init__(self, controller, raft, version: str, clock) -> None:
+    def __init__(self, controller, raft, version: str, clock, node_id: str = "", health=lambda: True) -> None:
         self.controller = controller
         self.raft = raft
         self.version = version
         self.clock = clock
+        self.health = health  # this controller's health flag (the one its RPC heartbeats carry)
+        # Raft address -> member id: its own (--node-id) and the peers named ID=HOST:PORT; others by address
+        self.ids = {**raft.cfg.peer_ids(), **({raft.address: node_id} if node_id else {})}
+
+    def _id(self, address: str | None) -> str | None:
+        return None if address is None else self.ids.get(address, address)
 
     def _controllers(self) -> list[dict]:
         leader = self.raft.leader
         connected = self.raft.status().get("peers_connected", [])
-        return [{"id": address, "role": "controller", "group": None, "active": True, "healthy": True,
-                 "leader": address == leader, "joined": address == self.raft.address or address in connected,
-                 "zone": "", "version": self.version if address == self.raft.address else "", "address": address,
+        me = self.raft.address
+        return [{"id": self._id(address), "role": "controller", "group": None, "active": True,
+                 "healthy": bool(self.health()) if address == me else True,
+                 "leader": address == leader, "joined": address == me or address in connected,
+                 "zone": "", "version": self.version if address == me else "", "address": address,
                  "last_heartbeat": 0.0}
-                for address in [self.raft.address, *self.raft.cfg.peers]]
+                for address in [me, *self.raft.cfg.peer_addresses()]]
 
     def list_members(self, params, query, body):
         return self._controllers() + [member_row(r) for r in self.controller.members()]
@@ -58,14 +66,17 @@ class ControllerHandlers:
     def elect_leader(self, params, query, body):
         target = (body or {}).get("id")
         if target is not None and not isinstance(target, str):
-            raise ApiError(400, "bad_request", "id must be a controller's Raft address (a string) or null")
+            raise ApiError(400, "bad_request", "id must be a controller's id or Raft address (a string) or null")
         previous = self.raft.address
         if not self.raft.is_leader:
-            leader = self.raft.leader or "the leader once one is elected"
+            leader = self._id(self.raft.leader) or "the leader once one is elected"
             raise ApiError(409, "not_leader", f"this controller is not the Raft leader; ask {leader}")
-        if target is not None and target not in self.raft.cfg.peers:
-            peers = ", ".join(self.raft.cfg.peers)
-            raise ApiError(404, "not_found", f"no other controller {target!r} (the others: {peers})")
+        peers = self.raft.cfg.peer_addresses()
+        if target is not None:
+            target = next((a for a in peers if self._id(a) == target), target)  # an id names its address
+        if target is not None and target not in peers:
+            named = ", ".join(self._id(a) for a in peers)
+            raise ApiError(404, "not_found", f"no other controller {target!r} (the others: {named})")
         try:
             yield self.raft.transfer_leadership(target)
         except Exception as exc:  # noqa: BLE001 - pysyncobj's refusals: the target lags, or no peer is connected
@@ -76,9 +87,9 @@ class ControllerHandlers:
         while self.clock.seconds() < deadline:
             leader = self.raft.leader
             if leader is not None and leader != previous:
-                return {"previous": previous, "leader": leader}
+                return {"previous": self._id(previous), "leader": self._id(leader)}
             yield task.deferLater(self.clock, 0.02, lambda: None)
-        return {"previous": previous, "leader": None}
+        return {"previous": self._id(previous), "leader": None}
 
     def get_sync_state_set(self, params, query, body):
         info = self.controller.replica_info(params["group"])

@@ -25,8 +25,10 @@ from store.timer_service import TimerNotFound
 class Handlers:
     """The admin routes of one process (a node: every role's part of the API)."""
 
-    def __init__(self, view, clock, stats, timers=None, native=None, history=None, bridges=None) -> None:
+    def __init__(self, view, clock, stats, timers=None, native=None, history=None, bridges=None,
+                 member=None) -> None:
         self.view = view
+        self.member = member  # () -> this process's own cluster/members row (a standalone node)
         self.clock = clock
         self.stats = stats  # () -> the Stats object of openapi.json
         self.timers = timers  # store.timer_service.TimerService
@@ -46,6 +48,9 @@ class Handlers:
         return self.stats()
 
     def list_members(self, params, query, body):
+        """A standalone node (no controllers) is the whole cluster: it lists itself."""
+        if self.member is not None:
+            return [self.member()]
         return [{"id": self.view.member_id, "role": "node", "group": None, "active": True, "healthy": True,
                  "leader": False}]
 

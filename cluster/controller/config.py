@@ -19,8 +19,10 @@ class ControllerConfig:
 
     raft: str = "127.0.0.1:7900"
     """This controller's Raft address, HOST:PORT: it binds it and its peers dial it (``--raft``). pysyncobj unpickles what reaches it: keep it on loopback or a private network."""
+    raft_bind: str = ""
+    """HOST:PORT this controller binds for Raft when its peers dial another address for it (a relay, NAT: then raft is that address, as its peers list it); empty: it binds raft itself."""
     peers: tuple[str, ...] = ()
-    """The other controllers' Raft addresses (``--peer``, repeatable); empty: a single controller, its own majority."""
+    """The other controllers' Raft addresses (``--peer``, repeatable), each HOST:PORT or ID=HOST:PORT to name the controller by its member id (its --node-id) in cluster/members and elect-leader; empty: a single controller, its own majority."""
     rpc: tuple[str, ...] = ("tcp:7910:interface=127.0.0.1",)
     """RPC listeners members register, heartbeat and read metadata on (``--rpc``)."""
     tick: float = 0.05
@@ -48,14 +50,31 @@ class ControllerConfig:
     unclean_master_election: bool = False
     """Allow electing a broker group's master from outside its SyncStateSet when no member of the set is alive (RIP-44's enableUncleanMasterElect): the group serves again, but messages the old master acknowledged may be lost."""
 
+    def peer_addresses(self) -> tuple[str, ...]:
+        """The peers' Raft addresses (an ``ID=`` prefix left out)."""
+        return tuple(peer.rpartition("=")[2] for peer in self.peers)
+
+    def peer_ids(self) -> dict[str, str]:
+        """Raft address -> member id of the peers named ``ID=HOST:PORT``."""
+        return {address: name for name, sep, address in (p.rpartition("=") for p in self.peers) if sep}
+
     def validate(self) -> None:
         _host_port("raft", self.raft)
+        if self.raft_bind:
+            _host_port("raft_bind", self.raft_bind)
         for peer in self.peers:
-            _host_port("peers", peer)
-        if self.raft in self.peers:
+            name, sep, address = peer.rpartition("=")
+            if sep and not name:
+                raise ConfigError(f"peers: {peer!r} names no controller before '=' (ID=HOST:PORT, like c2=127.0.0.1:7901)")
+            _host_port("peers", address)
+        addresses = self.peer_addresses()
+        if self.raft in addresses:
             raise ConfigError(f"peers lists this controller's own raft address {self.raft!r}")
-        if len(set(self.peers)) != len(self.peers):
+        if len(set(addresses)) != len(addresses):
             raise ConfigError("peers lists an address twice")
+        names = list(self.peer_ids().values())
+        if len(set(names)) != len(names):
+            raise ConfigError("peers names two controllers alike")
         for key in ("tick", "append_period", "election_min", "election_max", "connection_retry", "leader_fallback",
                     "compaction_seconds", "broker_heartbeat_interval", "broker_timeout", "broker_scan_interval"):
             if getattr(self, key) <= 0:

@@ -11,7 +11,8 @@ Calls into pysyncobj that touch its transport (``transferLeadership``) must run 
 ``_on_its_thread`` queues them for its next tick.
 
 The journal (``raft.journal``) and snapshots (``raft.snapshot``) live in the data directory; the
-journal is memory-mapped and flushed by pysyncobj once a second. With ``[cluster] secret`` set,
+journal is memory-mapped and flushed by pysyncobj once a second. They are checked before pysyncobj
+opens them (``raft_files``): one it would misread stops the start instead of starting empty. With ``[cluster] secret`` set,
 it is pysyncobj's password: peers' traffic is encrypted and a peer without it is not heard.
 """
 
@@ -27,6 +28,7 @@ from twisted.internet import defer
 
 from cluster.controller.config import ControllerConfig
 from cluster.controller.metadata import Metadata
+from cluster.controller.raft_files import check_raft_files
 
 log = logging.getLogger("twistmq.controller")
 
@@ -131,6 +133,8 @@ class RaftNode:
         self.conf = SyncObjConf(
             autoTick=True, autoTickPeriod=cfg.tick, appendEntriesPeriod=cfg.append_period,
             raftMinTimeout=cfg.election_min, raftMaxTimeout=cfg.election_max,
+            # pysyncobj binds 0.0.0.0 at raft's port unless told: bind exactly what is configured
+            bindAddress=cfg.raft_bind or cfg.raft,
             connectionRetryTime=cfg.connection_retry, connectionTimeout=max(3.5, cfg.election_max * 3),
             leaderFallbackTimeout=cfg.leader_fallback,
             logCompactionMinEntries=cfg.compaction_entries, logCompactionMinTime=cfg.compaction_seconds,
@@ -144,9 +148,11 @@ class RaftNode:
     # -- lifecycle -------------------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Open the Raft files and start pysyncobj's thread; a file it would misread is ``UnreadableRaftFile``."""
         os.makedirs(os.path.dirname(self.conf.journalFile), exist_ok=True)
+        check_raft_files(self.conf.journalFile, self.conf.fullDumpFile)
         self.metadata.on_applied = lambda: self.reactor.callFromThread(self._changed)
-        self._sync = SyncObj(self.address, list(self.cfg.peers), self.conf, consumers=[self.metadata])
+        self._sync = SyncObj(self.address, list(self.cfg.peer_addresses()), self.conf, consumers=[self.metadata])
         self._sync.addOnTickCallback(self._run_thread_calls)
 
     def stop(self) -> defer.Deferred:
@@ -178,10 +184,10 @@ class RaftNode:
         if self._sync is None:
             return {"state": "stopped"}
         s = self._sync.getStatus()
-        connected = [peer for peer in self.cfg.peers if s.get(f"partner_node_status_server_{peer}") == 2]
+        connected = [peer for peer in self.cfg.peer_addresses() if s.get(f"partner_node_status_server_{peer}") == 2]
         return {"address": self.address, "leader": self.leader, "is_leader": self.is_leader, "term": s["raft_term"],
                 "has_quorum": bool(s["has_quorum"]), "commit_index": s["commit_idx"],
-                "last_applied": s["last_applied"], "log_length": s["log_len"], "peers": list(self.cfg.peers),
+                "last_applied": s["last_applied"], "log_length": s["log_len"], "peers": list(self.cfg.peer_addresses()),
                 "peers_connected": connected}
 
     def read(self, fn):

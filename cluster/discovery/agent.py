@@ -8,13 +8,17 @@ every ``heartbeat_interval``:
 - once registered, heartbeats there; ``not_leader`` moves it on with the same generation (a new
   leader lists the records its predecessor committed), ``stale_lease`` or ``unknown_member``
   (evicted, or forgotten) makes it register again;
-- reads the metadata (``controller.metadata``, any controller) when a heartbeat's answer or a
+- reads the metadata (``controller.metadata``, any controller: a healthy one, the leader first) when a heartbeat's answer or a
   pushed ``metadata`` event shows a version newer than the one it holds: push for speed, the
   heartbeat's version as the poll, so a lost push leaves it at most one heartbeat behind.
 
 While no controller answers (a majority down), the member keeps serving with the metadata it
 has; nothing here stops it. ``record()`` is called at each register, so addresses bound after
 start (port 0) are in it. Listeners of ``on_metadata`` get each newer metadata map.
+
+``ids()`` is this process's snowflake id generator: the worker id the controllers leased it (kept
+across its re-registrations and restarts, freed only when it is forgotten) and the number of its
+record's zone; None until the first register answered with a worker id.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import msgpack
 from twisted.application import service
 from twisted.internet import defer, task
 
+from cluster.discovery.ids import SnowflakeIds, zone_number
 from cluster.discovery.members import MemberRecord
 
 log = logging.getLogger("twistmq.discovery")
@@ -52,6 +57,7 @@ class MemberAgent(service.Service):
         self._busy = False
         self._reading = False
         self._listeners: list[Callable[[dict], None]] = []
+        self._ids: SnowflakeIds | None = None
         self._loop: task.LoopingCall | None = None
         self.registrations = 0
         """Leases taken (the first and every re-registration; for metrics)."""
@@ -60,6 +66,14 @@ class MemberAgent(service.Service):
 
     def on_metadata(self, listener: Callable[[dict], None]) -> None:
         self._listeners.append(listener)
+
+    def ids(self) -> SnowflakeIds | None:
+        """The snowflake generator of the leased worker id (one per worker id, so ids never go back)."""
+        if self.worker is None:
+            return None
+        if self._ids is None or self._ids.worker != self.worker:
+            self._ids = SnowflakeIds(zone_number(self.record().zone), self.worker, self.clock)
+        return self._ids
 
     @property
     def joined(self) -> bool:
@@ -172,10 +186,18 @@ class MemberAgent(service.Service):
         if not isinstance(version, int) or version <= self.version or self._reading:
             return
         self._reading = True
-        d = self._leader().call("controller.metadata", msgpack.packb({}))
+        d = self._reader().call("controller.metadata", msgpack.packb({}))
         d.addCallback(self._got_metadata)
         d.addErrback(lambda f: log.info("member_metadata_unavailable reason=%s", f.getErrorMessage()))
         d.addBoth(self._read_done)
+
+    def _reader(self):
+        """The controller to read the metadata from. Any controller answers it (a call without a fixed target),
+        so an unhealthy one is avoided: the leader if it is healthy (its log is the newest), else the next
+        healthy one, else the leader all the same."""
+        leader = self._leader()
+        ordered = [leader] + [p for p in self.controllers if p is not leader]
+        return next((p for p in ordered if p.healthy), leader)
 
     def _read_done(self, _result) -> None:
         self._reading = False

@@ -10,8 +10,11 @@ of them, so the MQTT front end and the native server see a single store:
 - session state goes to the client id's group, share positions to the group
   each position names, retained messages to their topic's group (a filter's
   retained messages are merged from every group it spans);
-- native requests go to the queue's group (or the topic's);
-- a timer id is a commit-log offset of one group: cancelling asks each group.
+- native requests go to the queue's group (or the topic's), or to the group a ``msg_id`` they carry
+  names: the ids in replies are ``cluster.remote.msg_ids``'s (group number above the offset), so
+  they are unique across groups and a confirm, ack or timer cancel finds its group;
+- a timer id is a msg_id too: cancelling goes to the group it names (a plain offset, as ids were
+  before groups were numbered, asks each group in turn).
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from typing import Callable
+from typing import Callable, Mapping
 
 from twisted.internet import defer
 
+from cluster.remote.msg_ids import GroupIds, pack
 from cluster.routing import SlotTable
 from lightqueue.topic import filter_of
 from mqtt_proxy.native.codec import echo_of
@@ -56,17 +60,27 @@ def _gathered(ds: list[defer.Deferred]) -> defer.Deferred:
 class RoutedStore:
     """``store.api.Store`` over ``{group: Store}`` (see the module doc)."""
 
-    def __init__(self, table: SlotTable, groups: dict[str, api.Store]) -> None:
+    def __init__(self, table: SlotTable, groups: dict[str, api.Store],
+                 group_numbers: Mapping[str, int] | None = None) -> None:
         missing = set(table.groups) - set(groups)
         if missing:
             raise ValueError(f"no store for broker groups {sorted(missing)}")
         self.table = table
         self.groups = groups
+        self._group_numbers = dict(group_numbers or {})
+        self._ids = GroupIds(groups, self._group_numbers)
         self.native_unavailable = 0  # native requests answered for a group that could not be reached
         self._watch_ids = itertools.count(1)
         self._watches: dict[int, tuple[str, list[tuple[api.Store, api.Watch]]]] = {}
         self._claims: dict[str, tuple[int, dict[str, int]]] = {}  # client id -> (home epoch, group -> epoch)
         self._outbound_group: dict[tuple[str, int], str] = {}  # (client id, packet id) -> group of its position
+
+    @property
+    def ids(self) -> GroupIds:
+        """msg_ids: each group's number above its offsets (numbered again if the groups change)."""
+        if set(self._ids.numbers) != set(self.groups) | set(self._group_numbers):
+            self._ids = GroupIds(self.groups, self._group_numbers)
+        return self._ids
 
     def _group(self, name: str) -> api.Store:
         try:
@@ -427,13 +441,22 @@ class RoutedStore:
     # -- timers --------------------------------------------------------------------------------------------------
 
     def schedule_timer(self, message: Message, deliver_at_ms: int) -> defer.Deferred:
+        """The timer's id is a msg_id: its group's number above the offset."""
         if not isinstance(message, Message):
             return defer.fail(api.InvalidArgument(f"expected a Message, got {type(message).__name__}"))
-        return self.groups[self.table.group_of_topic(message.topic)].schedule_timer(message, deliver_at_ms)
+        group = self.table.group_of_topic(message.topic)
+        number = self.ids.numbers[group]
+        return self.groups[group].schedule_timer(message, deliver_at_ms).addCallback(lambda i: pack(number, i))
 
     def cancel_timer(self, timer_id: int) -> defer.Deferred:
-        """Ask each group in turn; the first that knows the id answers (ids are per-group offsets)."""
-        remaining = list(self.table.groups)
+        """To the group the id names; a plain offset (group number 0) asks each group in turn, group 0 first
+        (ids handed out before groups were numbered)."""
+        group, offset = self.ids.group_of(timer_id)
+        if group is None:
+            return defer.fail(api.NotFound(f"no timer {timer_id!r} (no broker group has its number)"))
+        if offset != timer_id:
+            return self.groups[group].cancel_timer(offset)
+        remaining = [group] + [g for g in self.table.groups if g != group]
 
         def attempt(_=None):
             if not remaining:
@@ -447,9 +470,10 @@ class RoutedStore:
     # -- native queues ----------------------------------------------------------------------------------------------
 
     def native_request(self, request: api.NativeObject, max_data_bytes: int | None = None) -> defer.Deferred:
-        """To the group of the request's queue (by name) or topic (by first level); a request naming neither
-        (lists, monitors) to every group, their replies merged. A group that cannot be reached answers
-        ``code: -1`` naming it: nothing is acknowledged that its broker did not store."""
+        """To the group a ``msg_id`` in the request names, else to the group of its queue (by name) or topic
+        (by first level); a request naming neither (lists, monitors) to every group, their replies merged.
+        Offsets in the replies become msg_ids (``cluster.remote.msg_ids``). A group that cannot be reached
+        answers ``code: -1`` naming it: nothing is acknowledged that its broker did not store."""
         if not isinstance(request, dict):
             return defer.fail(api.InvalidArgument(f"a native request is a JSON object, not {type(request).__name__}"))
         queue, topic = request.get("queue"), request.get("topic")
@@ -462,8 +486,32 @@ class RoutedStore:
                 groups = self.table.groups
         except Exception:  # noqa: BLE001 - a name routing cannot read: the first group's broker names the problem
             groups = self.table.groups[:1]
+        msg_id = request.get("msg_id")
+        if isinstance(msg_id, int) and not isinstance(msg_id, bool) and msg_id >= 0:
+            group, offset = self.ids.group_of(msg_id)
+            if group is None:
+                return defer.succeed(native_types.error_reply(f"msg_id {msg_id} names no broker group",
+                                                              echo_of(request)))
+            if offset != msg_id:
+                groups, request = (group,), dict(request, msg_id=offset)
+            elif not isinstance(queue, str) and not isinstance(topic, str):
+                # a plain offset naming no queue (a timer cancel): its group number is 0's, but an id
+                # handed out before groups were numbered may be any group's: ask each, group 0 first
+                return self._native_first_ok([group] + [g for g in self.table.groups if g != group],
+                                             request, max_data_bytes)
         ds = [self._native_in(g, request, max_data_bytes) for g in groups]
         return ds[0] if len(ds) == 1 else defer.gatherResults(ds).addCallback(merged_native_replies)
+
+    def _native_first_ok(self, groups: list[str], request: dict, max_data_bytes: int | None) -> defer.Deferred:
+        """Ask ``groups`` in turn; the first success answers, else the first group's error."""
+        def answered(reply, rest, first):
+            if reply.get("code", 0) == 0:
+                return dict(reply, msg_id=request["msg_id"]) if "msg_id" in reply else reply
+            return ask(rest, first or reply) if rest else first or reply
+
+        def ask(rest, first=None):
+            return self._native_in(rest[0], request, max_data_bytes).addCallback(answered, rest[1:], first)
+        return ask(groups)
 
     def _native_in(self, group: str, request: dict, max_data_bytes: int | None) -> defer.Deferred:
         def failed(failure):
@@ -473,7 +521,10 @@ class RoutedStore:
             return native_types.error_reply(f"broker group {group} unavailable: {failure.getErrorMessage()}",
                                             echo_of(request))
 
-        return self.groups[group].native_request(request, max_data_bytes).addErrback(failed)
+        queue_request = isinstance(request.get("queue"), str)
+        d = self.groups[group].native_request(request, max_data_bytes)
+        return d.addCallback(lambda reply: self.ids.reply(group, reply, queue_request)
+                             if isinstance(reply, dict) else reply).addErrback(failed)
 
 
 def merged_native_replies(replies: list[dict]) -> dict:

@@ -240,7 +240,8 @@ def member_agent(reactor, cfg, node_type: str, listeners, health) -> MemberAgent
     """The agent that registers this broker or proxy with ``[cluster] controllers`` (None when there are none).
 
     Its record is made at each register from the bound *listeners*: ``rpc_address`` is
-    ``[cluster] advertise_rpc`` or the first RPC listener's address, ``addresses`` every other listener's.
+    ``[cluster] advertise_rpc`` or the first RPC listener's address, ``addresses`` every other listener's,
+    or what ``[cluster] advertise`` says for its kind (a load balancer, NAT or relay in front).
     """
     cluster = cfg.cluster
     if not cluster.controllers:
@@ -254,8 +255,9 @@ def member_agent(reactor, cfg, node_type: str, listeners, health) -> MemberAgent
     def record() -> MemberRecord:
         bound = [(svc.listener.key, address(svc.port)) for svc in listeners if getattr(svc, "port", None)]
         rpc = cluster.advertise_rpc or next((f"tcp:{addr}" for key, addr in bound if key == "rpc"), "")
-        return MemberRecord(cluster.cluster_id, cluster.node_id, node_type, version=twistmq_version(),
-                            rpc_address=rpc, addresses={key: addr for key, addr in bound if key != "rpc"},
+        return MemberRecord(cluster.cluster_id, cluster.node_id, node_type, zone=cluster.zone,
+                            version=twistmq_version(), rpc_address=rpc,
+                            addresses={**{key: addr for key, addr in bound if key != "rpc"}, **cluster.advertise},
                             group=cluster.group if node_type == "broker" else "", healthy=bool(health()))
 
     return MemberAgent(reactor, controllers, record, cfg.discovery.heartbeat_interval, health)

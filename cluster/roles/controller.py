@@ -27,6 +27,7 @@ from cluster.admin.api import AdminAPI
 from cluster.admin.controller_handlers import ControllerHandlers
 from cluster.admin.routes import routes, served_by
 from cluster.controller.raft import RaftNode
+from cluster.controller.raft_files import UnreadableRaftFile
 from cluster.controller.service import Controller
 from cluster.controller.site import controller_site
 from cluster.roles.common import default_node_id, health_probe, rpc_and_http_listeners
@@ -44,7 +45,7 @@ from store.config import ConfigError
 
 log = logging.getLogger("twistmq.controller")
 
-START_ERRORS = (ConfigError, OSError)
+START_ERRORS = (ConfigError, OSError, UnreadableRaftFile)
 
 
 class ControllerOptions(usage.Options):
@@ -55,6 +56,7 @@ class ControllerOptions(usage.Options):
         ["data-dir", "d", None, "data directory: the Raft journal and snapshot (overrides node.data_dir)"],
         ["node-id", None, None, "this controller's member id (overrides cluster.node_id)"],
         ["raft", None, None, "this controller's Raft address HOST:PORT (overrides controller.raft)"],
+        ["raft-bind", None, None, "the Raft address to bind when peers dial another one (overrides controller.raft_bind)"],
     ]
 
     def __init__(self) -> None:
@@ -63,7 +65,7 @@ class ControllerOptions(usage.Options):
         self.peers: list[str] = []
 
     def opt_peer(self, value):
-        """another controller's Raft address HOST:PORT (repeatable; overrides controller.peers)"""
+        """another controller's Raft address HOST:PORT, or ID=HOST:PORT with its member id (repeatable; overrides controller.peers)"""
         self.peers.append(value)
 
     def opt_rpc(self, value):
@@ -93,6 +95,8 @@ def controller_config(options: ControllerOptions):
     changes = {}
     if options["raft"]:
         changes["raft"] = options["raft"]
+    if options["raft-bind"]:
+        changes["raft_bind"] = options["raft-bind"]
     if options.peers:
         changes["peers"] = tuple(options.peers)
     if options.listeners.get("rpc"):
@@ -103,7 +107,7 @@ def controller_config(options: ControllerOptions):
             controller.validate()
         except ConfigError as exc:
             raise ConfigError(f"controller.{exc}") from None
-    _check_raft_exposure(controller.raft, cluster.secret)
+    _check_raft_exposure(controller.raft_bind or controller.raft, cluster.secret)  # what it binds is exposed
     flags = bool(options.listeners)
     listeners = rpc_and_http_listeners(
         cfg, "controller", list(controller.rpc), options.listeners.get("http", []) if flags else list(cfg.node.http),
@@ -154,9 +158,10 @@ class ControllerParts:
         self.controller.register(self.dispatcher)
         settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes)
         hello = Hello(cluster.cluster_id, cluster.node_id, "controller", RPC_VERSION)
-        self.rpc = RpcServerFactory(hello, settings, reactor, self.dispatcher, health=health_probe(cfg))
+        health = health_probe(cfg)
+        self.rpc = RpcServerFactory(hello, settings, reactor, self.dispatcher, health=health)
         self.rpc.on_lost(self.controller.connection_lost)
-        handlers = ControllerHandlers(self.controller, self.raft, twistmq_version(), reactor)
+        handlers = ControllerHandlers(self.controller, self.raft, twistmq_version(), reactor, cluster.node_id, health)
         api = AdminAPI(served_by(routes(), "controller"), handlers, cfg.admin.token)
         site = controller_site(self.raft, self.controller, [self.metrics], api)
         self.listeners = [ListenerService(listener, endpoints.serverFromString(reactor, listener.description),

@@ -33,6 +33,7 @@ from cluster.roles.common import (
     bridge_parts,
     client_listeners,
     client_security,
+    health_probe,
     mongodb_pool,
     node_config,
     security_reloader,
@@ -88,6 +89,7 @@ class NodeParts:
         # StoreParts).
         self.store.retention.add_holder(self.mqtt.owed)
         self.lag = ReactorLagProbe(reactor)  # twistmq_reactor_lag_seconds: nothing may hold the reactor
+        self.health = health_probe(cfg)
         # The admin API, its figures (latency histograms fed by the store and the delivery pump) and history.
         self.view = NodeView(self.mqtt, self.store, cfg.admin.member_id or f"node@{socket.gethostname()}",
                              retained=self.retained)
@@ -101,7 +103,8 @@ class NodeParts:
         self.sys = SysPublisher(self.mqtt, self.local_store, reactor, cfg.mqtt.sys_interval, twistmq_version(),
                                 self._broker_figures, extra=self.figures.sys_values)
         handlers = Handlers(self.view, reactor, self._overview, self.timers, self.native.engine, self.history,
-                            bridges=self.bridges.rows if self.bridges is not None else None)
+                            bridges=self.bridges.rows if self.bridges is not None else None,
+                            member=self._member)
         self.admin_api = AdminAPI(served_by(routes(), "node"), handlers, cfg.admin.token, cfg.admin.max_body_bytes)
         self.extra_stats = [("native", self.native.stats), ("timer", self.timers.stats)]
         if self.mongodb is not None:
@@ -119,6 +122,14 @@ class NodeParts:
     def reloader(self) -> Reloader:
         """SIGHUP re-reads the password file, the ACL and the TLS certificates (mqtt_proxy/auth/reload.py)."""
         return security_reloader(self.mqtt, self.streams)
+
+    def _member(self) -> dict:
+        """This node's row in cluster/members: its id (as clients' ``proxy`` field), the group its store
+        serves, its health flag now (``[cluster]`` limits), zone and version; it is its own cluster."""
+        cluster = self.cfg.cluster
+        return {"id": self.view.member_id, "role": "node", "group": cluster.group, "active": True,
+                "healthy": bool(self.health()), "leader": False, "joined": True, "zone": cluster.zone,
+                "version": twistmq_version()}
 
     def _broker_figures(self) -> dict[str, str]:
         """$SYS figures only the broker side knows (the front end sees the store interface only)."""

@@ -111,7 +111,7 @@ class ProxyParts:
             peer.on_event(lambda topic, body, g=member.group: self._event(g, topic, body))
             self.remotes[member.group] = remote
         self.table = SlotTable.build(tuple(self.remotes), cluster.slot_assignment(), dict(cluster.routes))
-        self.store = RoutedStore(self.table, self.remotes)
+        self.store = RoutedStore(self.table, self.remotes, cluster.group_numbers)
         mqtt = cfg.mqtt
         self.mongodb = mongodb_pool(reactor, cfg)  # None unless the config uses MongoDB
         self.auth_executor, auth, acl = client_security(reactor, cfg, self.mongodb)

@@ -121,6 +121,8 @@ class ClusterConfig:
     """Cluster name, checked in every RPC handshake: a node of another cluster is refused."""
     node_id: str = ""
     """This process's member id, kept across restarts; empty: the name of the data directory given by --data-dir or node.data_dir, else the host name."""
+    zone: str = ""
+    """This process's zone (data centre, cloud region), listed in its member record; its number (0-15: the sum of the name's UTF-8 bytes mod 16, so the same in every process) is the 4-bit zone field of the snowflake ids it makes. Worker ids are leased cluster-wide, so two zones sharing a number never share an id."""
     group: str = "g1"
     """The broker group a broker serves (every queue position it hands out names it)."""
     rpc: tuple[str, ...] = ("tcp:7800:interface=127.0.0.1",)
@@ -139,12 +141,16 @@ class ClusterConfig:
     """Hash slots (0-1023) of each broker group, as ``group = "0-511,700"``; empty: even contiguous ranges in group-name order. Every slot must be assigned once."""
     routes: dict = dataclasses.field(default_factory=dict)
     """Explicit routes: a first topic level to the group that stores it (``sensors = "g2"``); they win over the slots."""
+    group_numbers: dict = dataclasses.field(default_factory=dict)
+    """The number of each broker group in native msg_ids (0-32767, above its 48-bit commit-log offset), as ``g2 = 1``; groups not listed take the lowest free numbers in group-name order. Group 0's msg_ids are plain offsets. Pin the numbers before adding a group whose name sorts before an existing one: a group's number must never change while its ids are in use."""
     secret: str = ""
     """The cluster's shared secret: the password of the controllers' Raft traffic (pysyncobj encrypts and authenticates with it; a controller with another secret is not heard). A controller whose raft address is not on loopback refuses to start without one. The RPC handshake does not check it yet: keep RPC listeners on loopback or a private network."""
     controllers: tuple[str, ...] = ()
     """The controllers' RPC addresses, as client endpoint strings (``tcp:127.0.0.1:7910``). When set, brokers and proxies register with them, heartbeat every [discovery] heartbeat_interval and learn the metadata (listed in the controllers' cluster/members, evicted when silent for a lease); slots, routes and brokers still come from this file. Empty: the static membership below only."""
     advertise_rpc: str = ""
     """The RPC address members are told to dial (a client endpoint string), when it differs from the one bound (NAT, a relay); empty: the first RPC listener's bound address."""
+    advertise: dict = dataclasses.field(default_factory=dict)
+    """Client-facing addresses listed in this process's member record instead of the ones it binds, by listener kind (``mqtt = "tcp:mqtt.example.com:1883"``; kinds: mqtt, mqtt_tls, mqtt_ws, native, native_udp, http), for a load balancer, NAT or relay in front of it; a kind not listed shows its bound address. The RPC address is advertise_rpc."""
     members: tuple = ()
     """The static membership, as ``[[cluster.members]]`` tables with ``id``, ``role`` (broker or proxy), ``group`` (brokers) and ``rpc`` (a client endpoint string like tcp:127.0.0.1:7800)."""
 
@@ -153,6 +159,8 @@ class ClusterConfig:
             raise ConfigError("cluster_id must not be empty")
         if not self.group:
             raise ConfigError("group must not be empty")
+        if self.zone != self.zone.strip() or len(self.zone) > 64:
+            raise ConfigError(f"zone must be a name of at most 64 characters without surrounding spaces, not {self.zone!r}")
         for key in ("call_timeout", "heartbeat_interval"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be positive, not {getattr(self, key)!r}")
@@ -168,6 +176,10 @@ class ClusterConfig:
             if not endpoint.startswith(("tcp:", "unix:", "tcp6:")) or ":" not in endpoint[4:]:
                 key = "controllers" if endpoint in self.controllers else "advertise_rpc"
                 raise ConfigError(f"{key} must be client endpoints like tcp:127.0.0.1:7910, not {endpoint!r}")
+        if not all(isinstance(k, str) and isinstance(v, str) and v for k, v in self.advertise.items()):
+            raise ConfigError("advertise maps listener kinds to addresses (advertise.mqtt = \"tcp:host:1883\")")
+        if "rpc" in self.advertise:
+            raise ConfigError("advertise.rpc: the RPC address members dial is advertise_rpc")
         ids = [m.id for m in self.members]
         if len(set(ids)) != len(ids):
             raise ConfigError("members: a member id is listed twice")
@@ -178,6 +190,14 @@ class ClusterConfig:
             self.slot_assignment()
         except ValueError as exc:
             raise ConfigError(f"slots: {exc}") from None
+        if not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+                   for k, v in self.group_numbers.items()):
+            raise ConfigError("group_numbers maps broker groups to integers (group_numbers.g2 = 1)")
+        numbers = list(self.group_numbers.values())
+        if len(set(numbers)) != len(numbers):
+            raise ConfigError("group_numbers gives two groups the same number")
+        if any(not 0 <= n <= 32767 for n in numbers):
+            raise ConfigError(f"group_numbers must be 0-32767, not {[n for n in numbers if not 0 <= n <= 32767][0]}")
 
     def slot_assignment(self) -> dict:
         """``slots`` parsed into ranges per group (empty: the default even split)."""

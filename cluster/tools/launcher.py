@@ -71,7 +71,8 @@ def plan(root: str, groups: int, proxies: int, shared_port: bool, cluster_id: st
         member = f"controller-{c}"
         p = {"rpc": next(ports), "http": next(ports), "raft": raft[c - 1]}
         data_dir = os.path.join(root, member)
-        peers = [arg for other in raft if other != p["raft"] for arg in ("--peer", f"127.0.0.1:{other}")]
+        peers = [arg for n, other in enumerate(raft, 1) if other != p["raft"]
+                 for arg in ("--peer", f"controller-{n}=127.0.0.1:{other}")]
         argv = [twistd(), "-n", "--pidfile=", "twistmq", "controller", "--config", os.path.join(root, "cluster.toml"),
                 "--data-dir", data_dir, "--node-id", member, "--raft", f"127.0.0.1:{p['raft']}", *peers,
                 "--rpc", endpoint(p["rpc"]), "--http", endpoint(p["http"])]

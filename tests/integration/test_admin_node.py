@@ -28,7 +28,8 @@ ADMIN = os.path.join(os.path.dirname(sys.executable), "twistmq-admin")
 def node(tmp_path_factory):
     base = tmp_path_factory.mktemp("admin")
     config = base / "twistmq.toml"
-    config.write_text(f'[admin]\ntoken = "{TOKEN}"\nmember_id = "node-a"\n\n[mqtt]\nsys_interval = 1.0\n')
+    config.write_text(f'[admin]\ntoken = "{TOKEN}"\nmember_id = "node-a"\n\n[mqtt]\nsys_interval = 1.0\n'
+                      '[cluster]\nzone = "lab-2"\nmin_free_memory = 1.0\n')  # never that free: listed unhealthy
     n = NodeProcess(str(base / "data"), listeners=("mqtt", "http", "native"),
                     extra_args=["--config", str(config)]).start()
     yield n
@@ -107,8 +108,9 @@ def test_every_route_of_the_file_answers_to_its_schema(node):
     assert answers["delete_queue"]["deleted"] and answers["cancel_timer"] == {"timer_id": timer_id, "cancelled": True}
     assert answers["get_session"]["subscriptions"][0]["topic_filter"] == "adm/+/t"
     assert answers["get_session"]["queued"] >= 1  # the retained publish waits in its queue while it is away
-    assert answers["list_members"]["items"] == [{"id": "node-a", "role": "node", "group": None, "active": True,
-                                                 "healthy": True, "leader": False}]
+    [me] = answers["list_members"]["items"]  # a standalone node lists itself, as it is now
+    assert me == {"id": "node-a", "role": "node", "group": "g1", "active": True, "healthy": False,
+                  "leader": False, "joined": True, "zone": "lab-2", "version": answers["get_stats"]["version"]}
     assert {"jobs"} <= {q["queue"] for q in answers["list_native_queues"]["queues"]}
     wait_for(lambda: kicked.disconnects, what="the kicked client to see its disconnect")
     for client in (live, idle, pub):

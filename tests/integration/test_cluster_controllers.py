@@ -121,6 +121,17 @@ def test_brokers_and_proxies_register_with_their_addresses(cluster):
     wait_for(lambda: set(cluster.members(follower)) == set(members), "a follower listing the same members")
 
 
+def test_controllers_are_listed_by_their_cluster_json_ids(cluster):
+    """cluster/members on any controller lists the three controllers by their cluster.json ids (their Raft
+    addresses as address), the leader's row with leader true."""
+    leader = cluster.leader()
+    want = {c["id"]: f"127.0.0.1:{c['ports']['raft']}" for c in cluster.procs("controller")}
+    for controller in cluster.procs("controller"):
+        rows = [m for m in get(controller, "/api/v1/cluster/members?limit=1000")["items"] if m["role"] == "controller"]
+        assert {m["id"]: m["address"] for m in rows} == want
+        assert [m["id"] for m in rows if m["leader"]] == [leader["id"]]
+
+
 def test_stopped_proxy_is_evicted_after_its_lease_and_rejoins_after_sigcont(cluster):
     """SIGSTOP a proxy: listed joined false after one lease (within a tick or two); SIGCONT: it registers again."""
     wait_for(lambda: everyone_joined(cluster), "every member joined")

@@ -58,7 +58,7 @@ class Cluster:
         self.raft = raft
         self.nodes = []
         for i, address in enumerate(raft):
-            peers = [arg for other in raft if other != address for arg in ("--peer", other)]
+            peers = [arg for j, other in enumerate(raft) if other != address for arg in ("--peer", f"c{j}={other}")]
             self.nodes.append(NodeProcess(str(path / f"c{i}"), listeners=("rpc", "http"), role="controller",
                                           extra_args=["--config", str(conf), "--node-id", f"c{i}", "--raft",
                                                       address, *peers]))
@@ -181,15 +181,16 @@ def members_of(cluster, i) -> dict:
 
 
 def test_one_leader_listed_by_every_controller(cluster):
-    """The three agree on one leader; cluster/members on any of them lists the three, one with leader true."""
+    """The three agree on one leader; cluster/members on any of them lists the three by member id (their Raft
+    address as address), one with leader true."""
     leader = cluster.leader()
     for i in range(3):
         port = cluster.nodes[i].port("http")
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/cluster/members", timeout=5) as r:
             items = json.loads(r.read())["items"]
         controllers = [m for m in items if m["role"] == "controller"]
-        assert sorted(m["id"] for m in controllers) == sorted(cluster.raft)
-        assert [m["id"] for m in controllers if m["leader"]] == [cluster.raft[leader]]
+        assert {m["id"]: m["address"] for m in controllers} == {f"c{j}": a for j, a in enumerate(cluster.raft)}
+        assert [m["id"] for m in controllers if m["leader"]] == [f"c{leader}"]
     with urllib.request.urlopen(f"http://127.0.0.1:{cluster.nodes[leader].port('http')}/metrics", timeout=5) as r:
         assert "twistmq_raft_leader 1.0" in r.read().decode()
 
@@ -430,7 +431,7 @@ def test_sighup_is_a_reload_not_a_stop(cluster):
 
 
 def test_elect_leader_moves_the_leadership(cluster):
-    """POST cluster/elect-leader on the leader with another controller's address: that one leads when it answers;
+    """POST cluster/elect-leader on the leader with another controller's id: that one leads when it answers;
     a follower refuses with not_leader, an unknown id is not_found."""
     leader = cluster.leader()
     target = next(i for i in range(3) if i != leader)
@@ -439,9 +440,9 @@ def test_elect_leader_moves_the_leadership(cluster):
     status, answer = _http(cluster, leader, "POST", "/api/v1/cluster/elect-leader", {"id": "127.0.0.1:1"})
     assert status == 404
     started = time.monotonic()
-    status, answer = _http(cluster, leader, "POST", "/api/v1/cluster/elect-leader", {"id": cluster.raft[target]})
+    status, answer = _http(cluster, leader, "POST", "/api/v1/cluster/elect-leader", {"id": f"c{target}"})
     took = time.monotonic() - started
-    assert status == 200 and answer == {"previous": cluster.raft[leader], "leader": cluster.raft[target]}, answer
+    assert status == 200 and answer == {"previous": f"c{leader}", "leader": f"c{target}"}, answer
     assert cluster.leader() == target
     print(f"elect-leader answered in {took * 1000:.0f} ms")
 

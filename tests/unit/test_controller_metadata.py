@@ -96,6 +96,10 @@ def test_two_replicas_applying_the_same_commands_agree():
     ({"raft": "nohost"}, "raft"),
     ({"peers": ["127.0.0.1:7900"]}, "own raft address"),
     ({"peers": ["127.0.0.1:1", "127.0.0.1:1"]}, "twice"),
+    ({"peers": ["c2=127.0.0.1:1", "c3=127.0.0.1:1"]}, "twice"),
+    ({"peers": ["c2=127.0.0.1:1", "c2=127.0.0.1:2"]}, "alike"),
+    ({"peers": ["=127.0.0.1:1"]}, "names no controller"),
+    ({"peers": ["127.0.0.1:7900"], "raft": "127.0.0.1:7900"}, "own raft address"),
     ({"tick": 0}, "tick"),
     ({"append_period": 0.3}, "append_period"),
     ({"election_min": 0.9, "election_max": 0.5}, "election_max"),
@@ -105,6 +109,14 @@ def test_controller_config_names_the_bad_key(values, key):
     with pytest.raises(ConfigError, match=key):
         from_mapping(ControllerConfig, "controller", {k: tuple(v) if isinstance(v, list) else v
                                                        for k, v in values.items()})
+
+
+def test_named_peers_give_their_ids_and_raft_only_their_addresses():
+    """--peer ID=HOST:PORT names a controller; pysyncobj is given the addresses alone."""
+    cfg = ControllerConfig(peers=("c2=127.0.0.1:7901", "127.0.0.1:7902"))
+    cfg.validate()
+    assert cfg.peer_addresses() == ("127.0.0.1:7901", "127.0.0.1:7902")
+    assert cfg.peer_ids() == {"127.0.0.1:7901": "c2"}
 
 
 def test_seed_follows_the_cluster_config():

@@ -40,15 +40,16 @@ def test_membership_config_lists_groups_and_their_rpc_addresses(tmp_path):
 
 
 def test_controllers_come_first_each_with_rpc_http_and_raft_ports(tmp_path):
-    """With 3 controllers: they start first, each names the other two's Raft addresses as peers, and the
-    membership config lists their RPC addresses as [cluster] controllers."""
+    """With 3 controllers: they start first, each names the other two as peers (member id = Raft address, so
+    cluster/members lists them by their cluster.json ids), and the membership config lists their RPC addresses
+    as [cluster] controllers."""
     procs = launcher.plan(str(tmp_path), 1, 1, False, "c", controllers=3)
     controllers = [p for p in procs if p["role"] == "controller"]
     assert [p["role"] for p in procs[:3]] == ["controller"] * 3
     assert all(set(p["ports"]) == {"rpc", "http", "raft"} for p in controllers)
     for p in controllers:
         peers = [p2["argv"][i + 1] for p2 in [p] for i, a in enumerate(p2["argv"]) if a == "--peer"]
-        assert sorted(peers) == sorted(f"127.0.0.1:{o['ports']['raft']}" for o in controllers if o is not p)
+        assert sorted(peers) == sorted(f"{o['id']}=127.0.0.1:{o['ports']['raft']}" for o in controllers if o is not p)
     ports = [port for p in procs for port in p["ports"].values()]
     assert len(ports) == len(set(ports))
     doc = tomllib.loads(launcher.membership_toml("c", procs))

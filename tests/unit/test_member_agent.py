@@ -24,6 +24,12 @@ class StandIn:
         self.version = 1
         self.listeners = []
         self.refuse_next: str | None = None
+        self.health_flag = True
+
+    @property
+    def healthy(self) -> bool:
+        """As PeerClient's: connected, and its last heartbeat said healthy."""
+        return self.up and self.health_flag
 
     def on_event(self, listener) -> None:
         self.listeners.append(listener)
@@ -140,3 +146,22 @@ def test_one_beat_tries_each_controller_until_the_leader():
     clock.advance(1.0)  # nobody leads: each tried once, then the beat ends
     assert leader.kinds()[-1] == "heartbeat" and down.kinds() == ["register", "heartbeat"]
     assert follower.kinds() == ["register", "heartbeat"]
+
+
+def test_metadata_is_read_from_a_healthy_controller():
+    """Reading the metadata has no fixed target: an unhealthy leader is skipped for a healthy follower, while
+    registering and heartbeats stay with the leader; with every controller unhealthy the leader answers."""
+    follower, leader = StandIn("c1"), StandIn("c2", leader=True)
+    clock, agent = _agent([leader, follower])
+    leader.health_flag = False
+    seen = []
+    agent.on_metadata(seen.append)
+    agent.startService()
+    assert leader.kinds() == ["register"] and follower.kinds() == ["metadata"] and len(seen) == 1
+    follower.version = leader.version = 2
+    clock.advance(1.0)
+    assert leader.kinds() == ["register", "heartbeat"] and follower.kinds() == ["metadata", "metadata"]
+    follower.health_flag = False
+    follower.version = leader.version = 3
+    clock.advance(1.0)
+    assert leader.kinds()[-1] == "metadata" and [m["version"] for m in seen] == [1, 2, 3]

@@ -140,3 +140,17 @@ def test_a_data_root_that_cannot_be_made_asks_for_data_dir(tmp_path):
     root.write_text("")
     with pytest.raises(ConfigError, match=r"file/node cannot be made .*pass --data-dir DIR"):
         with_data_dir(load_config(None), "node", str(root))
+
+
+@pytest.mark.parametrize("text, message", [
+    ('group_numbers = { g1 = 0, g2 = 0 }', "same number"),
+    ('group_numbers = { g1 = 40000 }', "0-32767"),
+    ('group_numbers = { g1 = "one" }', "group_numbers maps"),
+    ('advertise = { rpc = "tcp:h:1" }', "advertise_rpc"),
+    ('advertise = { mqtt = 1883 }', "advertise maps"),
+    ('zone = " eu "', "zone must be"),
+])
+def test_cluster_ids_and_advertised_addresses_are_validated(tmp_path, text, message):
+    """[cluster] group_numbers, advertise and zone: a bad value is a ConfigError naming the key."""
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path / "c.toml", f"[cluster]\n{text}\n"))

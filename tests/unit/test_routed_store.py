@@ -180,3 +180,61 @@ def test_a_position_of_an_unknown_group_is_wrong_group(cluster):
     """Reading a position whose group the table does not know fails with WrongGroup."""
     err = cluster.error(cluster.store.read_queue(api.QueuePosition("%LMQ%a", "g9", 0), 10))
     assert isinstance(err, api.WrongGroup)
+
+
+def _queues_in(table, group, n=2):
+    """``n`` native queue names that hash to ``group``."""
+    out = [f"q{i}" for i in range(200) if table.group_of_queue(f"q{i}") == group][:n]
+    assert len(out) == n
+    return out
+
+
+def test_native_msg_ids_of_two_groups_never_collide(cluster):
+    """The first produce in each group is at offset 0 of its log; the ids the clients see still differ, and
+    group g1's (number 0) are its plain offsets."""
+    store = cluster.store
+    ids = {}
+    for group in ("g1", "g2"):
+        for queue in _queues_in(cluster.table, group):
+            reply = cluster.wait(store.native_request({"action": "produce", "queue": queue, "data": queue}))
+            assert reply["code"] == 0, reply
+            ids[queue] = (group, reply["msg_id"])
+    assert len({i for _, i in ids.values()}) == len(ids)
+    raw = {q: cluster.wait(store.groups[g].native_request({"action": "monitor", "queue": q}))["max_id"]
+           for q, (g, _) in ids.items()}
+    assert {q: i for q, (g, i) in ids.items() if g == "g1"} == {q: raw[q] for q, (g, _) in ids.items() if g == "g1"}
+    assert all(i != raw[q] for q, (g, i) in ids.items() if g == "g2")
+
+
+def test_confirm_and_cancel_by_msg_id_reach_the_group_that_made_it(cluster):
+    """A consume's msg_id confirmed through the routed store leaves that group's in-flight set; a delayed
+    produce's msg_id cancels its timer in its group (not found in the other)."""
+    store = cluster.store
+    for group in ("g1", "g2"):
+        queue = _queues_in(cluster.table, group, 1)[0]
+        assert cluster.wait(store.native_request({"action": "produce", "queue": queue, "data": "x", "retry": 30}))["code"] == 0
+        got = cluster.wait(store.native_request({"action": "consume", "queue": queue}))
+        assert got["data"] == "x"
+        done = cluster.wait(store.native_request({"action": "confirm", "queue": queue, "msg_id": got["msg_id"]}))
+        assert done == {**done, "code": 0, "msg_id": got["msg_id"]}, done
+        again = cluster.wait(store.native_request({"action": "confirm", "queue": queue, "msg_id": got["msg_id"]}))
+        assert again["code"] == -1  # already confirmed: it was the right group's in-flight entry
+        delayed = cluster.wait(store.native_request({"action": "produce", "queue": queue, "data": "d", "delay": 60}))
+        cancelled = cluster.wait(store.native_request({"action": "cancel_timer", "msg_id": delayed["msg_id"]}))
+        assert cancelled["code"] == 0 and cancelled["cancelled"] is True and cancelled["msg_id"] == delayed["msg_id"]
+
+
+def test_a_msg_id_of_no_known_group_is_a_clear_error(cluster):
+    """An id whose group number no group has is answered code -1 naming it, not sent to a guessed group."""
+    reply = cluster.wait(cluster.store.native_request({"action": "cancel_timer", "msg_id": 77 << 48 | 5}))
+    assert reply["code"] == -1 and "names no broker group" in reply["reason"]
+
+
+def test_group_numbers_pin_and_fill_in_name_order():
+    """Pinned numbers are kept; the other groups take the lowest free ones in name order; 0's ids are offsets."""
+    from cluster.remote import msg_ids
+    assert msg_ids.numbering(("g2", "g1", "g10")) == {"g1": 0, "g10": 1, "g2": 2}
+    assert msg_ids.numbering(("g2", "g1", "g10"), {"g10": 2}) == {"g10": 2, "g1": 0, "g2": 1}
+    assert msg_ids.pack(0, 752) == 752 and msg_ids.unpack(msg_ids.pack(3, 752)) == (3, 752)
+    with pytest.raises(ValueError):
+        msg_ids.numbering(("g1", "g2"), {"g1": 1, "g2": 1})
