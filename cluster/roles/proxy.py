@@ -12,6 +12,11 @@ was merely stopped finds its writes refused (``Fenced``) when it wakes.
 Native requests are forwarded whole to the group of their queue
 (``cluster.remote.proxy_native``). ``/health`` and ``/metrics`` are on ``--http``.
 
+With ``[cluster] controllers`` the configured brokers are only where it starts: the controllers'
+metadata (pushed, and polled with each heartbeat) gives the slot table, the explicit routes and each
+group's broker address, and a group whose broker moved is dialled at its new address
+(``cluster.remote.rerouting``).
+
 A group that cannot be reached holds the client's acknowledgement for up to
 ``[cluster] call_timeout`` (the RPC waits for the broker to come back); then
 the client is disconnected (v5 DISCONNECT 0x89 Server busy; 3.1.1 closes) and
@@ -30,6 +35,7 @@ from twisted.internet import defer, endpoints
 
 from cluster.local.native_service import topic_limits
 from cluster.remote.proxy_native import ForwardingEngine, ProxyNativeService
+from cluster.remote.rerouting import Rerouter
 from cluster.remote.routed_store import RoutedStore
 from cluster.remote.server import SESSION_EVENT
 from cluster.remote.store import RemoteStore
@@ -93,24 +99,19 @@ class ProxyParts:
         self.reactor = reactor
         self.cfg = cfg
         cluster = cfg.cluster
-        settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes)
-        hello = Hello(cluster.cluster_id, cluster.node_id, "proxy", RPC_VERSION)
         health = health_probe(cfg)
         self.peers: list[PeerClient] = []
         self.remotes: dict[str, RemoteStore] = {}
+        addresses = {}
         for member in cluster.members:
             if member.role != "broker":
                 continue
             if member.group in self.remotes:  # replicas come with replication: the first listed serves
                 continue
-            peer = PeerClient(member.id, endpoints.clientFromString(reactor, member.rpc), hello, settings, reactor,
-                              health=health)
-            self.peers.append(peer)
-            remote = RemoteStore(peer, wait_connected=cluster.call_timeout)
-            peer.on_event(lambda topic, body, g=member.group: self._event(g, topic, body))
-            self.remotes[member.group] = remote
-        self.table = SlotTable.build(tuple(self.remotes), cluster.slot_assignment(), dict(cluster.routes))
-        self.store = RoutedStore(self.table, self.remotes)
+            self.remotes[member.group] = self._remote(member.id, member.group, member.rpc, health)
+            addresses[member.group] = member.rpc
+        self.store = RoutedStore(SlotTable.build(tuple(self.remotes), cluster.slot_assignment(), dict(cluster.routes)),
+                                 self.remotes)
         mqtt = cfg.mqtt
         self.auth_executor, auth, acl = client_security(reactor, cfg)
         self.mqtt = build_front_end(self.store, reactor, mqtt, cfg.limits, auth, acl, holder=cluster.node_id)
@@ -119,6 +120,31 @@ class ProxyParts:
         self.lag = ReactorLagProbe(reactor)
         self.streams, self.datagrams = self._listeners()
         self.agent = member_agent(reactor, cfg, "proxy", self.streams, health)  # None: static membership
+        if self.agent is not None:  # the controllers' groups, slots and routes win over the config's
+            self.rerouter = Rerouter(self.store, addresses, self._added_group, self._moved)
+            self.agent.on_metadata(self.rerouter.apply)
+
+    @property
+    def table(self) -> SlotTable:
+        return self.store.table
+
+    def _remote(self, peer_id: str, group: str, address: str, health) -> RemoteStore:
+        cluster = self.cfg.cluster
+        settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes)
+        hello = Hello(cluster.cluster_id, cluster.node_id, "proxy", RPC_VERSION)
+        peer = PeerClient(peer_id, endpoints.clientFromString(self.reactor, address), hello, settings, self.reactor,
+                          health=health)
+        self.peers.append(peer)
+        peer.on_event(lambda topic, body: self._event(group, topic, body))
+        return RemoteStore(peer, wait_connected=cluster.call_timeout)
+
+    def _added_group(self, group: str, address: str) -> RemoteStore:
+        remote = self._remote(f"broker-{group}", group, address, health_probe(self.cfg))
+        remote.peer.startService()
+        return remote
+
+    def _moved(self, remote: RemoteStore, address: str) -> None:
+        remote.peer.retarget(endpoints.clientFromString(self.reactor, address))
 
     def _event(self, group: str, topic: str, body: bytes) -> None:
         """A broker's event other than queue news: a session of ours taken over elsewhere."""
