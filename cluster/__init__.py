@@ -2,7 +2,7 @@
 
 Rooms (sub-packages), read as the architecture:
 
-- ``roles``: one module per role (``node``, ``broker``, ``proxy``, ``controller``), each building its
+- ``roles``: one module per role (``node``, ``broker``, ``proxy``, ``controller``, ``admin``), each building its
   ``MultiService`` from options; ``common`` holds what roles share (the client-serving
   options and listeners, member ids) and ``table`` is the roles table ``tap`` reads.
 - ``runtime``: the process around a role: config loading and the documented defaults,

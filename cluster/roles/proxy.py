@@ -15,7 +15,8 @@ Native requests are forwarded whole to the group of their queue
 With ``[cluster] controllers`` the configured brokers are only where it starts: the controllers'
 metadata (pushed, and polled with each heartbeat) gives the slot table, the explicit routes and each
 group's broker address, and a group whose broker moved is dialled at its new address
-(``cluster.remote.rerouting``).
+(``cluster.remote.rerouting``). ``--rpc`` opens an RPC listener where the ``admin`` role asks for
+this proxy's clients (``cluster.admin.member_calls``); its address is in the proxy's member record.
 
 A group that cannot be reached holds the client's acknowledgement for up to
 ``[cluster] call_timeout`` (the RPC waits for the broker to come back); then
@@ -35,6 +36,8 @@ from twisted.internet import defer, endpoints
 
 from cluster.local.native_service import topic_limits
 from cluster.remote.proxy_native import ForwardingEngine, ProxyNativeService
+from cluster.admin.member_calls import MemberCalls
+from cluster.admin.view import NodeView
 from cluster.remote.rerouting import Rerouter
 from cluster.remote.routed_store import RoutedStore
 from cluster.remote.server import SESSION_EVENT
@@ -47,6 +50,7 @@ from cluster.roles.common import (
     health_probe,
     member_agent,
     node_config,
+    rpc_server_listeners,
     security_reloader,
 )
 from cluster.routing import RoutingError, SlotTable
@@ -77,6 +81,10 @@ class ProxyOptions(NodeOptions):
         ["node-id", None, None, "this proxy's member id (overrides cluster.node_id)"],
     ]
 
+    def opt_rpc(self, value):
+        """RPC listener the admin role gathers clients on, e.g. tcp:7801:interface=127.0.0.1 (repeatable)"""
+        self._listener("rpc", value)
+
 
 def proxy_config(options: ProxyOptions):
     """The node's config handling, then the proxy's identity and the broker groups it needs."""
@@ -95,7 +103,7 @@ def proxy_config(options: ProxyOptions):
 class ProxyParts:
     """The proxy's parts: RPC peers and remote stores per group, the routed store, the front end, listeners."""
 
-    def __init__(self, reactor, cfg) -> None:
+    def __init__(self, reactor, cfg, rpc=()) -> None:
         self.reactor = reactor
         self.cfg = cfg
         cluster = cfg.cluster
@@ -119,6 +127,8 @@ class ProxyParts:
                                          from_mapping(NativeConfig, "native", cfg.native), topic_limits(cfg.limits))
         self.lag = ReactorLagProbe(reactor)
         self.streams, self.datagrams = self._listeners()
+        self.streams += rpc_server_listeners(reactor, cfg, rpc, "proxy", health,
+                                             MemberCalls(NodeView(self.mqtt, self.store, cluster.node_id)).register)
         self.agent = member_agent(reactor, cfg, "proxy", self.streams, health)  # None: static membership
         if self.agent is not None:  # the controllers' groups, slots and routes win over the config's
             self.rerouter = Rerouter(self.store, addresses, self._added_group, self._moved)
@@ -215,6 +225,6 @@ def proxy_tree(parts: ProxyParts) -> RoleService:
 def build_proxy(options: ProxyOptions, reactor) -> RoleService:
     cfg = proxy_config(options)
     observer = node_log.configure(cfg.log)
-    root = proxy_tree(ProxyParts(reactor, cfg))
+    root = proxy_tree(ProxyParts(reactor, cfg, rpc=options.listeners.get("rpc", ())))
     root.log_observer = observer
     return root
