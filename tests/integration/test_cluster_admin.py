@@ -170,6 +170,48 @@ def test_admin_lists_the_members_the_controllers_hold(cluster):
     assert sum(1 for m in rows.values() if m["role"] == "controller") == 3
 
 
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    for path in (CHROMIUM, CHROMEDRIVER):
+        if not os.access(path, os.X_OK):
+            pytest.skip(f"{path} is not installed (./dev test installs chromium and chromium-driver with apt-get)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless", "--no-sandbox", "--disable-background-networking", "--disable-gpu",
+                "--disable-dev-shm-usage", "--window-size=1280,900"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(30)
+    yield driver
+    driver.quit()
+
+
+def test_the_admin_dashboard_shows_the_clients_of_both_proxies(cluster, clients, browser):
+    """The dashboard on the admin process: the overview it does not serve leaves the navigation, and the clients
+    page lists clients of both proxies."""
+    from selenium.webdriver.common.by import By
+
+    clients(cluster.one("proxy-1")["ports"]["mqtt"], "dash-one")
+    clients(cluster.one("proxy-2")["ports"]["mqtt"], "dash-two")
+    browser.get(f"http://127.0.0.1:{cluster.one('admin')['ports']['http']}/dashboard/")
+    wait_for(lambda: not browser.find_element(By.CSS_SELECTOR, 'nav a[data-page="overview"]').is_displayed(),
+             "the overview link to be hidden")
+    browser.get(f"http://127.0.0.1:{cluster.one('admin')['ports']['http']}/dashboard/#clients")
+
+    def listed():
+        ids = {row.get_attribute("data-client-id")
+               for row in browser.find_elements(By.CSS_SELECTOR, "#clients-table tbody tr")}
+        return {"dash-one", "dash-two"} <= ids
+    wait_for(listed, "both proxies' clients on the clients page")
+    assert browser.find_element(By.ID, "error").get_attribute("hidden") is not None
+
+
 def test_a_moved_broker_is_found_without_restarting_the_proxies(cluster, clients):
     """SIGKILL broker-g1 and start it again on another RPC port (same id, group and data): the controllers'
     metadata names the new address, both proxies dial it there, and a subscriber on one proxy that stayed
