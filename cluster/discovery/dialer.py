@@ -1,7 +1,7 @@
 """RPC connections to the members the controllers list, kept at the addresses they advertise.
 
 ``MemberPeers.apply(metadata)`` (a ``MemberAgent.on_metadata`` listener) holds one
-``cluster.rpc.peer.PeerClient`` per member of the wanted node types that advertises an RPC address:
+``cluster.rpc.peer.PeerClient`` per member of the wanted node types that advertises an RPC address another host can dial:
 a new member is dialled, one whose address changed is re-dialled there (``retarget``), one the
 metadata no longer lists is hung up. The admin role gathers from proxies this way.
 """
@@ -12,6 +12,7 @@ import logging
 
 from twisted.internet import defer, endpoints
 
+from cluster.discovery.members import dialable
 from cluster.rpc.frames import Hello
 from cluster.rpc.peer import PeerClient
 from cluster.rpc.protocol import NotConnected, RpcSettings
@@ -31,7 +32,7 @@ class MemberPeers:
 
     def apply(self, metadata: dict) -> None:
         wanted = {r["node_id"]: r["rpc_address"] for r in metadata.get("members") or ()
-                  if isinstance(r, dict) and r.get("node_type") in self.node_types and r.get("rpc_address")}
+                  if isinstance(r, dict) and r.get("node_type") in self.node_types and dialable(r.get("rpc_address"))}
         for node_id in [n for n in self.peers if n not in wanted]:
             _, peer = self.peers.pop(node_id)
             peer.stopService()

@@ -98,14 +98,27 @@ def test_metadata_without_a_usable_slot_table_is_not_applied(proxy):
 
 def test_broker_addresses_prefer_a_live_broker_then_the_newest_registration():
     """Per group: a joined broker over one whose lease ended, then the highest generation; records without an
-    address or of other roles are ignored."""
+    address others can dial (none, or the unspecified host) or of other roles are ignored."""
     members = [
         _broker("old", "g1", "tcp:127.0.0.1:1", joined=False, generation=9),
         _broker("new", "g1", "tcp:127.0.0.1:2", generation=5),
         _broker("newer", "g2", "tcp:127.0.0.1:3", generation=7),
         _broker("older", "g2", "tcp:127.0.0.1:4", generation=6),
         _broker("silent", "g3", ""),
+        _broker("everywhere", "g4", "tcp:0.0.0.0:7800"),  # bound to all interfaces, no advertise_rpc
+        _broker("v6", "g4", "tcp:::7800"),
         {"node_id": "p", "node_type": "proxy", "rpc_address": "tcp:127.0.0.1:5", "joined": True},
         "not a record",
     ]
     assert broker_addresses(members) == {"g1": "tcp:127.0.0.1:2", "g2": "tcp:127.0.0.1:3"}
+
+
+def test_dialable_addresses():
+    """tcp, tcp6 and ssl with a real host, and unix sockets, are dialable; the unspecified host and other kinds
+    are not."""
+    from cluster.discovery.members import dialable
+    for good in ("tcp:127.0.0.1:7800", "tcp:broker-1.example:7800", "tcp:host=10.0.0.5:port=7800", "unix:/run/b.sock",
+                 "ssl:10.0.0.5:7800"):
+        assert dialable(good), good
+    for bad in ("", None, "tcp:0.0.0.0:7800", "tcp:::7800", "tcp:host=0.0.0.0:port=1", "udp:1.2.3.4:7800", "unix:"):
+        assert not dialable(bad), bad
