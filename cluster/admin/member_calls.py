@@ -15,6 +15,8 @@ answered with ``invalid_argument`` (``store.api.InvalidArgument``).
 
 from __future__ import annotations
 
+import heapq
+
 import msgpack
 
 from store import api
@@ -52,15 +54,14 @@ class MemberCalls:
         dispatcher.register("admin.kick", self._kick)
 
     def clients(self, after: str | None, limit: int, connected: bool | None = None, like: str | None = None) -> list:
-        """This proxy's clients after ``after`` in client-id order, at most ``limit``."""
-        items = self.view.clients()
+        """This proxy's clients after ``after`` in client-id order, at most ``limit``: the ids are filtered and the
+        ``limit`` smallest picked (O(n log limit)); rows are made for those alone."""
+        ids = (cid for cid in self.view.client_ids()
+               if (after is None or cid > after) and (not like or like in cid))
         if connected is not None:
-            items = [c for c in items if c["connected"] == connected]
-        if like:
-            items = [c for c in items if like in c["client_id"]]
-        if after is not None:
-            items = [c for c in items if c["client_id"] > after]
-        return sorted(items, key=lambda c: c["client_id"])[:limit]
+            ids = (cid for cid in ids if self.view.is_connected(cid) == connected)
+        rows = (self.view.session(cid) for cid in heapq.nsmallest(limit, ids))
+        return [self.view.client(session) for session in rows if session is not None]
 
     def _clients(self, protocol, body: bytes) -> bytes:
         request = _body(body)

@@ -38,8 +38,11 @@ class _View:
         return {"client_id": s.client_id, "connected": s.connected, "proxy": self.member_id, "protocol_level": 4,
                 "subscriptions": 0, "inflight": 0, "username": None, "peer": None}
 
-    def clients(self):
-        return [self.client(s) for s in self.sessions.values()]
+    def client_ids(self):
+        return list(self.sessions)
+
+    def is_connected(self, client_id):
+        return self.sessions[client_id].connected
 
     def session(self, client_id):
         return self.sessions.get(client_id)
