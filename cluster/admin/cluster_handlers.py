@@ -1,15 +1,24 @@
 """The admin routes the ``admin`` role serves for the whole cluster, gathered from the other processes.
 
 It holds no state: members come from the controllers' metadata (as its member agent last read it),
-clients from every joined proxy over RPC (``cluster.admin.member_calls``). The role passes in
-``members()`` (the metadata's member records), ``controllers()`` (the controllers as ``Member`` rows)
-and ``call(node_id, request_type, body) -> Deferred[dict]`` (msgpack and the RPC connection are the
-role's business: admin imports no rpc).
+clients from every joined proxy over RPC (``cluster.admin.member_calls``), and the sessions no live
+proxy holds (their proxy died or left) from the broker groups. The role passes in ``members()`` (the
+metadata's member records), ``controllers()`` (the controllers as ``Member`` rows), ``call(node_id,
+request_type, body) -> Deferred[dict]`` and ``stored() -> Deferred[list]`` (each broker's stored
+sessions as ``{"client_id", "holder", "protocol_level", "subscriptions": [keys], "inflight", "epoch"}``):
+msgpack, the store codec and the RPC connections are the role's business (admin imports no rpc).
 
 ``GET clients`` pages in (proxy, client id) order (``x-page-key`` of openapi.json): each proxy at or
 after the cursor's proxy is asked for at most limit + 1 clients after the cursor's position in it, and
 the API cuts the merged list, so a page costs one call per proxy whatever the cluster's size. A proxy
 that does not answer fails the list (503 naming it) rather than leave a gap in it.
+
+``GET sessions`` is the proxies' sessions (as ``GET clients``) plus, offline, every session the broker
+groups store whose holder is not a joined proxy, listed under that holder's id (empty: never claimed),
+in the same order; a session is stored in parts (its meta in every group, each subscription in the
+groups its filter spans, outbound messages in the group of their position), listed once: the distinct
+subscriptions, the outbound messages of every part, the holder of the part claimed last. The stored
+sessions are read whole from each broker for every page.
 """
 
 from __future__ import annotations
@@ -34,10 +43,11 @@ def _gathered(calls: list[tuple[str, defer.Deferred]]) -> defer.Deferred:
 class ClusterHandlers:
     """``cluster/members``, ``clients`` (list, show, kick) and ``sessions`` (list) of the admin role."""
 
-    def __init__(self, members, controllers, call) -> None:
+    def __init__(self, members, controllers, call, stored=None) -> None:
         self.members = members
         self.controllers = controllers
         self.call = call
+        self.stored = stored
 
     def _proxies(self) -> list[str]:
         return sorted(r["node_id"] for r in self.members()
@@ -68,7 +78,35 @@ class ClusterHandlers:
         return _gathered(calls).addCallback(merged)
 
     def list_sessions(self, params, query, body):
-        return self.list_clients(params, query, body)
+        live = self.list_clients(params, query, body)
+        if self.stored is None or query.get("connected") is True:
+            return live
+        after = cursor_key(query["cursor"], CLIENT_KEY) if query.get("cursor") is not None else None
+        held = set(self._proxies())
+        like = query.get("like")
+
+        def orphans(states, rows):
+            merged: dict[str, dict] = {}  # client id -> its copies merged: each group holds part of a session
+            for st in states:
+                cid = st["client_id"]
+                if like and like not in cid:
+                    continue
+                have = merged.setdefault(cid, {"holder": st["holder"], "epoch": st["epoch"], "subscriptions": set(),
+                                               "inflight": 0, "protocol_level": st["protocol_level"]})
+                if st["epoch"] > have["epoch"]:
+                    have.update(holder=st["holder"], epoch=st["epoch"])
+                have["subscriptions"].update(st["subscriptions"])
+                have["inflight"] += st["inflight"]
+            extra = [{"client_id": cid, "connected": False, "proxy": m["holder"], "protocol_level": m["protocol_level"],
+                      "subscriptions": len(m["subscriptions"]), "inflight": m["inflight"], "username": None,
+                      "peer": None} for cid, m in merged.items() if m["holder"] not in held]
+            return rows + [r for r in extra if after is None or (r["proxy"], r["client_id"]) > after]
+
+        def unavailable(failure):
+            raise ApiError(503, "unavailable", f"a broker did not list its sessions ({failure.getErrorMessage()}): "
+                           "the list would have gaps; try again")
+
+        return live.addCallback(lambda rows: self.stored().addCallback(orphans, rows).addErrback(unavailable))
 
     def _ask_all(self, request_type: str, client_id: str) -> defer.Deferred:
         return _gathered([(p, self.call(p, request_type, {"client_id": client_id})) for p in self._proxies()])

@@ -64,8 +64,8 @@ def routes(spec: dict | None = None) -> list[Route]:
             query = tuple((p["name"], p["schema"].get("type", "string")) for p in operation.get("parameters", ())
                           if p["in"] == "query")
             out.append(Route(method.upper(), path, operation["operationId"], schema, int(status),
-                             _page_key(operation.get("x-page-key")), operation.get("security", None) != [], segments, query,
-                             _ref_name(body), tuple(operation.get("x-roles", ("node",)))))
+                             _page_key(operation.get("x-page-key")), operation.get("security", None) != [], segments,
+                             query, _ref_name(body), tuple(operation.get("x-roles", ("node",)))))
     return out
 
 

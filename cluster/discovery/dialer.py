@@ -1,9 +1,10 @@
 """RPC connections to the members the controllers list, kept at the addresses they advertise.
 
 ``MemberPeers.apply(metadata)`` (a ``MemberAgent.on_metadata`` listener) holds one
-``cluster.rpc.peer.PeerClient`` per member of the wanted node types that advertises an RPC address another host can dial:
-a new member is dialled, one whose address changed is re-dialled there (``retarget``), one the
-metadata no longer lists is hung up. The admin role gathers from proxies this way.
+``cluster.rpc.peer.PeerClient`` per member of the wanted node types that advertises an RPC address
+another host can dial: a new member is dialled, one whose address changed is re-dialled there
+(``retarget``), one the metadata no longer lists is hung up. The admin role gathers from proxies and
+brokers this way.
 """
 
 from __future__ import annotations

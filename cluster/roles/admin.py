@@ -6,7 +6,8 @@ with ``[cluster] controllers`` as a member of type ``admin`` (heartbeats, metada
 (``cluster.discovery.dialer``), and serves on ``--http`` (else ``[node] http``) ``/health``,
 ``/metrics``, the dashboard and the admin API rows of openapi.json whose ``x-roles`` name ``admin``
 (``cluster.admin.cluster_handlers``): ``cluster/members`` from the controllers' metadata, ``clients``
-and ``sessions`` gathered from the proxies (each proxy started with ``--rpc`` answers them). It
+and ``sessions`` gathered from the proxies (each proxy started with ``--rpc`` answers them), and the
+sessions no live proxy holds from the brokers (``store.list_sessions`` on their RPC). It
 prints ``twistmq ready http=HOST:PORT`` once its listeners are bound. Without controllers it refuses
 to start: it would have nobody to ask.
 """
@@ -19,13 +20,15 @@ import os
 import signal
 
 import msgpack
-from twisted.internet import endpoints
+from twisted.internet import defer, endpoints
 from twisted.python import usage
 
 from cluster.admin.api import AdminAPI
 from cluster.admin.cluster_handlers import ClusterHandlers
 from cluster.admin.routes import routes, served_by
 from cluster.discovery.dialer import MemberPeers
+from cluster.remote import codec as store_codec
+from cluster.remote.server import request_type
 from cluster.roles.common import default_node_id, health_probe, member_agent
 from cluster.rpc.frames import RPC_VERSION, Hello
 from cluster.rpc.protocol import RpcSettings
@@ -89,16 +92,17 @@ def admin_config(options: AdminOptions):
 
 
 class AdminParts:
-    """The admin role's parts: its member agent, RPC connections to the proxies, the API over them, listeners."""
+    """The admin role's parts: its member agent, RPC connections to the proxies and brokers, the API over them,
+    listeners."""
 
     def __init__(self, reactor, cfg) -> None:
         self.reactor = reactor
         self.cfg = cfg
         cluster = cfg.cluster
         settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes)
-        self.proxies = MemberPeers(reactor, Hello(cluster.cluster_id, cluster.node_id, "admin", RPC_VERSION),
-                                   settings, ("proxy",))
-        handlers = ClusterHandlers(self._members, self._controllers, self._call)
+        self.peers = MemberPeers(reactor, Hello(cluster.cluster_id, cluster.node_id, "admin", RPC_VERSION),
+                                   settings, ("proxy", "broker"))
+        handlers = ClusterHandlers(self._members, self._controllers, self._call, self._stored)
         api = AdminAPI(served_by(routes(), "admin"), handlers, cfg.admin.token, cfg.admin.max_body_bytes)
         site = admin_site(api, self._status, dashboard_dir=DASHBOARD_DIR if cfg.admin.dashboard else None,
                           max_body=cfg.admin.max_body_bytes, request_timeout=cfg.admin.request_timeout_s,
@@ -106,7 +110,7 @@ class AdminParts:
         self.listeners = [ListenerService(listener, endpoints.serverFromString(reactor, listener.description), site)
                           for listener in cfg.listeners]
         self.agent = member_agent(reactor, cfg, "admin", self.listeners, health_probe(cfg))
-        self.agent.on_metadata(self.proxies.apply)
+        self.agent.on_metadata(self.peers.apply)
 
     def _members(self) -> list[dict]:
         return list((self.agent.metadata or {}).get("members") or ())
@@ -120,13 +124,31 @@ class AdminParts:
                  "last_heartbeat": 0.0}
                 for address, peer in zip(self.cfg.cluster.controllers, self.agent.controllers)]
 
-    def _call(self, node_id: str, request_type: str, body: dict):
-        d = self.proxies.call(node_id, request_type, msgpack.packb(body), wait=self.cfg.cluster.call_timeout)
+    def _call(self, node_id: str, kind: str, body: dict):
+        d = self.peers.call(node_id, kind, msgpack.packb(body), wait=self.cfg.cluster.call_timeout)
         return d.addCallback(lambda answer: msgpack.unpackb(answer, raw=False))
+
+    def _stored(self):
+        """Every joined broker's stored sessions, as ClusterHandlers reads them; fails if one does not answer."""
+        brokers = sorted(r["node_id"] for r in self._members() if r.get("node_type") == "broker" and r.get("joined"))
+        frame = store_codec.pack_call("list_sessions")
+        calls = [self.peers.call(b, request_type("list_sessions"), frame, wait=self.cfg.cluster.call_timeout)
+                 .addCallback(lambda body: store_codec.unpack_result("list_sessions", body)) for b in brokers]
+        d = defer.gatherResults(calls, consumeErrors=True)
+        d.addErrback(lambda failure: failure.value.subFailure if isinstance(failure.value, defer.FirstError)
+                     else failure)
+        return d.addCallback(lambda per_broker: [_stored_row(st) for states in per_broker for st in states])
 
     def _status(self) -> dict:
         return {"status": "ok", "joined": self.agent.joined, "metadata_version": self.agent.version,
-                "proxies": sorted(self.proxies.peers)}
+                "peers": sorted(self.peers.peers)}
+
+
+def _stored_row(state) -> dict:
+    """A broker's ``store.api.SessionState`` as ClusterHandlers lists it."""
+    return {"client_id": state.meta.client_id, "holder": state.holder, "protocol_level": state.meta.protocol_level,
+            "subscriptions": [sub.key for sub in state.subscriptions], "inflight": len(state.outbound),
+            "epoch": state.epoch}
 
 
 def admin_tree(parts: AdminParts) -> RoleService:
@@ -140,7 +162,7 @@ def admin_tree(parts: AdminParts) -> RoleService:
 
     children = [
         SignalService("reload", signal.SIGHUP, lambda: log.info("reload_ok role=admin files=none"), parts.reactor),
-        Part("member-peers", stop=parts.proxies.stop),
+        Part("member-peers", stop=parts.peers.stop),
         *parts.listeners,
         parts.agent,
         ReadyLine(parts.listeners, announce),

@@ -247,3 +247,31 @@ def test_a_moved_broker_is_found_without_restarting_the_proxies(cluster, clients
     pub.publish(f"{level}/after", b"2", qos=1).wait_for_publish(10)
     wait_for(lambda: (f"{level}/after", b"2") in received, "delivery through the moved broker")
     assert [p["pid"] for p in proxies] == pids and all(launcher.alive(pid) for pid in pids)
+
+
+def test_sessions_of_a_dead_proxy_are_listed_from_the_brokers(cluster, clients):
+    """A persistent session whose proxy was SIGKILLed is no proxy's to list: once that proxy's lease ends the
+    admin process lists it from the broker groups, offline, under the dead proxy's id (this test kills proxy-1:
+    it runs last)."""
+    proxy = cluster.one("proxy-1")
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="orphan-1", clean_session=False)
+    subscribed = []
+    c.on_subscribe = lambda *_a: subscribed.append(1)
+    c.connect("127.0.0.1", proxy["ports"]["mqtt"])
+    c.loop_start()
+    c.subscribe("orphan/#", qos=1)
+    wait_for(lambda: subscribed, "SUBACK for orphan-1")
+    status, page = cluster.admin("/api/v1/sessions?like=orphan-")
+    assert status == 200 and [(r["proxy"], r["connected"]) for r in page["items"]] == [("proxy-1", True)]
+    os.kill(proxy["pid"], signal.SIGKILL)
+    wait_for(lambda: not launcher.alive(proxy["pid"]), "proxy-1 to die")
+    c.loop_stop()
+
+    def listed():
+        status, page = cluster.admin("/api/v1/sessions?like=orphan-")
+        return page if status == 200 and page["items"] and not page["items"][0]["connected"] else None
+    page = wait_for(listed, "the dead proxy's session listed from the brokers")
+    validate("ClientPage", page)
+    assert [(r["proxy"], r["client_id"], r["subscriptions"]) for r in page["items"]] == [("proxy-1", "orphan-1", 1)]
+    status, page = cluster.admin("/api/v1/clients?like=orphan-")
+    assert status == 200 and page["items"] == []  # clients are the live proxies' only

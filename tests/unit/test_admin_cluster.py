@@ -60,8 +60,9 @@ class _Dispatcher:
         self.handlers[name] = handler
 
 
-def _cluster(views: dict[str, _View], down=()):
-    """ClusterHandlers over proxies answering through MemberCalls, bodies packed as over RPC; ``down`` fail."""
+def _cluster(views: dict[str, _View], down=(), stored=None):
+    """ClusterHandlers over proxies answering through MemberCalls, bodies packed as over RPC; ``down`` fail;
+    ``stored``: the brokers' stored sessions (an exception: a broker that does not answer)."""
     dispatchers = {}
     for node_id, view in views.items():
         dispatchers[node_id] = _Dispatcher()
@@ -77,7 +78,12 @@ def _cluster(views: dict[str, _View], down=()):
 
     members = [{"node_id": n, "node_type": "proxy", "joined": True, "rpc_address": "tcp:127.0.0.1:1",
                 "active": True, "healthy": True} for n in views]
-    handlers = ClusterHandlers(lambda: members, lambda: [], call)
+    def from_brokers():
+        if isinstance(stored, Exception):
+            return defer.fail(stored)
+        return defer.succeed(list(stored or ()))
+
+    handlers = ClusterHandlers(lambda: members, lambda: [], call, from_brokers if stored is not None else None)
     return AdminAPI(served_by(routes(), "admin"), handlers), calls
 
 
@@ -92,13 +98,13 @@ def _get(api, path, query=None, method="GET"):
     return request.responseCode, json.loads(b"".join(request.written))
 
 
-def _walk(api, limit, extra=None):
+def _walk(api, limit, extra=None, path="/api/v1/clients"):
     seen, cursor = [], None
     for _ in range(100):
         query = {"limit": str(limit), **(extra or {})}
         if cursor:
             query["cursor"] = cursor
-        status, answer = _get(api, "/api/v1/clients", query)
+        status, answer = _get(api, path, query)
         assert status == 200, answer
         assert len(answer["items"]) <= limit
         seen += [(c["proxy"], c["client_id"]) for c in answer["items"]]
@@ -153,6 +159,36 @@ def test_show_prefers_the_connected_holder_and_kick_reaches_every_proxy(views):
     assert views["proxy-a"].kicked == ["c05"] and views["proxy-c"].kicked == ["c05"]
     assert _get(api, "/api/v1/clients/nobody")[0] == 404
     assert _get(api, "/api/v1/clients/nobody", method="DELETE")[0] == 404
+
+
+def _stored(client_id, holder, epoch, subscriptions=("a/#",), inflight=0):
+    return {"client_id": client_id, "holder": holder, "protocol_level": 4, "subscriptions": list(subscriptions),
+            "inflight": inflight, "epoch": epoch}
+
+
+def test_sessions_add_the_stored_ones_no_live_proxy_holds(views):
+    """GET sessions: the proxies' sessions, plus each stored session whose holder is not a joined proxy, once
+    (its parts in every group merged: distinct subscriptions, every part's outbound messages, the last claim's
+    holder), offline, under its holder; pages cover them all."""
+    stored = [_stored("c01", "proxy-a", 3),  # held by a live proxy: that proxy lists it
+              _stored("gone-1", "proxy-dead", 2, ("a/#", "+/x"), 1),  # its parts in two groups
+              _stored("gone-1", "proxy-dead", 5, ("b/#", "+/x"), 2),
+              _stored("gone-2", "proxy-dead", 1), _stored("gone-2", "proxy-older", 0),
+              _stored("never", "", 0)]
+    api, _calls = _cluster(views, stored=stored)
+    want = sorted([(p, cid) for p, v in views.items() for cid in v.sessions]
+                  + [("proxy-dead", "gone-1"), ("proxy-dead", "gone-2"), ("", "never")])
+    for limit in (1, 3, 8, 1000):
+        assert _walk(api, limit, path="/api/v1/sessions") == want, limit
+    status, answer = _get(api, "/api/v1/sessions", {"like": "gone"})
+    assert status == 200 and [(r["proxy"], r["client_id"], r["connected"], r["subscriptions"])
+                              for r in answer["items"]] == [("proxy-dead", "gone-1", False, 3),
+                                                            ("proxy-dead", "gone-2", False, 1)]
+    assert _get(api, "/api/v1/sessions", {"like": "gone-1"})[1]["items"][0]["inflight"] == 3
+    assert ("", "never") not in _walk(api, 5, {"connected": "true"}, path="/api/v1/sessions")
+    api, _calls = _cluster(views, stored=ConnectionError("broker-g2 is down"))
+    status, answer = _get(api, "/api/v1/sessions")
+    assert status == 503 and "broker-g2 is down" in answer["message"]
 
 
 def test_composite_cursors_are_checked():
