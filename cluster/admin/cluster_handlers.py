@@ -1,6 +1,7 @@
 """The admin routes the ``admin`` role serves for the whole cluster, gathered from the other processes.
 
-It holds no state: members come from the controllers' metadata (as its member agent last read it),
+It holds no state: members come from the controllers' metadata (as its member agent last read it;
+``members()`` is None until it has read one, and every route answers 503 until then),
 clients from every joined proxy over RPC (``cluster.admin.member_calls``), and the sessions no live
 proxy holds (their proxy died or left) from the broker groups. The role passes in ``members()`` (the
 metadata's member records), ``controllers()`` (the controllers as ``Member`` rows), ``call(node_id,
@@ -49,12 +50,19 @@ class ClusterHandlers:
         self.call = call
         self.stored = stored
 
+    def _members(self) -> list[dict]:
+        members = self.members()
+        if members is None:  # an answer now would leave out every proxy: not an empty cluster
+            raise ApiError(503, "unavailable", "no metadata from the controllers yet (starting, or none reachable "
+                           "since this process started); try again")
+        return members
+
     def _proxies(self) -> list[str]:
-        return sorted(r["node_id"] for r in self.members()
+        return sorted(r["node_id"] for r in self._members()
                       if r.get("node_type") == "proxy" and r.get("joined") and r.get("rpc_address"))
 
     def list_members(self, params, query, body):
-        return self.controllers() + [member_row(r) for r in self.members()]
+        return self.controllers() + [member_row(r) for r in self._members()]
 
     def list_clients(self, params, query, body):
         limit = query.get("limit", DEFAULT_LIMIT)

@@ -112,8 +112,11 @@ class AdminParts:
         self.agent = member_agent(reactor, cfg, "admin", self.listeners, health_probe(cfg))
         self.agent.on_metadata(self.peers.apply)
 
-    def _members(self) -> list[dict]:
-        return list((self.agent.metadata or {}).get("members") or ())
+    def _members(self) -> list[dict] | None:
+        """The metadata's member records; None until the agent has read the metadata once."""
+        if self.agent.metadata is None:
+            return None
+        return list(self.agent.metadata.get("members") or ())
 
     def _controllers(self) -> list[dict]:
         """The controllers as Member rows: id is the RPC address members dial; leader is the one this process's
@@ -130,7 +133,7 @@ class AdminParts:
 
     def _stored(self):
         """Every joined broker's stored sessions, as ClusterHandlers reads them; fails if one does not answer."""
-        brokers = sorted(r["node_id"] for r in self._members() if r.get("node_type") == "broker" and r.get("joined"))
+        brokers = sorted(r["node_id"] for r in self._members() or () if r.get("node_type") == "broker" and r.get("joined"))
         frame = store_codec.pack_call("list_sessions")
         calls = [self.peers.call(b, request_type("list_sessions"), frame, wait=self.cfg.cluster.call_timeout)
                  .addCallback(lambda body: store_codec.unpack_result("list_sessions", body)) for b in brokers]

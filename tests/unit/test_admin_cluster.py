@@ -191,6 +191,16 @@ def test_sessions_add_the_stored_ones_no_live_proxy_holds(views):
     assert status == 503 and "broker-g2 is down" in answer["message"]
 
 
+def test_before_the_first_metadata_every_route_is_503(views):
+    """Until the admin process has read the controllers' metadata it lists nothing rather than an empty
+    cluster."""
+    handlers = ClusterHandlers(lambda: None, lambda: [], None)
+    api = AdminAPI(served_by(routes(), "admin"), handlers)
+    for path in ("/api/v1/clients", "/api/v1/sessions", "/api/v1/cluster/members", "/api/v1/clients/x"):
+        status, answer = _get(api, path)
+        assert status == 503 and answer["code"] == "unavailable", path
+
+
 def test_composite_cursors_are_checked():
     """A cursor that does not name a (proxy, client id) pair is a 400, never a wrong page."""
     items = [{"proxy": "p", "client_id": "a"}]
