@@ -133,7 +133,8 @@ class AdminParts:
 
     def _stored(self):
         """Every joined broker's stored sessions, as ClusterHandlers reads them; fails if one does not answer."""
-        brokers = sorted(r["node_id"] for r in self._members() or () if r.get("node_type") == "broker" and r.get("joined"))
+        brokers = sorted(r["node_id"] for r in self._members() or ()
+                         if r.get("node_type") == "broker" and r.get("joined"))
         frame = store_codec.pack_call("list_sessions")
         calls = [self.peers.call(b, request_type("list_sessions"), frame, wait=self.cfg.cluster.call_timeout)
                  .addCallback(lambda body: store_codec.unpack_result("list_sessions", body)) for b in brokers]
