@@ -11,14 +11,15 @@ Rooms (sub-packages), read as the architecture:
 - ``local``: the store interface in-process (``LocalStore`` over the store parts a node
   or broker builds: commit log, light queues, sessions, native engine, notifier).
 - ``remote``: the store interface over RPC (``RemoteStore``), its broker-side server
-  (``StoreServer``) and codec, the routed store over several groups, and the proxy's
-  native forwarding.
+  (``StoreServer``) and codec, the routed store over several groups (kept up with the
+  controllers' metadata by ``rerouting``), and the proxy's native forwarding.
 - ``rpc``: frames, connection state machine and Twisted protocol between nodes.
-- ``admin``: the admin HTTP API, the dashboard and ``twistmq-admin``.
+- ``admin``: the admin HTTP API, the dashboard and ``twistmq-admin``; the cluster-wide routes of the
+  ``admin`` role and the calls a proxy answers it (``cluster_handlers``, ``member_calls``).
 - ``controller``: the cluster metadata replicated with Raft (pysyncobj), the Raft leader's
   member leases, and the RPC members register, heartbeat and read metadata on.
 - ``discovery``: member records, their leases (renewed by heartbeats, evicted on a hashed-wheel
-  timer) and snowflake ids.
+  timer), snowflake ids, a member's agent, and RPC connections to the members the metadata lists.
 - ``tools``: developer tools (the local-cluster launcher, test certificates, the
   password-file editor behind ``twistmq-admin``).
 - Directly here: ``tap`` (twistd's entry point) and ``routing`` (the hash-slot table, pure).
