@@ -42,7 +42,7 @@ def _gathered(calls: list[tuple[str, defer.Deferred]]) -> defer.Deferred:
 
 
 class ClusterHandlers:
-    """``cluster/members``, ``clients`` (list, show, kick) and ``sessions`` (list) of the admin role."""
+    """``cluster/members``, ``clients`` (list, show, kick) and ``sessions`` (list, show, delete) of the admin role."""
 
     def __init__(self, members, controllers, call, stored=None) -> None:
         self.members = members
@@ -119,20 +119,23 @@ class ClusterHandlers:
     def _ask_all(self, request_type: str, client_id: str) -> defer.Deferred:
         return _gathered([(p, self.call(p, request_type, {"client_id": client_id})) for p in self._proxies()])
 
-    def get_client(self, params, query, body):
-        client_id = params["client_id"]
-
+    def _held(self, request_type: str, field: str, client_id: str, what: str) -> defer.Deferred:
+        """Each proxy's ``field`` answer for ``client_id``: the one where it is connected first, else any; 404 if
+        no proxy holds it, 503 if none that answered does and some did not answer."""
         def found(answers):
-            held = [dict(a["client"], proxy=p) for p, a in answers if a is not None and a.get("client")]
+            held = [dict(a[field], proxy=p) for p, a in answers if a is not None and a.get(field)]
             if not held:
                 down = [p for p, a in answers if a is None]
                 if down:
                     raise ApiError(503, "unavailable", f"no answering proxy holds {client_id!r}; proxies "
                                    f"{', '.join(down)} did not answer")
-                raise not_found(f"no client {client_id!r}")
+                raise not_found(f"no {what} {client_id!r}")
             return next((c for c in held if c["connected"]), held[0])
 
-        return self._ask_all("admin.client", client_id).addCallback(found)
+        return self._ask_all(request_type, client_id).addCallback(found)
+
+    def get_client(self, params, query, body):
+        return self._held("admin.client", "client", params["client_id"], "client")
 
     def kick_client(self, params, query, body):
         client_id = params["client_id"]
@@ -144,3 +147,18 @@ class ClusterHandlers:
             return {"client_id": client_id, "kicked": any(a.get("kicked") for a in got)}
 
         return self._ask_all("admin.kick", client_id).addCallback(kicked)
+
+    def get_session(self, params, query, body):
+        """The session as the proxy holding it shows it; a session no live proxy holds is not shown (404)."""
+        return self._held("admin.session", "session", params["client_id"], "session on a live proxy")
+
+    def delete_session(self, params, query, body):
+        """Kick the client and forget its session on every live proxy holding it; 404 if none does."""
+        client_id = params["client_id"]
+
+        def done(answers):
+            if not any(a is not None and a.get("found") for _, a in answers):
+                raise not_found(f"no session {client_id!r} on a live proxy")
+            return {"client_id": client_id, "deleted": True}
+
+        return self._ask_all("admin.end_session", client_id).addCallback(done)

@@ -7,9 +7,11 @@ Registered on the proxy's RPC dispatcher (``register(dispatcher)``; handlers are
   null}`` -> ``{"items": [Client, ...]}``: this proxy's clients in client-id order, those after ``after``,
   at most ``limit`` (1-1001);
 - ``admin.client`` ``{"client_id"}`` -> ``{"client": Client or null}``;
-- ``admin.kick`` ``{"client_id"}`` -> ``{"found": bool, "kicked": bool}`` (kicked: it was connected).
+- ``admin.kick`` ``{"client_id"}`` -> ``{"found": bool, "kicked": bool}`` (kicked: it was connected);
+- ``admin.session`` ``{"client_id"}`` -> ``{"session": Session or null}`` (with its subscriptions);
+- ``admin.end_session`` ``{"client_id"}`` -> ``{"found": bool}`` once the session is kicked and forgotten.
 
-``Client`` is the openapi.json schema of that name, read through ``NodeView``. A malformed body is
+``Client`` and ``Session`` are the openapi.json schemas of those names, read through ``NodeView``. A malformed body is
 answered with ``invalid_argument`` (``store.api.InvalidArgument``).
 """
 
@@ -52,6 +54,8 @@ class MemberCalls:
         dispatcher.register("admin.clients", self._clients)
         dispatcher.register("admin.client", self._client)
         dispatcher.register("admin.kick", self._kick)
+        dispatcher.register("admin.session", self._session_detail)
+        dispatcher.register("admin.end_session", self._end_session)
 
     def clients(self, after: str | None, limit: int, connected: bool | None = None, like: str | None = None) -> list:
         """This proxy's clients after ``after`` in client-id order, at most ``limit``: the ids are filtered and the
@@ -87,3 +91,13 @@ class MemberCalls:
         if session is None:
             return msgpack.packb({"found": False, "kicked": False})
         return msgpack.packb({"found": True, "kicked": self.view.kick(session)})
+
+    def _session_detail(self, protocol, body: bytes) -> bytes:
+        session = self._session(body)
+        return msgpack.packb({"session": self.view.session_detail(session) if session is not None else None})
+
+    def _end_session(self, protocol, body: bytes):
+        session = self._session(body)
+        if session is None:
+            return msgpack.packb({"found": False})
+        return self.view.end_session(session).addCallback(lambda _: msgpack.packb({"found": True}))

@@ -36,7 +36,8 @@ def test_every_operation_has_a_handler_and_every_handler_an_operation():
     assert controller_ops == {"list_members", "elect_leader", "get_controller_metadata"}
     admin_ops = {r.operation_id for r in served_by(routes(), "admin") if r.segments}
     assert admin_ops == _public_methods(ClusterHandlers)
-    assert admin_ops == {"list_members", "list_clients", "get_client", "kick_client", "list_sessions"}
+    assert admin_ops == {"list_members", "list_clients", "get_client", "kick_client", "list_sessions", "get_session",
+                         "delete_session"}
 
 
 def test_the_site_serves_nothing_the_file_lacks():

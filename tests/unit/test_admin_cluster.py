@@ -51,6 +51,14 @@ class _View:
         self.kicked.append(s.client_id)
         return s.connected
 
+    def session_detail(self, s):
+        return dict(self.client(s), subscriptions=[], expiry=0, persistent=True, queued=0)
+
+    def end_session(self, s):
+        self.kick(s)
+        del self.sessions[s.client_id]
+        return defer.succeed(None)
+
 
 class _Dispatcher:
     def __init__(self) -> None:
@@ -73,8 +81,8 @@ def _cluster(views: dict[str, _View], down=(), stored=None):
         calls.append((node_id, request_type, body))
         if node_id in down:
             return defer.fail(ConnectionError(f"{node_id} is down"))
-        answer = dispatchers[node_id].handlers[request_type](None, msgpack.packb(body))
-        return defer.succeed(msgpack.unpackb(answer, raw=False))
+        handler = dispatchers[node_id].handlers[request_type]  # may answer later, as the RPC dispatcher allows
+        return defer.maybeDeferred(handler, None, msgpack.packb(body)).addCallback(msgpack.unpackb, raw=False)
 
     members = [{"node_id": n, "node_type": "proxy", "joined": True, "rpc_address": "tcp:127.0.0.1:1",
                 "active": True, "healthy": True} for n in views]
@@ -199,6 +207,19 @@ def test_before_the_first_metadata_every_route_is_503(views):
     for path in ("/api/v1/clients", "/api/v1/sessions", "/api/v1/cluster/members", "/api/v1/clients/x"):
         status, answer = _get(api, path)
         assert status == 503 and answer["code"] == "unavailable", path
+
+
+def test_session_show_and_delete_reach_the_proxy_holding_it(views):
+    """GET sessions/{id} answers the holding proxy's detail (connected there first); DELETE ends it on every
+    live proxy holding it; an id no live proxy holds is 404 both ways."""
+    api, _calls = _cluster(views)
+    status, detail = _get(api, "/api/v1/sessions/c05")
+    assert status == 200 and detail["proxy"] == "proxy-a" and detail["persistent"]
+    status, answer = _get(api, "/api/v1/sessions/c05", method="DELETE")
+    assert (status, answer) == (200, {"client_id": "c05", "deleted": True})
+    assert "c05" not in views["proxy-a"].sessions and "c05" not in views["proxy-c"].sessions
+    assert _get(api, "/api/v1/sessions/c05")[0] == 404
+    assert _get(api, "/api/v1/sessions/c05", method="DELETE")[0] == 404
 
 
 def test_composite_cursors_are_checked():
