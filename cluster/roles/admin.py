@@ -36,7 +36,13 @@ from cluster.runtime import node_log
 from cluster.runtime.config import CONFIG_HELP, find_config, load_config
 from cluster.runtime.http import admin_site
 from cluster.runtime.listeners import parse_listener
-from cluster.runtime.services import ListenerService, Part, ReadyLine, RoleService, SignalService
+from cluster.runtime.services import (
+    ListenerService,
+    Part,
+    ReadyLine,
+    RoleService,
+    SignalService,
+)
 from cluster.runtime.version import print_version, twistmq_version
 from store.config import ConfigError
 

@@ -18,8 +18,8 @@ from cluster.discovery.members import MemberRecord
 from cluster.rpc.dispatch import Dispatcher
 from cluster.rpc.frames import RPC_VERSION, Hello
 from cluster.rpc.health import HealthLimits, HealthProbe
-from cluster.rpc.peer import PeerClient
 from cluster.rpc.metrics import RpcMetrics
+from cluster.rpc.peer import PeerClient
 from cluster.rpc.protocol import RpcSettings
 from cluster.rpc.server import RpcServerFactory
 from cluster.runtime.config import CONFIG_HELP, find_config, load_config, settle, with_data_dir, with_flags

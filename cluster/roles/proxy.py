@@ -34,10 +34,10 @@ import signal
 import msgpack
 from twisted.internet import defer, endpoints
 
-from cluster.local.native_service import topic_limits
-from cluster.remote.proxy_native import ForwardingEngine, ProxyNativeService
 from cluster.admin.member_calls import MemberCalls
 from cluster.admin.view import NodeView
+from cluster.local.native_service import topic_limits
+from cluster.remote.proxy_native import ForwardingEngine, ProxyNativeService
 from cluster.remote.rerouting import Rerouter
 from cluster.remote.routed_store import RoutedStore
 from cluster.remote.server import SESSION_EVENT
