@@ -2,7 +2,7 @@
 
 Rooms (sub-packages), read as the architecture:
 
-- ``roles``: one module per role (``node``, ``broker``, ``proxy``, ``controller``), each building its
+- ``roles``: one module per role (``node``, ``broker``, ``proxy``, ``controller``, ``admin``), each building its
   ``MultiService`` from options; ``common`` holds what roles share (the client-serving
   options and listeners, member ids) and ``table`` is the roles table ``tap`` reads.
 - ``runtime``: the process around a role: config loading and the documented defaults,
@@ -11,14 +11,15 @@ Rooms (sub-packages), read as the architecture:
 - ``local``: the store interface in-process (``LocalStore`` over the store parts a node
   or broker builds: commit log, light queues, sessions, native engine, notifier).
 - ``remote``: the store interface over RPC (``RemoteStore``), its broker-side server
-  (``StoreServer``) and codec, the routed store over several groups, and the proxy's
-  native forwarding.
+  (``StoreServer``) and codec, the routed store over several groups (kept up with the
+  controllers' metadata by ``rerouting``), and the proxy's native forwarding.
 - ``rpc``: frames, connection state machine and Twisted protocol between nodes.
-- ``admin``: the admin HTTP API, the dashboard and ``twistmq-admin``.
+- ``admin``: the admin HTTP API, the dashboard and ``twistmq-admin``; the cluster-wide routes of the
+  ``admin`` role and the calls a proxy answers it (``cluster_handlers``, ``member_calls``).
 - ``controller``: the cluster metadata replicated with Raft (pysyncobj), the Raft leader's
   member leases, and the RPC members register, heartbeat and read metadata on.
 - ``discovery``: member records, their leases (renewed by heartbeats, evicted on a hashed-wheel
-  timer) and snowflake ids.
+  timer), snowflake ids, a member's agent, and RPC connections to the members the metadata lists.
 - ``mongodb``: the ``[mongodb]`` section and the process's one MongoDB client (``MongoPool``: every
   ``pymongo`` call on a bounded thread pool, outages logged once and counted); what uses MongoDB
   gets it passed in.

@@ -101,6 +101,19 @@ class SlotTable:
                 raise RoutingError(f"route {level!r} names unknown group {group!r}")
         return cls(groups, tuple(owner), routes)  # type: ignore[arg-type]
 
+    @classmethod
+    def from_metadata(cls, metadata: Mapping) -> SlotTable:
+        """The table the controllers' metadata describes (``slots``: group -> [[lo, hi], ...]; ``routes``)."""
+        slots = metadata.get("slots")
+        routes = metadata.get("routes") or {}
+        if not isinstance(slots, Mapping) or not slots or not isinstance(routes, Mapping):
+            raise RoutingError("the metadata has no slot table")
+        try:
+            assignment = {str(g): tuple((int(a), int(b)) for a, b in ranges) for g, ranges in slots.items()}
+        except (TypeError, ValueError):
+            raise RoutingError("the metadata's slot ranges are not [lo, hi] pairs") from None
+        return cls.build(tuple(assignment), assignment, dict(routes))
+
     # -- keys -> groups -------------------------------------------------------------------------------
 
     def group_of_topic(self, topic: str) -> str:

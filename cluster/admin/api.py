@@ -68,7 +68,7 @@ def _loopback(request) -> bool:
         return False  # a UNIX socket or an unknown transport: not a loopback listener we know of
 
 
-def _cursor_key(cursor: str) -> str:
+def _cursor_text(cursor: str) -> str:
     try:
         raw = cursor.encode("ascii") + b"=" * (-len(cursor) % 4)
         return base64.b64decode(raw, altchars=b"-_", validate=True).decode("utf-8")
@@ -76,19 +76,41 @@ def _cursor_key(cursor: str) -> str:
         raise ApiError(400, "bad_request", f"cursor {cursor[:64]!r} is not one this server gave") from None
 
 
+def cursor_key(cursor: str, key: str | tuple[str, ...]):
+    """The key a cursor names: a string for a one-field page key, a tuple of strings for a composite one."""
+    text = _cursor_text(cursor)
+    if isinstance(key, str):
+        return text
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, list) or len(value) != len(key) or not all(isinstance(v, str) for v in value):
+        raise ApiError(400, "bad_request", f"cursor {cursor[:64]!r} is not one this server gave")
+    return tuple(value)
+
+
 def _make_cursor(key) -> str:
-    return base64.urlsafe_b64encode(str(key).encode("utf-8")).decode("ascii").rstrip("=")
+    text = json.dumps(list(key), separators=(",", ":")) if isinstance(key, tuple) else str(key)
+    return base64.urlsafe_b64encode(text.encode("utf-8")).decode("ascii").rstrip("=")
 
 
-def page(items: list[dict], key: str, limit: int, cursor: str | None) -> dict:
-    """One page of *items* ordered by ``item[key]``, starting after the cursor's key."""
-    items = sorted(items, key=lambda item: str(item[key]))
+def item_key(item: dict, key: str | tuple[str, ...]):
+    """``item``'s place in the paging order: ``str(item[key])``, or the tuple of them for a composite key."""
+    if isinstance(key, str):
+        return str(item[key])
+    return tuple(str(item[k]) for k in key)
+
+
+def page(items: list[dict], key: str | tuple[str, ...], limit: int, cursor: str | None) -> dict:
+    """One page of *items* ordered by ``item[key]`` (a tuple of fields: by each in turn), after the cursor's key."""
+    items = sorted(items, key=lambda item: item_key(item, key))
     if cursor is not None:
-        after = _cursor_key(cursor)
-        items = [item for item in items if str(item[key]) > after]
+        after = cursor_key(cursor, key)
+        items = [item for item in items if item_key(item, key) > after]
     chunk = items[:limit]
     more = len(items) > limit
-    return {"items": chunk, "next": _make_cursor(chunk[-1][key]) if more and chunk else None}
+    return {"items": chunk, "next": _make_cursor(item_key(chunk[-1], key)) if more and chunk else None}
 
 
 def _typed(name: str, kind: str, raw: str):

@@ -4,7 +4,8 @@
 table), the handlers' names (each row's ``operationId`` names a method of
 ``cluster.admin.handlers.Handlers``) and the response schemas the tests check
 come from it. A route is a row there: a path, a method, an ``operationId``, a
-response schema and, for lists, ``x-page-key`` (the field pages are cut on).
+response schema and, for lists, ``x-page-key`` (the field pages are cut on, or a list of fields: the
+order is by each in turn and a cursor names all of them).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ class Route:
     operation_id: str  # the handler's name
     response_schema: str | None  # components/schemas name of the success body (None: not JSON)
     status: int  # the success status
-    page_key: str | None  # lists: the item field pages are cut on
+    page_key: str | tuple[str, ...] | None  # lists: the item field (or fields, in order) pages are cut on
     auth: bool  # False for /health and /metrics
     segments: tuple[str, ...]  # the template below API_PREFIX split on "/"; "{x}" is a parameter
     query: tuple[tuple[str, str], ...]  # (name, JSON type) of each query parameter
@@ -45,6 +46,10 @@ def _ref_name(schema: dict | None) -> str | None:
     return None
 
 
+def _page_key(value) -> str | tuple[str, ...] | None:
+    return tuple(value) if isinstance(value, list) else value
+
+
 def routes(spec: dict | None = None) -> list[Route]:
     """Every operation of the file as a Route, in file order."""
     spec = spec or load_spec()
@@ -59,8 +64,8 @@ def routes(spec: dict | None = None) -> list[Route]:
             query = tuple((p["name"], p["schema"].get("type", "string")) for p in operation.get("parameters", ())
                           if p["in"] == "query")
             out.append(Route(method.upper(), path, operation["operationId"], schema, int(status),
-                             operation.get("x-page-key"), operation.get("security", None) != [], segments, query,
-                             _ref_name(body), tuple(operation.get("x-roles", ("node",)))))
+                             _page_key(operation.get("x-page-key")), operation.get("security", None) != [], segments,
+                             query, _ref_name(body), tuple(operation.get("x-roles", ("node",)))))
     return out
 
 

@@ -130,6 +130,13 @@ class NodeView:
     def clients(self) -> list[dict]:
         return [self.client(s) for s in list(self.front.sessions.values())]
 
+    def client_ids(self) -> list[str]:
+        return list(self.front.sessions)
+
+    def is_connected(self, client_id: str) -> bool:
+        session = self.front.sessions.get(client_id)
+        return session is not None and session.conn is not None
+
     def session_detail(self, session) -> dict:
         out = self.client(session)
         subs, queued = [], 0

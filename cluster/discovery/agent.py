@@ -79,6 +79,11 @@ class MemberAgent(service.Service):
     def joined(self) -> bool:
         return self.generation != 0
 
+    @property
+    def leader(self):
+        """The controller (its ``PeerClient``) believed to lead: the lease is held there while joined."""
+        return self._leader()
+
     def startService(self) -> None:
         service.Service.startService(self)
         for peer in self.controllers:

@@ -77,3 +77,46 @@ class MemberRecord:
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in values.get("addresses", {}).items()):
             raise BadMember("member field 'addresses' maps kinds to address strings")
         return cls(**values)
+
+
+def broker_addresses(members) -> dict[str, str]:
+    """Broker group -> the RPC address to dial for it, from the metadata's member records (as dicts).
+
+    Per group, a joined broker with an address is preferred to one whose lease ended (a broker that
+    moved registers anew, its old record lingers until evicted), then the newest registration (highest
+    generation), then the node id; a group whose brokers have no address others can dial is left out (a
+    broker bound to 0.0.0.0 without ``[cluster] advertise_rpc`` advertises an address only its own host
+    reaches: the dialler keeps the one it has).
+    """
+    best: dict[str, tuple] = {}
+    for record in members:
+        if not isinstance(record, dict) or record.get("node_type") != "broker":
+            continue
+        group, address = record.get("group"), record.get("rpc_address")
+        if not isinstance(group, str) or not group or not dialable(address):
+            continue
+        rank = (bool(record.get("joined")), record.get("generation", 0) if isinstance(record.get("generation"), int)
+                else 0, str(record.get("node_id", "")), address)
+        if group not in best or rank > best[group]:
+            best[group] = rank
+    return {group: rank[3] for group, rank in best.items()}
+
+
+_UNSPECIFIED = ("", "0.0.0.0", "::", "[::]")
+
+
+def dialable(address) -> bool:
+    """Whether an advertised RPC address can be dialled from another host: ``unix:PATH``, or ``tcp:HOST:PORT``
+    (``tcp6:``, ``ssl:``) whose host is not the unspecified address."""
+    if not isinstance(address, str) or not address:
+        return False
+    kind, _, rest = address.partition(":")
+    if kind == "unix":
+        return bool(rest)
+    if kind not in ("tcp", "tcp6", "ssl"):
+        return False
+    parts = rest.split(":")
+    named = dict(p.split("=", 1) for p in parts if "=" in p)
+    positional = [p for p in parts if "=" not in p]
+    host = named.get("host", positional[0] if positional else "")
+    return host not in _UNSPECIFIED

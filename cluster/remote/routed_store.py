@@ -82,6 +82,17 @@ class RoutedStore:
             self._ids = GroupIds(self.groups, self._group_numbers)
         return self._ids
 
+    def reroute(self, table: SlotTable, groups: dict[str, api.Store]) -> None:
+        """Route by ``table`` over ``groups`` from the next call on (the controllers' metadata changed).
+
+        Watches and filter interest already taken stay with the groups they were taken in: slots do
+        not move at run time, so a changed table only adds groups or explicit routes.
+        """
+        missing = set(table.groups) - set(groups)
+        if missing:
+            raise ValueError(f"no store for broker groups {sorted(missing)}")
+        self.table, self.groups = table, groups
+
     def _group(self, name: str) -> api.Store:
         try:
             return self.groups[name]

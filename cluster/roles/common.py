@@ -19,10 +19,13 @@ from cluster.discovery.agent import MemberAgent
 from cluster.discovery.members import MemberRecord
 from cluster.mongodb.client import MongoPool
 from cluster.mongodb.config import check_usable
+from cluster.rpc.dispatch import Dispatcher
 from cluster.rpc.frames import RPC_VERSION, Hello
 from cluster.rpc.health import HealthLimits, HealthProbe
+from cluster.rpc.metrics import RpcMetrics
 from cluster.rpc.peer import PeerClient
 from cluster.rpc.protocol import RpcSettings
+from cluster.rpc.server import RpcServerFactory
 from cluster.runtime.config import CONFIG_HELP, find_config, load_config, settle, with_data_dir, with_flags
 from cluster.runtime.services import Part, address
 from cluster.runtime.listeners import parse_listener
@@ -229,6 +232,24 @@ def rpc_and_http_listeners(cfg, role: str, rpc: list[str], http: list[str], flag
     if not any(listener.key == "rpc" for listener in listeners):
         raise ConfigError(f"a {role} needs an RPC listener: for example --rpc {example}")
     return tuple(listeners)
+
+
+def rpc_server_listeners(reactor, cfg, descriptions, node_type: str, health, register) -> list[ListenerService]:
+    """RPC listeners (``--rpc``) of a role that answers calls besides a broker's: ``register(dispatcher)`` adds
+    them (a proxy's admin calls)."""
+    if not descriptions:
+        return []
+    cluster = cfg.cluster
+    dispatcher = Dispatcher(reactor, RpcMetrics())
+    register(dispatcher)
+    settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes)
+    factory = RpcServerFactory(Hello(cluster.cluster_id, cluster.node_id, node_type, RPC_VERSION), settings, reactor,
+                               dispatcher, health=health)
+    out = []
+    for description in descriptions:
+        listener = parse_listener("rpc", description, None, None)
+        out.append(ListenerService(listener, endpoints.serverFromString(reactor, listener.description), factory))
+    return out
 
 
 def default_node_id(data_dir: str) -> str:

@@ -12,6 +12,12 @@ was merely stopped finds its writes refused (``Fenced``) when it wakes.
 Native requests are forwarded whole to the group of their queue
 (``cluster.remote.proxy_native``). ``/health`` and ``/metrics`` are on ``--http``.
 
+With ``[cluster] controllers`` the configured brokers are only where it starts: the controllers'
+metadata (pushed, and polled with each heartbeat) gives the slot table, the explicit routes and each
+group's broker address, and a group whose broker moved is dialled at its new address
+(``cluster.remote.rerouting``). ``--rpc`` opens an RPC listener where the ``admin`` role asks for
+this proxy's clients (``cluster.admin.member_calls``); its address is in the proxy's member record.
+
 A group that cannot be reached holds the client's acknowledgement for up to
 ``[cluster] call_timeout`` (the RPC waits for the broker to come back); then
 the client is disconnected (v5 DISCONNECT 0x89 Server busy; 3.1.1 closes) and
@@ -28,8 +34,11 @@ import signal
 import msgpack
 from twisted.internet import defer, endpoints
 
+from cluster.admin.member_calls import MemberCalls
+from cluster.admin.view import NodeView
 from cluster.local.native_service import topic_limits
 from cluster.remote.proxy_native import ForwardingEngine, ProxyNativeService
+from cluster.remote.rerouting import Rerouter
 from cluster.remote.routed_store import RoutedStore
 from cluster.remote.server import SESSION_EVENT
 from cluster.remote.store import RemoteStore
@@ -42,6 +51,7 @@ from cluster.roles.common import (
     health_probe,
     member_agent,
     node_config,
+    rpc_server_listeners,
     security_reloader,
 )
 from cluster.routing import RoutingError, SlotTable
@@ -72,6 +82,10 @@ class ProxyOptions(NodeOptions):
         ["node-id", None, None, "this proxy's member id (overrides cluster.node_id)"],
     ]
 
+    def opt_rpc(self, value):
+        """RPC listener the admin role gathers clients on, e.g. tcp:7801:interface=127.0.0.1 (repeatable)"""
+        self._listener("rpc", value)
+
 
 def proxy_config(options: ProxyOptions):
     """The node's config handling, then the proxy's identity and the broker groups it needs."""
@@ -90,28 +104,23 @@ def proxy_config(options: ProxyOptions):
 class ProxyParts:
     """The proxy's parts: RPC peers and remote stores per group, the routed store, the front end, listeners."""
 
-    def __init__(self, reactor, cfg) -> None:
+    def __init__(self, reactor, cfg, rpc=()) -> None:
         self.reactor = reactor
         self.cfg = cfg
         cluster = cfg.cluster
-        settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes)
-        hello = Hello(cluster.cluster_id, cluster.node_id, "proxy", RPC_VERSION)
         health = health_probe(cfg)
         self.peers: list[PeerClient] = []
         self.remotes: dict[str, RemoteStore] = {}
+        addresses = {}
         for member in cluster.members:
             if member.role != "broker":
                 continue
             if member.group in self.remotes:  # replicas come with replication: the first listed serves
                 continue
-            peer = PeerClient(member.id, endpoints.clientFromString(reactor, member.rpc), hello, settings, reactor,
-                              health=health)
-            self.peers.append(peer)
-            remote = RemoteStore(peer, wait_connected=cluster.call_timeout)
-            peer.on_event(lambda topic, body, g=member.group: self._event(g, topic, body))
-            self.remotes[member.group] = remote
-        self.table = SlotTable.build(tuple(self.remotes), cluster.slot_assignment(), dict(cluster.routes))
-        self.store = RoutedStore(self.table, self.remotes, cluster.group_numbers)
+            self.remotes[member.group] = self._remote(member.id, member.group, member.rpc, health)
+            addresses[member.group] = member.rpc
+        self.store = RoutedStore(SlotTable.build(tuple(self.remotes), cluster.slot_assignment(), dict(cluster.routes)),
+                                 self.remotes, cluster.group_numbers)
         mqtt = cfg.mqtt
         self.mongodb = mongodb_pool(reactor, cfg)  # None unless the config uses MongoDB
         self.auth_executor, auth, acl = client_security(reactor, cfg, self.mongodb)
@@ -120,7 +129,34 @@ class ProxyParts:
                                          from_mapping(NativeConfig, "native", cfg.native), topic_limits(cfg.limits))
         self.lag = ReactorLagProbe(reactor)
         self.streams, self.datagrams = self._listeners()
+        self.streams += rpc_server_listeners(reactor, cfg, rpc, "proxy", health,
+                                             MemberCalls(NodeView(self.mqtt, self.store, cluster.node_id)).register)
         self.agent = member_agent(reactor, cfg, "proxy", self.streams, health)  # None: static membership
+        if self.agent is not None:  # the controllers' groups, slots and routes win over the config's
+            self.rerouter = Rerouter(self.store, addresses, self._added_group, self._moved)
+            self.agent.on_metadata(self.rerouter.apply)
+
+    @property
+    def table(self) -> SlotTable:
+        return self.store.table
+
+    def _remote(self, peer_id: str, group: str, address: str, health) -> RemoteStore:
+        cluster = self.cfg.cluster
+        settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes)
+        hello = Hello(cluster.cluster_id, cluster.node_id, "proxy", RPC_VERSION)
+        peer = PeerClient(peer_id, endpoints.clientFromString(self.reactor, address), hello, settings, self.reactor,
+                          health=health)
+        self.peers.append(peer)
+        peer.on_event(lambda topic, body: self._event(group, topic, body))
+        return RemoteStore(peer, wait_connected=cluster.call_timeout)
+
+    def _added_group(self, group: str, address: str) -> RemoteStore:
+        remote = self._remote(f"broker-{group}", group, address, health_probe(self.cfg))
+        remote.peer.startService()
+        return remote
+
+    def _moved(self, remote: RemoteStore, address: str) -> None:
+        remote.peer.retarget(endpoints.clientFromString(self.reactor, address))
 
     def _event(self, group: str, topic: str, body: bytes) -> None:
         """A broker's event other than queue news: a session of ours taken over elsewhere."""
@@ -194,6 +230,6 @@ def proxy_tree(parts: ProxyParts) -> RoleService:
 def build_proxy(options: ProxyOptions, reactor) -> RoleService:
     cfg = proxy_config(options)
     observer = node_log.configure(cfg.log)
-    root = proxy_tree(ProxyParts(reactor, cfg))
+    root = proxy_tree(ProxyParts(reactor, cfg, rpc=options.listeners.get("rpc", ())))
     root.log_observer = observer
     return root

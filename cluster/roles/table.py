@@ -15,7 +15,7 @@ from typing import Callable
 from twisted.application import service
 from twisted.python import usage
 
-from cluster.roles import broker, controller, node, proxy
+from cluster.roles import admin, broker, controller, node, proxy
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,8 @@ ROLES: tuple[Role, ...] = (
          proxy.ProxyOptions, proxy.build_proxy, proxy.START_ERRORS),
     Role("controller", "cluster metadata in Raft (3 or 5 of them), member leases, members' register and heartbeat",
          controller.ControllerOptions, controller.build_controller, controller.START_ERRORS),
+    Role("admin", "the admin API and dashboard for the whole cluster, gathered from the controllers and proxies",
+         admin.AdminOptions, admin.build_admin, admin.START_ERRORS),
 )
 
 

@@ -56,8 +56,11 @@ class PeerClient(service.Service):
         self._event_listeners: list[Callable[[str, bytes], None]] = []
         self._up_listeners: list[Callable[[], None]] = []
         self._ready: list[defer.Deferred] = []
+        self._service = self._client_service(endpoint)
+
+    def _client_service(self, endpoint) -> internet.ClientService:
         policy = internet.backoffPolicy(initialDelay=0.1, maxDelay=MAX_RETRY_DELAY, factor=2.0)
-        self._service = internet.ClientService(endpoint, _PeerFactory(self), retryPolicy=policy, clock=clock)
+        return internet.ClientService(endpoint, _PeerFactory(self), retryPolicy=policy, clock=self.clock)
 
     @property
     def connected(self) -> bool:
@@ -77,6 +80,17 @@ class PeerClient(service.Service):
         p, self.protocol = self.protocol, None
         goodbye = p.stop() if p is not None else defer.succeed(None)
         return defer.DeferredList([goodbye, self._service.stopService()])
+
+    def retarget(self, endpoint) -> defer.Deferred:
+        """Dial ``endpoint`` from now on (the peer moved): the open connection is closed and a new one made
+        there; listeners hear of it as of any reconnect. Fires once the old connection is closed."""
+        old, self._service = self._service, self._client_service(endpoint)
+        p, self.protocol = self.protocol, None
+        goodbye = p.stop() if p is not None else defer.succeed(None)
+        stopped = defer.DeferredList([goodbye, old.stopService()]) if old.running else goodbye
+        if self.running:
+            self._service.startService()
+        return stopped
 
     def when_connected(self) -> defer.Deferred:
         """Fires (with None) once a connection is open: at once if one is."""

@@ -146,7 +146,7 @@ class ClusterConfig:
     secret: str = ""
     """The cluster's shared secret: the password of the controllers' Raft traffic (pysyncobj encrypts and authenticates with it; a controller with another secret is not heard). A controller whose raft address is not on loopback refuses to start without one. The RPC handshake does not check it yet: keep RPC listeners on loopback or a private network."""
     controllers: tuple[str, ...] = ()
-    """The controllers' RPC addresses, as client endpoint strings (``tcp:127.0.0.1:7910``). When set, brokers and proxies register with them, heartbeat every [discovery] heartbeat_interval and learn the metadata (listed in the controllers' cluster/members, evicted when silent for a lease); slots, routes and brokers still come from this file. Empty: the static membership below only."""
+    """The controllers' RPC addresses, as client endpoint strings (``tcp:127.0.0.1:7910``). When set, brokers and proxies register with them, heartbeat every [discovery] heartbeat_interval and learn the metadata (listed in the controllers' cluster/members, evicted when silent for a lease); a proxy then routes by the controllers' slots, routes and broker addresses (pushed, and polled with each heartbeat): the brokers listed here are where it starts, and on their first start the controllers take slots and routes from this file, afterwards theirs win. The admin role needs them. Empty: the static membership below only."""
     advertise_rpc: str = ""
     """The RPC address members are told to dial (a client endpoint string), when it differs from the one bound (NAT, a relay); empty: the first RPC listener's bound address."""
     advertise: dict = dataclasses.field(default_factory=dict)

@@ -153,6 +153,13 @@ class DashboardFiles(static.File):
         return super().getChild(path, request)
 
 
+def _dashboard(directory: str) -> DashboardFiles:
+    files = DashboardFiles(directory, defaultType="application/octet-stream")
+    files.contentTypes.update({".js": "text/javascript", ".css": "text/css", ".html": "text/html"})
+    files.directoryListing = lambda: resource.NoResource("no such file")
+    return files
+
+
 def _api_gate(api):
     """The check of a request with a body before it is read: the API's token, for paths under /api/."""
     def gate(path, request):
@@ -186,10 +193,7 @@ def http_site(front, store, extra=lambda: (), losses=lambda: {}, lag=None, figur
     if api is not None:
         root.putChild(b"api", api)
     if dashboard_dir is not None:
-        files = DashboardFiles(dashboard_dir, defaultType="application/octet-stream")
-        files.contentTypes.update({".js": "text/javascript", ".css": "text/css", ".html": "text/html"})
-        files.directoryListing = lambda: resource.NoResource("no such file")
-        root.putChild(b"dashboard", files)
+        root.putChild(b"dashboard", _dashboard(dashboard_dir))
     return BoundedSite(root, max_body=max_body, request_timeout=request_timeout,
                        gate=_api_gate(api) if api is not None else None, reactor=reactor)
 
@@ -283,3 +287,32 @@ def proxy_site(front, remotes, extra=lambda: (), lag=None) -> BoundedSite:
     root.putChild(b"health", _PeersHealth([peer for peer, _ in remotes]))
     root.putChild(b"metrics", Metrics(registry))
     return BoundedSite(root, max_body=MAX_BODY, request_timeout=REQUEST_TIMEOUT_S)
+
+
+class _JsonHealth(resource.Resource):
+    isLeaf = True
+
+    def __init__(self, status) -> None:
+        super().__init__()
+        self.status = status
+
+    def render_GET(self, request):
+        request.setHeader(b"content-type", b"application/json")
+        return json.dumps(self.status()).encode()
+
+
+def admin_site(api, status, collectors=(), dashboard_dir=None, max_body: int = MAX_BODY,
+               request_timeout: float = REQUEST_TIMEOUT_S, reactor=None) -> BoundedSite:
+    """The admin role's Site: /health (200, ``status()``), /metrics (the process and ``collectors``), the
+    admin API ``api`` and the dashboard's files when ``dashboard_dir`` is given."""
+    registry = CollectorRegistry()
+    for collector in collectors:
+        registry.register(collector)
+    ProcessCollector(registry=registry)
+    root = resource.Resource()
+    root.putChild(b"health", _JsonHealth(status))
+    root.putChild(b"metrics", Metrics(registry))
+    root.putChild(b"api", api)
+    if dashboard_dir is not None:
+        root.putChild(b"dashboard", _dashboard(dashboard_dir))
+    return BoundedSite(root, max_body=max_body, request_timeout=request_timeout, gate=_api_gate(api), reactor=reactor)

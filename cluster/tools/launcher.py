@@ -4,7 +4,7 @@
 process reads: broker groups and their RPC addresses, and the controllers'
 RPC addresses), starts the controllers (3 unless ``--controllers`` says
 otherwise; 0: static membership only), then the brokers, waiting for each
-``twistmq ready`` line, then the proxies the same way, and writes
+``twistmq ready`` line, then the proxies and the admin process the same way, and writes
 ``DIR/cluster.json`` (DESIGN's contract: role, id, pid, group, ports,
 data_dir, argv per process; a controller's ports are ``http``, ``rpc`` and
 ``raft``). Brokers and proxies register with the controllers and heartbeat. Every port is fixed in ``argv``, so
@@ -14,8 +14,10 @@ puts them all on one (``reuseport=yes``: the kernel spreads clients).
 ``down`` sends SIGTERM to every process (proxies first), then SIGKILL to any
 left after 10 s.
 
-Broker replicas come with the replication issue: asking for them is refused
-with a reason. The admin role is not built yet.
+With controllers, one ``admin`` process (role ``"admin"``, an ``http`` port; ``--no-admin``: none)
+starts last: the admin API and dashboard for the whole cluster, gathering clients from the proxies on
+their ``rpc`` ports. Broker replicas come with the replication issue: asking for them is refused
+with a reason.
 """
 
 from __future__ import annotations
@@ -62,10 +64,12 @@ def endpoint(port: int, shared: bool = False) -> str:
     return f"tcp:{port}:interface=127.0.0.1" + (":reuseport=yes" if shared else "")
 
 
-def plan(root: str, groups: int, proxies: int, shared_port: bool, cluster_id: str, controllers: int = 0) -> list[dict]:
-    """The processes to start, controllers first, then brokers: role, id, group, ports, data_dir and argv of each."""
+def plan(root: str, groups: int, proxies: int, shared_port: bool, cluster_id: str, controllers: int = 0,
+         admin: bool = True) -> list[dict]:
+    """The processes to start, controllers first, then brokers, proxies and (with controllers) the admin process:
+    role, id, group, ports, data_dir and argv of each."""
     procs: list[dict] = []
-    ports = iter(free_ports(controllers * 3 + groups * 2 + proxies * 3 + 2))
+    ports = iter(free_ports(controllers * 3 + groups * 2 + proxies * 4 + 3))
     raft = [next(ports) for _ in range(controllers)]
     for c in range(1, controllers + 1):
         member = f"controller-{c}"
@@ -91,12 +95,19 @@ def plan(root: str, groups: int, proxies: int, shared_port: bool, cluster_id: st
         member = f"proxy-{n}"
         p = dict(shared) if shared_port else {"mqtt": next(ports), "native": next(ports)}
         p["http"] = next(ports)
+        p["rpc"] = next(ports)  # the admin process gathers this proxy's clients there
         data_dir = os.path.join(root, member)
         argv = [twistd(), "-n", "--pidfile=", "twistmq", "proxy", "--config", os.path.join(root, "cluster.toml"),
                 "--data-dir", data_dir, "--node-id", member,
                 "--mqtt", endpoint(p["mqtt"], shared_port), "--native", endpoint(p["native"], shared_port),
-                "--http", endpoint(p["http"])]
+                "--http", endpoint(p["http"]), "--rpc", endpoint(p["rpc"])]
         procs.append({"role": "proxy", "id": member, "ports": p, "data_dir": data_dir, "argv": argv})
+    if admin and controllers:
+        p = {"http": next(ports)}
+        data_dir = os.path.join(root, "admin")
+        argv = [twistd(), "-n", "--pidfile=", "twistmq", "admin", "--config", os.path.join(root, "cluster.toml"),
+                "--node-id", "admin", "--http", endpoint(p["http"])]
+        procs.append({"role": "admin", "id": "admin", "ports": p, "data_dir": data_dir, "argv": argv})
     return procs
 
 
@@ -110,7 +121,7 @@ def membership_toml(cluster_id: str, procs: list[dict], base: str = "") -> str:
     if controllers:
         lines[-1:-1] = [f"controllers = [{', '.join(controllers)}]"]
     for p in procs:
-        if p["role"] == "controller":
+        if p["role"] in ("controller", "admin"):
             continue
         lines.append("[[cluster.members]]")
         lines.append(f'id = "{p["id"]}"')
@@ -170,7 +181,7 @@ def alive(pid: int) -> bool:
 
 
 def up(root: str, groups: int = 1, proxies: int = 2, replicas: int = 1, controllers: int = 3,
-       shared_port: bool = False, base_config: str | None = None) -> dict:
+       shared_port: bool = False, base_config: str | None = None, admin: bool = True) -> dict:
     """Start the cluster under ``root``; returns what ``cluster.json`` holds."""
     if controllers < 0:
         raise LaunchError("--controllers must be at least 0 (3 or 5 for a majority that survives a loss)")
@@ -183,7 +194,7 @@ def up(root: str, groups: int = 1, proxies: int = 2, replicas: int = 1, controll
         raise LaunchError(f"{root}/cluster.json exists: run `./dev cluster down {root}` first, or pick another DIR")
     os.makedirs(root, exist_ok=True)
     cluster_id = "local-" + secrets.token_hex(4)
-    procs = plan(root, groups, proxies, shared_port, cluster_id, controllers)
+    procs = plan(root, groups, proxies, shared_port, cluster_id, controllers, admin)
     base = ""
     if base_config:
         with open(base_config, encoding="utf-8") as f:
@@ -207,7 +218,7 @@ def up(root: str, groups: int = 1, proxies: int = 2, replicas: int = 1, controll
 def stop(procs: list[dict], grace: float = STOP_GRACE_S) -> list[str]:
     """SIGTERM every process (proxies, then brokers, then controllers), SIGKILL those still alive after ``grace``;
     killed ids."""
-    rank = {"proxy": 0, "broker": 1, "controller": 2}
+    rank = {"admin": 0, "proxy": 0, "broker": 1, "controller": 2}
     order = sorted(procs, key=lambda p: rank.get(p["role"], 1))
     for p in order:
         try:
@@ -271,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--proxies", type=int, default=2)
     p_up.add_argument("--shared-port", action="store_true", help="all proxies on one MQTT/native port")
     p_up.add_argument("--config", help="a base TOML config every process reads (without [cluster])")
+    p_up.add_argument("--no-admin", dest="admin", action="store_false",
+                      help="start no admin process (one is started by default when there are controllers)")
     p_down = sub.add_parser("down", help="stop every process of DIR/cluster.json")
     p_down.add_argument("dir")
     p_re = sub.add_parser("relaunch", help="start a stopped member again from its argv (same id and ports)")
@@ -293,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "up":
             doc = up(args.dir, args.groups, args.proxies, args.replicas, args.controllers, args.shared_port,
-                     args.config)
+                     args.config, args.admin)
             for p in doc["processes"]:
                 ports = " ".join(f"{k}={v}" for k, v in p["ports"].items())
                 print(f"{p['role']:10} {p['id']:12} pid={p['pid']} {ports}")

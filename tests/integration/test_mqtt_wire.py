@@ -12,7 +12,7 @@ from mqtt_proxy.codec import (
     Subscription, SubscriptionOptions, UnsubAck, Unsubscribe,
 )
 from mqtt_proxy.codec.packets import PingReq, PingResp
-from tests.integration.mqtt_raw import Closed, RawClient
+from tests.integration.mqtt_raw import RawClient
 from tests.integration.node import NodeProcess
 from tests.integration.waiting import CLOCK_MARGIN_S, QUIET_PERIOD
 

@@ -13,11 +13,13 @@ from twisted.web.test.requesthelper import DummyRequest
 
 from cluster.admin import commands
 from cluster.admin.api import AdminAPI, ApiError, page
+from cluster.admin.cluster_handlers import ClusterHandlers
 from cluster.admin.controller_handlers import ControllerHandlers
 from cluster.admin.handlers import Handlers
 from cluster.admin.main import build_parser
 from cluster.admin.metrics import Histogram, RateHistory
 from cluster.admin.routes import load_spec, match, routes, served_by
+from cluster.controller.config import ControllerConfig
 from cluster.runtime.http import http_site
 
 
@@ -34,6 +36,10 @@ def test_every_operation_has_a_handler_and_every_handler_an_operation():
     assert controller_ops == _public_methods(ControllerHandlers)
     assert controller_ops == {"list_members", "elect_leader", "get_controller_metadata", "get_sync_state_set",
                               "elect_master"}
+    admin_ops = {r.operation_id for r in served_by(routes(), "admin") if r.segments}
+    assert admin_ops == _public_methods(ClusterHandlers)
+    assert admin_ops == {"list_members", "list_clients", "get_client", "kick_client", "list_sessions", "get_session",
+                         "delete_session"}
 
 
 def test_the_site_serves_nothing_the_file_lacks():
@@ -92,7 +98,7 @@ class _StubHandlers:
     """Answers for the routes these tests call (the API framework is under test, not the handlers)."""
 
     def list_clients(self, params, query, body):
-        return [{"client_id": f"c{i}", "connected": True} for i in range(3)]
+        return [{"client_id": f"c{i}", "connected": True, "proxy": "n"} for i in range(3)]
 
     def get_client(self, params, query, body):
         if params["client_id"] != "known":
@@ -231,3 +237,78 @@ def test_tables_for_people():
     assert text.splitlines() == ["CLIENT_ID  CONNECTED", "a          yes", "bbbb       no"]
     assert commands.render({"pending": 2, "x": None}).splitlines() == ["pending  2", "x        -"]
     assert commands.render([]) == "(none)"
+
+
+class _Raft:
+    """A controller's RaftNode stand-in: three controllers, this one the leader; a transfer is seen at once."""
+
+    def __init__(self, metadata) -> None:
+        self.address, self.leader, self.term = "127.0.0.1:7900", "127.0.0.1:7900", 3
+        self.cfg = ControllerConfig(raft=self.address, peers=("127.0.0.1:7901", "127.0.0.1:7902"))
+        self.metadata = metadata
+
+    @property
+    def is_leader(self) -> bool:
+        return self.leader == self.address
+
+    def status(self) -> dict:
+        return {"address": self.address, "leader": self.leader, "is_leader": self.is_leader, "term": self.term,
+                "has_quorum": True, "commit_index": 9, "peers_connected": list(self.cfg.peers)}
+
+    def read(self, fn):
+        return fn(self.metadata)
+
+    def transfer_leadership(self, target):
+        self.leader = target or self.cfg.peers[0]
+        return defer.succeed(None)
+
+
+def test_the_cluster_commands_of_twistmq_admin_are_rows_whose_answers_fit_their_schemas():
+    """cluster members, cluster elect-leader [ID] and controllers metadata (and their mqadmin aliases) send what
+    a row of openapi.json serves on a controller, with a body its request schema takes; a controller's answers
+    to them validate against the rows' response schemas."""
+    from jsonschema import Draft202012Validator
+
+    from cluster.controller.metadata import Metadata
+    from cluster.discovery.members import MemberRecord
+
+    spec = load_spec()
+
+    def validate(schema_name, value):
+        Draft202012Validator({"$ref": f"#/components/schemas/{schema_name}",
+                              "components": spec["components"]}).validate(value)
+
+    metadata = Metadata()
+    metadata.seed({"g1": [[0, 1023]]}, {"sensors": "g1"})
+    records = [MemberRecord("c", "broker-g1", "broker", rpc_address="tcp:127.0.0.1:7800", group="g1").as_dict(),
+               MemberRecord("c", "proxy-1", "proxy", rpc_address="tcp:127.0.0.1:7801").as_dict()]
+    for record in records:
+        metadata.join(record)
+    raft = _Raft(metadata)
+    controller = type("Controller", (), {"members": lambda self: records})()
+    api = AdminAPI(served_by(routes(), "controller"), ControllerHandlers(controller, raft, "1.0", task.Clock()))
+    parser = build_parser()
+    table = routes()
+    for argv, schema in ((["cluster", "members"], "MemberPage"),
+                         (["controllers", "metadata"], "ControllerMetadata"),
+                         (["getControllerMetaData"], "ControllerMetadata"),
+                         (["cluster", "elect-leader", "127.0.0.1:7902"], "LeaderElected"),
+                         (["cluster", "elect-leader"], "LeaderElected")):
+        args = parser.parse_args(argv)
+        path, query, body = commands.request_for(args.command_row, args)
+        route, _params, _known = match(table, args.command_row.method, path.split("/"))
+        assert route is not None and "controller" in route.roles, argv
+        assert route.response_schema == schema, argv
+        if body is not None:
+            validate(route.body_schema, body)
+        raft.leader = raft.address  # each elect-leader starts on the leader
+        status, answer = _call(api, route.method, "/api/v1/" + path,
+                               body=json.dumps(body).encode() if body is not None else b"")
+        assert status == route.status, (argv, answer)
+        validate(schema, answer)
+    raft.leader = raft.address
+    members = _call(api, "GET", "/api/v1/cluster/members")[1]["items"]
+    assert [m["id"] for m in members if m["leader"]] == ["127.0.0.1:7900"]
+    assert {m["id"] for m in members} >= {"broker-g1", "proxy-1", "127.0.0.1:7901"}
+    assert _call(api, "POST", "/api/v1/cluster/elect-leader", body=b'{"id": "127.0.0.1:7902"}')[1] == {
+        "previous": "127.0.0.1:7900", "leader": "127.0.0.1:7902"}

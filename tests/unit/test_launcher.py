@@ -57,6 +57,21 @@ def test_controllers_come_first_each_with_rpc_http_and_raft_ports(tmp_path):
     assert [m["role"] for m in doc["cluster"]["members"]] == ["broker", "proxy"]
 
 
+
+def test_with_controllers_one_admin_process_starts_last_and_proxies_get_an_rpc_port(tmp_path):
+    """The admin process (role admin, an http port) comes after the proxies, only with controllers; each proxy
+    has an rpc port (where the admin asks for its clients) named in its argv."""
+    procs = launcher.plan(str(tmp_path), 2, 2, False, "c", controllers=3)
+    assert procs[-1]["role"] == "admin" and set(procs[-1]["ports"]) == {"http"}
+    assert [p["role"] for p in procs].count("admin") == 1
+    for p in (p for p in procs if p["role"] == "proxy"):
+        assert f"tcp:{p['ports']['rpc']}:interface=127.0.0.1" in p["argv"][p["argv"].index("--rpc") + 1]
+    assert "admin" not in [p["role"] for p in launcher.plan(str(tmp_path), 1, 1, False, "c", controllers=0)]
+    assert "admin" not in [p["role"] for p in launcher.plan(str(tmp_path), 1, 1, False, "c", 3, admin=False)]
+    doc = tomllib.loads(launcher.membership_toml("c", procs))
+    assert "admin" not in [m["role"] for m in doc["cluster"]["members"]]
+
+
 def test_what_is_not_built_yet_is_refused_with_a_reason(tmp_path):
     """Replicas are refused by name until their issue lands, and a negative controller count; nothing starts."""
     with pytest.raises(launcher.LaunchError, match="controllers"):

@@ -197,3 +197,48 @@ def test_call_any_retries_on_another_node_when_one_is_unavailable():
     second.dispatcher._handlers["never"] = lambda p, body: b"served by b2"
     pump2.flush()
     assert outcome(d) == b"served by b2"
+
+
+class _Endpoint:
+    """A client endpoint that connects to one Broker in memory (iosim), counting attempts."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.pumps = []
+
+    def connect(self, factory):
+        p = factory.buildProtocol(None)
+        self.pumps.append(self.broker.connect(p)[1])
+        return defer.succeed(p)
+
+    def flush(self) -> None:
+        for pump in self.pumps:
+            pump.flush()
+
+
+def test_retarget_closes_the_old_connection_and_calls_go_to_the_new_address():
+    """A peer that moved: retarget dials the new endpoint, the old connection is closed, connection listeners
+    hear of it as of a reconnect (so what was registered is taken again), and calls reach the new address."""
+    clock = task.Clock()
+    old, new = Broker(clock), Broker(clock)
+    old.dispatcher.register("who", lambda p, body: b"old")
+    new.dispatcher.register("who", lambda p, body: b"new")
+    at_old, at_new = _Endpoint(old), _Endpoint(new)
+    pc = PeerClient("b1", at_old, Hello("twistmq", "p1", "proxy", 1), SETTINGS, clock)
+    ups = []
+    pc.on_connected(lambda: ups.append(1))
+    pc.startService()
+    at_old.flush()
+    d = pc.call("who", b"")
+    at_old.flush()
+    assert outcome(d) == b"old" and ups == [1]
+    old_protocol = pc.protocol
+    pc.retarget(at_new)
+    at_old.flush()
+    at_new.flush()
+    assert not old_protocol.is_open and len(at_new.pumps) == 1 and ups == [1, 1]
+    d = pc.call("who", b"")
+    at_new.flush()
+    assert outcome(d) == b"new"
+    pc.stopService()
+    at_new.flush()

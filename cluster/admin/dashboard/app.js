@@ -10,7 +10,11 @@
     if (state.token) headers.Authorization = "Bearer " + state.token;
     return fetch(API + path, { method, headers }).then((r) => r.json().then((body) => {
       if (r.status === 401) { $("auth").hidden = false; }
-      if (!r.ok) throw new Error(body.message || r.statusText);
+      if (!r.ok) {
+        const err = new Error(body.message || r.statusText);
+        err.status = r.status;
+        throw err;
+      }
       $("error").hidden = true;
       return body;
     }));
@@ -153,10 +157,26 @@
 
   const pages = { overview, clients, sessions, queues, cluster };
 
-  function refresh() { return pages[state.page]().catch(showError); }
+  // A page whose route this server does not serve (the admin role has no overview or queues of its own) is
+  // taken out of the navigation, and the first page it does serve is shown instead.
+  const unserved = new Set();
+
+  function refresh() {
+    const page = state.page;
+    return pages[page]().catch((e) => {
+      if (e.status === 404 && String(e.message).startsWith("no route")) {
+        unserved.add(page);
+        const link = document.querySelector('nav a[data-page="' + page + '"]');
+        if (link) link.hidden = true;
+        const next = Object.keys(pages).find((p) => !unserved.has(p));
+        if (next) { show(next); return; }
+      }
+      showError(e);
+    });
+  }
 
   function show(page) {
-    state.page = pages[page] ? page : "overview";
+    state.page = pages[page] && !unserved.has(page) ? page : Object.keys(pages).find((p) => !unserved.has(p));
     for (const name of Object.keys(pages)) $("page-" + name).hidden = name !== state.page;
     for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.page === state.page);
     refresh();
