@@ -196,7 +196,8 @@ def member_agent(reactor, cfg, node_type: str, listeners, health) -> MemberAgent
     cluster = cfg.cluster
     if not cluster.controllers:
         return None
-    settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes)
+    settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes,
+                           cluster.secret)
     hello = Hello(cluster.cluster_id, cluster.node_id, node_type, RPC_VERSION)
     controllers = [PeerClient(f"controller-{i + 1}", endpoints.clientFromString(reactor, endpoint), hello, settings,
                               reactor, health=health)

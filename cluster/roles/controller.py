@@ -151,7 +151,8 @@ class ControllerParts:
         self.metrics = RpcMetrics()
         self.dispatcher = Dispatcher(reactor, self.metrics)
         self.controller.register(self.dispatcher)
-        settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes)
+        settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes,
+                               cluster.secret)
         hello = Hello(cluster.cluster_id, cluster.node_id, "controller", RPC_VERSION)
         self.rpc = RpcServerFactory(hello, settings, reactor, self.dispatcher, health=health_probe(cfg))
         self.rpc.on_lost(self.controller.connection_lost)

@@ -93,7 +93,8 @@ class ProxyParts:
         self.reactor = reactor
         self.cfg = cfg
         cluster = cfg.cluster
-        settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes)
+        settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes,
+                               cluster.secret)
         hello = Hello(cluster.cluster_id, cluster.node_id, "proxy", RPC_VERSION)
         health = health_probe(cfg)
         self.peers: list[PeerClient] = []
