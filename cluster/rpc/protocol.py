@@ -97,6 +97,11 @@ class RpcProtocol(protocol.Protocol):
     # -- transport ---------------------------------------------------------------------------------------
 
     def connectionMade(self) -> None:
+        # Calls and answers are small writes waiting on each other: Nagle would hold each one back for the
+        # peer's delayed ACK (tens of ms per round trip). The native protocol does the same.
+        set_no_delay = getattr(self.transport, "setTcpNoDelay", None)
+        if set_no_delay is not None:
+            set_no_delay(True)
         self.conn = Connection(self._local_now(), self.client, self.settings.max_frame,
                                self.settings.secret.encode("utf-8"))
         self._last_heard = self.clock.seconds()
