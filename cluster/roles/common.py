@@ -21,7 +21,7 @@ from cluster.rpc.peer import PeerClient
 from cluster.rpc.protocol import RpcSettings
 from cluster.runtime.config import CONFIG_HELP, find_config, load_config, settle, with_data_dir, with_flags
 from cluster.runtime.services import address
-from cluster.runtime.listeners import parse_listener
+from cluster.runtime.listeners import check_cluster_exposure, parse_listener
 from cluster.runtime.reuseport import server_endpoint
 from cluster.runtime.services import DatagramListenerService, ListenerService
 from cluster.runtime.version import print_version, twistmq_version
@@ -168,7 +168,8 @@ def _backlog(description: str) -> str:
 
 def rpc_and_http_listeners(cfg, role: str, rpc: list[str], http: list[str], flags: bool, example: str) -> tuple:
     """The listeners of a role served over RPC (``broker``, ``controller``), checked: RPC first, then HTTP (which
-    must name its interface); at least one RPC listener. *flags*: they came from the command line."""
+    must name its interface); at least one RPC listener, and off loopback only with ``[cluster] secret``.
+    *flags*: they came from the command line."""
     listeners = []
     for key, descriptions in (("rpc", rpc), ("http", http)):
         for description in descriptions:
@@ -179,6 +180,7 @@ def rpc_and_http_listeners(cfg, role: str, rpc: list[str], http: list[str], flag
             listeners.append(listener)
     if not any(listener.key == "rpc" for listener in listeners):
         raise ConfigError(f"a {role} needs an RPC listener: for example --rpc {example}")
+    check_cluster_exposure(listeners, cfg.cluster.secret)
     return tuple(listeners)
 
 
