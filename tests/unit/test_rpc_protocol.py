@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from twisted.internet import defer, task
+from twisted.internet.endpoints import TCP4ClientEndpoint
+from twisted.internet.testing import MemoryReactorClock
 from twisted.test import iosim
 
 from cluster.rpc.dispatch import Dispatcher
@@ -140,6 +142,29 @@ def test_same_secret_opens_and_a_wrong_secret_is_refused_counted_and_logged_on_b
         assert not any("cluster-secret" in line for line in lines)
     assert broker.dispatcher.metrics.refused["wrong_secret"] == 2 and broker.dispatcher.metrics.connections == 1
     assert "cluster-secret" not in repr(with_secret)
+
+
+def test_a_refused_handshake_is_redialled_with_back_off_and_its_reason_kept():
+    """A peer whose handshake keeps being refused (another secret) is redialled with growing delays, as if the
+    connection had failed, instead of several times a second; PeerClient keeps the reason."""
+    reactor = MemoryReactorClock()
+    broker = Broker(reactor, settings=RpcSettings(5.0, 1.0, 4096, SECRET))
+    reactor.listenTCP(7800, broker.factory, interface="127.0.0.1")
+    pc = PeerClient("b1", TCP4ClientEndpoint(reactor, "127.0.0.1", 7800), Hello("twistmq", "p1", "proxy", 1),
+                    SETTINGS, reactor)
+    pc.startService()
+    completer = iosim.ConnectionCompleter(reactor)
+    waited = []
+    for _ in range(7):
+        completer.succeedOnce().flush()  # dialled, refused, closed
+        assert not pc.connected and "did not prove the cluster secret" in pc.last_refusal
+        elapsed = 0.0
+        while not reactor.tcpClients and elapsed < 30:
+            reactor.advance(0.05)
+            elapsed += 0.05
+        waited.append(elapsed)
+    assert waited[-1] >= 5.0 and waited[-2] >= 5.0, waited  # the back-off's ceiling (plus jitter)
+    pc.stopService()
 
 
 def test_heartbeats_carry_the_health_flag():
