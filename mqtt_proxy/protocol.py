@@ -113,6 +113,11 @@ class MQTTServerProtocol:
         self.front.connections.add(self)
         if hasattr(self.transport, "bufferSize"):
             self.transport.bufferSize = self.front.limits.max_queued_bytes
+        # A PUBACK or a small PUBLISH held back by Nagle waits for the client's delayed ACK (tens of ms). As the
+        # native protocol does; over WebSocket autobahn sets it on the socket and the inner transport has none.
+        set_no_delay = getattr(self.transport, "setTcpNoDelay", None)
+        if set_no_delay is not None:
+            set_no_delay(True)
         self.transport.registerProducer(self, True)
         self.last_rx = self.clock.seconds()
         self.front.deadlines.schedule(self, self.last_rx + CONNECT_TIMEOUT_S)

@@ -71,7 +71,9 @@ class RemoteStore:
     def _when_connected(self) -> defer.Deferred:
         def late(failure):
             failure.trap(defer.TimeoutError)
-            raise api.Unavailable(f"broker {self.peer.peer_id} unreachable for {self.wait_connected:g} s")
+            refused = self.peer.last_refusal
+            why = f" (its handshake was refused: {refused})" if refused else ""
+            raise api.Unavailable(f"broker {self.peer.peer_id} unreachable for {self.wait_connected:g} s{why}")
         d = self.peer.when_connected()
         d.addTimeout(self.wait_connected, self.peer.clock)
         return d.addErrback(late)

@@ -105,7 +105,8 @@ class AdminParts:
         self.reactor = reactor
         self.cfg = cfg
         cluster = cfg.cluster
-        settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes)
+        settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes,
+                               cluster.secret)
         self.peers = MemberPeers(reactor, Hello(cluster.cluster_id, cluster.node_id, "admin", RPC_VERSION),
                                    settings, ("proxy", "broker"))
         handlers = ClusterHandlers(self._members, self._controllers, self._call, self._stored)

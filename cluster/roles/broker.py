@@ -125,7 +125,8 @@ class BrokerParts:
         self.server = StoreServer(self.local, reactor)
         self.server.register(self.dispatcher)
         local_store.add_claim_listener(self.server.session_claimed)  # takeovers reach the old holder
-        settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes)
+        settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes,
+                               cluster.secret)
         hello = Hello(cluster.cluster_id, cluster.node_id, "broker", RPC_VERSION)
         health = health_probe(cfg)
         self.rpc = RpcServerFactory(hello, settings, reactor, self.dispatcher, health=health)

@@ -28,7 +28,7 @@ from cluster.rpc.protocol import RpcSettings
 from cluster.rpc.server import RpcServerFactory
 from cluster.runtime.config import CONFIG_HELP, find_config, load_config, settle, with_data_dir, with_flags
 from cluster.runtime.services import Part, address
-from cluster.runtime.listeners import parse_listener
+from cluster.runtime.listeners import check_cluster_exposure, parse_listener
 from cluster.runtime.reuseport import server_endpoint
 from cluster.runtime.services import DatagramListenerService, ListenerService
 from cluster.runtime.version import print_version, twistmq_version
@@ -220,7 +220,8 @@ def _backlog(description: str) -> str:
 
 def rpc_and_http_listeners(cfg, role: str, rpc: list[str], http: list[str], flags: bool, example: str) -> tuple:
     """The listeners of a role served over RPC (``broker``, ``controller``), checked: RPC first, then HTTP (which
-    must name its interface); at least one RPC listener. *flags*: they came from the command line."""
+    must name its interface); at least one RPC listener, and off loopback only with ``[cluster] secret``.
+    *flags*: they came from the command line."""
     listeners = []
     for key, descriptions in (("rpc", rpc), ("http", http)):
         for description in descriptions:
@@ -231,6 +232,7 @@ def rpc_and_http_listeners(cfg, role: str, rpc: list[str], http: list[str], flag
             listeners.append(listener)
     if not any(listener.key == "rpc" for listener in listeners):
         raise ConfigError(f"a {role} needs an RPC listener: for example --rpc {example}")
+    check_cluster_exposure(listeners, cfg.cluster.secret)
     return tuple(listeners)
 
 
@@ -242,14 +244,14 @@ def rpc_server_listeners(reactor, cfg, descriptions, node_type: str, health, reg
     cluster = cfg.cluster
     dispatcher = Dispatcher(reactor, RpcMetrics())
     register(dispatcher)
-    settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes)
+    settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes,
+                           cluster.secret)
     factory = RpcServerFactory(Hello(cluster.cluster_id, cluster.node_id, node_type, RPC_VERSION), settings, reactor,
                                dispatcher, health=health)
-    out = []
-    for description in descriptions:
-        listener = parse_listener("rpc", description, None, None)
-        out.append(ListenerService(listener, endpoints.serverFromString(reactor, listener.description), factory))
-    return out
+    listeners = [parse_listener("rpc", description, None, None) for description in descriptions]
+    check_cluster_exposure(listeners, cluster.secret)  # it can kick clients and end sessions
+    return [ListenerService(listener, endpoints.serverFromString(reactor, listener.description), factory)
+            for listener in listeners]
 
 
 def default_node_id(data_dir: str) -> str:
@@ -267,7 +269,8 @@ def member_agent(reactor, cfg, node_type: str, listeners, health) -> MemberAgent
     cluster = cfg.cluster
     if not cluster.controllers:
         return None
-    settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes)
+    settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes,
+                           cluster.secret)
     hello = Hello(cluster.cluster_id, cluster.node_id, node_type, RPC_VERSION)
     controllers = [PeerClient(f"controller-{i + 1}", endpoints.clientFromString(reactor, endpoint), hello, settings,
                               reactor, health=health)

@@ -15,7 +15,6 @@ unless ``--raft``/``--peer`` are given.
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import logging
 import os
 import signal
@@ -39,6 +38,7 @@ from cluster.rpc.protocol import RpcSettings
 from cluster.rpc.server import RpcServerFactory
 from cluster.runtime import node_log
 from cluster.runtime.config import CONFIG_HELP, find_config, load_config, with_data_dir, with_flags
+from cluster.runtime.listeners import is_loopback
 from cluster.runtime.services import ListenerService, Part, ReadyLine, RoleService, SignalService
 from cluster.runtime.version import print_version, twistmq_version
 from store.config import ConfigError
@@ -119,12 +119,7 @@ def controller_config(options: ControllerOptions):
 
 def _check_raft_exposure(raft: str, secret: str) -> None:
     """pysyncobj unpickles whatever reaches its port unless it has a password: off loopback, a secret is required."""
-    host = raft.rpartition(":")[0].strip("[]")
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = host == "localhost"
-    if not loopback and not secret:
+    if not is_loopback(raft.rpartition(":")[0].strip("[]")) and not secret:
         raise ConfigError(f"controller.raft {raft} is not a loopback address: set [cluster] secret (the Raft "
                           "port unpickles what reaches it; the secret encrypts and authenticates that traffic)")
 
@@ -156,7 +151,8 @@ class ControllerParts:
         self.metrics = RpcMetrics()
         self.dispatcher = Dispatcher(reactor, self.metrics)
         self.controller.register(self.dispatcher)
-        settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes)
+        settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes,
+                               cluster.secret)
         hello = Hello(cluster.cluster_id, cluster.node_id, "controller", RPC_VERSION)
         health = health_probe(cfg)
         self.rpc = RpcServerFactory(hello, settings, reactor, self.dispatcher, health=health)

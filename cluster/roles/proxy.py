@@ -142,7 +142,8 @@ class ProxyParts:
 
     def _remote(self, peer_id: str, group: str, address: str, health) -> RemoteStore:
         cluster = self.cfg.cluster
-        settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes)
+        settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes,
+                               cluster.secret)
         hello = Hello(cluster.cluster_id, cluster.node_id, "proxy", RPC_VERSION)
         peer = PeerClient(peer_id, endpoints.clientFromString(self.reactor, address), hello, settings, self.reactor,
                           health=health)

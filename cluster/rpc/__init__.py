@@ -1,5 +1,6 @@
-"""RPC between nodes: one TCP connection per node pair, varint-length msgpack frames, a handshake, calls with
-timeouts, events, heartbeats carrying a health flag, goodbye.
+"""RPC between nodes: one TCP (or TLS) connection per node pair, varint-length msgpack frames, a handshake in
+which both ends prove ``[cluster] secret`` (HMAC-SHA256 over both nonces), calls with timeouts, events, heartbeats
+carrying a health flag, goodbye.
 
 Layers, bottom up: ``frames`` (the wire vocabulary, sans-IO), ``connection``
 (one connection's state machine, sans-IO), ``protocol`` (the Twisted adapter:

@@ -1,14 +1,29 @@
 """One RPC connection's state machine, sans-IO (h2's shape): methods in, events out, bytes to send queued.
 
-States (one table, below): a client sends ``HELLO`` and waits for
-``HELLO_OK``; a server waits for ``HELLO``, checks the cluster id and the
-protocol version, and answers ``HELLO_OK`` or refuses with a ``GOODBYE``
-naming why. Once ``OPEN`` either side may call, answer, send events and
-heartbeats. Anything the peer gets wrong (garbage, an oversized frame, a frame
-out of turn, a wrong cluster id) closes the connection with a ``GOODBYE``
-carrying the reason: the caller writes ``data_to_send()`` and drops the
-transport when it sees ``Closed``. Using the connection wrongly ourselves
-(calling before it is open) raises ``LocalProtocolError``.
+The handshake, a mutual challenge keyed by ``[cluster] secret``::
+
+    client                                         server
+    HELLO(identity, nonce_c)            ------>    AWAIT_HELLO: cluster id, version, node id checked
+    AWAIT_CHALLENGE                     <------    CHALLENGE(identity, nonce_s, mac_s)
+    mac_s checked, then PROOF(mac_c)    ------>    AWAIT_PROOF: mac_c checked
+    AWAIT_HELLO_OK                      <------    HELLO_OK                          both OPEN
+
+Each mac is ``frames.handshake_mac`` (HMAC-SHA256 over both nonces and both
+identities, labelled by who proves), compared with ``hmac.compare_digest``.
+The server proves first and the client proves only to a server that did, so
+neither a fake client nor a fake server learns anything it could replay; an
+empty secret is still a key, so a node with a secret refuses one without.
+It authenticates the members at connect, not the bytes after: where someone
+could sit in the middle, use ``ssl:`` endpoints. A refusal's reason names the
+peer, never the secret.
+
+States (one table, below). Once ``OPEN`` either side may call, answer, send
+events and heartbeats. Anything the peer gets wrong (garbage, an oversized
+frame, a frame out of turn, a wrong cluster id or secret) closes the
+connection with a ``GOODBYE`` carrying the reason: the caller writes
+``data_to_send()`` and drops the transport when it sees ``Closed``. Using the
+connection wrongly ourselves (calling before it is open) raises
+``LocalProtocolError``.
 
 Request ids are allocated here; an answer to an id no longer waited for (the
 caller timed it out and called ``forget``) is dropped.
@@ -17,11 +32,27 @@ caller timed it out and called ``forget``) is dropped.
 from __future__ import annotations
 
 import enum
+import hmac
 import itertools
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
+from typing import Callable
 
 from cluster.rpc import frames
-from cluster.rpc.frames import Call, Error, Event, Goodbye, Heartbeat, Hello, HelloOk, Result
+from cluster.rpc.frames import (
+    NONCE_SIZE,
+    Call,
+    Challenge,
+    Error,
+    Event,
+    Goodbye,
+    Heartbeat,
+    Hello,
+    HelloOk,
+    Proof,
+    Result,
+    handshake_mac,
+)
 
 __all__ = ["Closed", "Connection", "LocalProtocolError", "Opened", "State"]
 
@@ -32,7 +63,9 @@ class LocalProtocolError(Exception):
 
 class State(enum.Enum):
     AWAIT_HELLO = "await_hello"  # server: nothing received yet
-    AWAIT_HELLO_OK = "await_hello_ok"  # client: HELLO sent
+    AWAIT_CHALLENGE = "await_challenge"  # client: HELLO sent
+    AWAIT_PROOF = "await_proof"  # server: CHALLENGE sent
+    AWAIT_HELLO_OK = "await_hello_ok"  # client: PROOF sent
     OPEN = "open"
     CLOSED = "closed"
 
@@ -55,10 +88,12 @@ class Closed:
     """True: a goodbye at a clean stop, not a refusal."""
 
 
-# What each state accepts from the peer; anything else is refused.
+# What each state accepts from the peer (exact frame types); anything else is refused.
 _ACCEPTS = {
     State.AWAIT_HELLO: (Hello,),
-    State.AWAIT_HELLO_OK: (HelloOk, frames.Goodbye),
+    State.AWAIT_CHALLENGE: (Challenge, Goodbye),
+    State.AWAIT_PROOF: (Proof, Goodbye),
+    State.AWAIT_HELLO_OK: (HelloOk, Goodbye),
     State.OPEN: (Call, Result, Error, Event, Heartbeat, Goodbye),
     State.CLOSED: (),
 }
@@ -66,21 +101,30 @@ _ACCEPTS = {
 CLEAN_STOP = "stopping"
 """The goodbye reason of a clean stop."""
 
+SECRET_MISMATCH = "did not prove the cluster secret ([cluster] secret differs between the two nodes)"
+"""The end of a refusal's reason when a peer's mac is wrong (names the key, never its value)."""
+
 
 class Connection:
-    """``Connection(local, client, max_frame)``: ``local`` is our HELLO; a client sends it at ``start()``."""
+    """``Connection(local, client, max_frame, secret, nonce)``: ``local`` is our identity; a client sends its
+    HELLO at once. ``secret`` is ``[cluster] secret`` as bytes; ``nonce(n)`` gives n random bytes (injected
+    by tests)."""
 
-    def __init__(self, local: Hello, client: bool, max_frame: int) -> None:
-        self.local = local
+    def __init__(self, local: Hello, client: bool, max_frame: int, secret: bytes = b"",
+                 nonce: Callable[[int], bytes] = os.urandom) -> None:
+        self.local = replace(local, nonce=nonce(NONCE_SIZE))
         self.client = client
         self.peer: Hello | None = None
-        self.state = State.AWAIT_HELLO_OK if client else State.AWAIT_HELLO
+        """The other side's identity, once the handshake is done."""
+        self._claimed: Hello | None = None  # who the peer says it is, until it has proved the secret
+        self.state = State.AWAIT_CHALLENGE if client else State.AWAIT_HELLO
+        self._secret = secret
         self._decoder = frames.FrameDecoder(max_frame)
         self._out: list[bytes] = []
         self._ids = itertools.count(1)
         self._waiting: set[int] = set()
         if client:
-            self._send(Hello(local.cluster_id, local.node_id, local.role, local.version, local.healthy))
+            self._send(self.local)
 
     # -- bytes --------------------------------------------------------------------------------------------
 
@@ -112,33 +156,73 @@ class Connection:
         return events
 
     def _handle(self, frame):
-        if not isinstance(frame, _ACCEPTS[self.state]) or (self.state is State.AWAIT_HELLO
-                                                            and isinstance(frame, HelloOk)):
+        if type(frame) not in _ACCEPTS[self.state]:
             return self._refuse(f"unexpected {type(frame).__name__} frame in state {self.state.value}")
         if isinstance(frame, Goodbye):
             self.state = State.CLOSED
             return Closed(frame.reason, by_peer=True, clean=frame.reason == CLEAN_STOP)
+        if isinstance(frame, Challenge):
+            return self._challenge(frame)
         if isinstance(frame, Hello):
             return self._hello(frame)
+        if isinstance(frame, Proof):
+            return self._proof(frame)
+        if isinstance(frame, HelloOk):
+            return self._open()
         if isinstance(frame, (Result, Error)):
             if frame.request_id not in self._waiting:
                 return None  # answered after its caller gave up: dropped
             self._waiting.discard(frame.request_id)
         return frame
 
+    def _identity_problem(self, peer: Hello) -> str | None:
+        if peer.cluster_id != self.local.cluster_id:
+            return f"wrong cluster id {peer.cluster_id!r} (this is {self.local.cluster_id!r})"
+        if peer.version != self.local.version:
+            return f"RPC version {peer.version} not spoken (this node speaks {self.local.version})"
+        if not peer.node_id:
+            return "empty node id"
+        if len(peer.nonce) != NONCE_SIZE:
+            return f"nonce of {len(peer.nonce)} bytes (a nonce is {NONCE_SIZE})"
+        return None
+
     def _hello(self, hello: Hello):
-        if hello.cluster_id != self.local.cluster_id:
-            return self._refuse(f"wrong cluster id {hello.cluster_id!r} (this is {self.local.cluster_id!r})")
-        if hello.version != self.local.version:
-            return self._refuse(f"RPC version {hello.version} not spoken (this node speaks {self.local.version})")
-        if not hello.node_id:
-            return self._refuse("empty node id")
-        self.peer = hello
-        if not self.client:
-            me = self.local
-            self._send(HelloOk(me.cluster_id, me.node_id, me.role, me.version, me.healthy))
+        """Server: the client introduced itself; prove the secret over both nonces and ask for its proof."""
+        problem = self._identity_problem(hello)
+        if problem:
+            return self._refuse(problem)
+        self._claimed = hello
+        mac = handshake_mac(self._secret, "server", hello, self.local)
+        me = self.local
+        self._send(Challenge(me.cluster_id, me.node_id, me.role, me.version, me.healthy, me.nonce, mac))
+        self.state = State.AWAIT_PROOF
+        return None
+
+    def _challenge(self, challenge: Challenge):
+        """Client: check the server's proof before giving ours (a fake server learns nothing it can use)."""
+        problem = self._identity_problem(challenge)
+        if problem:
+            return self._refuse(problem)
+        if not hmac.compare_digest(challenge.mac, handshake_mac(self._secret, "server", self.local, challenge)):
+            return self._refuse(f"{_who(challenge)} {SECRET_MISMATCH}")
+        me = self.local
+        self._claimed = Hello(challenge.cluster_id, challenge.node_id, challenge.role, challenge.version,
+                              challenge.healthy, challenge.nonce)
+        self._send(Proof(handshake_mac(self._secret, "client", me, self._claimed)))
+        self.state = State.AWAIT_HELLO_OK
+        return None
+
+    def _proof(self, proof: Proof):
+        """Server: the client's proof; open, or refuse it."""
+        if not hmac.compare_digest(proof.mac, handshake_mac(self._secret, "client", self._claimed, self.local)):
+            return self._refuse(f"{_who(self._claimed)} {SECRET_MISMATCH}")
+        self._send(HelloOk())
+        return self._open()
+
+    def _open(self) -> Opened:
+        self.peer = self._claimed
         self.state = State.OPEN
-        return Opened(hello)
+        return Opened(self.peer)
 
     def _refuse(self, reason: str) -> Closed:
         self._send(Goodbye(reason))
@@ -195,3 +279,7 @@ class Connection:
         self._send(Goodbye(reason))
         self.state = State.CLOSED
         return Closed(reason, by_peer=False, clean=reason == CLEAN_STOP)
+
+
+def _who(peer: Hello) -> str:
+    return f"{peer.role} {peer.node_id!r}"

@@ -4,14 +4,24 @@ On the wire a frame is ``varint(length) + msgpack array`` (Turms' RPC framing,
 msgpack instead of hand-packed fields). Every array starts with the frame type
 and a request id (0 where none applies)::
 
-    HELLO      [0, 0, cluster_id, node_id, role, version, healthy]   client -> server, first frame
-    HELLO_OK   [1, 0, cluster_id, node_id, role, version, healthy]   server -> client, handshake done
+    HELLO      [0, 0, cluster_id, node_id, role, version, healthy, nonce]       client -> server, first frame
+    CHALLENGE  [8, 0, cluster_id, node_id, role, version, healthy, nonce, mac]  server -> client: its identity,
+                                                                                 nonce and proof of the secret
+    PROOF      [9, 0, mac]                                                      client -> server: its proof
+    HELLO_OK   [1, 0]                                                           server -> client, handshake done
     CALL       [2, id, request_type, body]                           either way, once open
     RESULT     [3, id, body]                                         the answer to CALL id
     ERROR      [4, id, code, message]                                the failure of CALL id (id 0: the connection)
     EVENT      [5, 0, topic, body]                                   unsolicited (notify: topic "queue")
     HEARTBEAT  [6, 0, healthy]                                       every heartbeat interval, both ways
     GOODBYE    [7, 0, reason]                                        clean stop or refusal, then close
+
+The handshake is a mutual challenge (``cluster.rpc.connection``): each side
+sends a random nonce and answers the other's with ``mac`` (``handshake_mac``:
+HMAC-SHA256 keyed by ``[cluster] secret`` over both nonces and both
+identities), the server first, so a client never proves anything to a server
+that has not proved the secret itself. A HELLO of version 2 or older (no
+nonce) still decodes, so that the version check can name the mismatch.
 
 ``body`` is opaque bytes (the store codec's frames, a native request): this
 layer never looks inside. ``FrameDecoder`` turns bytes into frames and raises
@@ -23,19 +33,27 @@ above; ``encode`` raises ``ValueError`` for a frame we built wrong.
 from __future__ import annotations
 
 import enum
+import hashlib
+import hmac
 from dataclasses import dataclass
 
 import msgpack
 
-__all__ = ["Call", "Error", "Event", "FrameDecoder", "FrameError", "FrameType", "Goodbye", "Heartbeat", "Hello",
-           "HelloOk", "MAX_VARINT_BYTES", "Result", "encode", "encode_varint"]
+__all__ = ["Call", "Challenge", "Error", "Event", "FrameDecoder", "FrameError", "FrameType", "Goodbye", "Heartbeat",
+           "Hello", "HelloOk", "MAX_VARINT_BYTES", "NONCE_SIZE", "Proof", "Result", "encode", "encode_varint",
+           "handshake_mac"]
 
 MAX_VARINT_BYTES = 5  # 35 bits: any length a sane cap allows
 
-RPC_VERSION = 3
+RPC_VERSION = 5
 """The RPC protocol version (frames and the store codec's schema): peers must speak the same. 2: ``add_filter``
 takes ``restoring``; a native request is the store operation ``native_request`` (no ``native.request`` type).
-3: ``read_queue``'s result is packed compactly (queue and group once)."""
+3: ``read_queue``'s result is packed compactly (queue and group once). 4: the handshake proves ``[cluster] secret``
+both ways (HELLO carries a nonce; CHALLENGE and PROOF). 5: wills are stored in their group (``put_will``,
+``delete_will``) and the group's session keeper's operations."""
+
+NONCE_SIZE = 16
+"""Bytes of each side's handshake nonce."""
 
 
 class FrameError(Exception):
@@ -51,11 +69,13 @@ class FrameType(enum.IntEnum):
     EVENT = 5
     HEARTBEAT = 6
     GOODBYE = 7
+    CHALLENGE = 8
+    PROOF = 9
 
 
 @dataclass(frozen=True, slots=True)
 class Hello:
-    """The client's introduction (``HELLO``); the server answers with the same fields as ``HelloOk``."""
+    """The client's introduction (``HELLO``), and a node's identity; the server answers with ``Challenge``."""
 
     cluster_id: str
     node_id: str
@@ -63,11 +83,28 @@ class Hello:
     version: int
     """The RPC protocol version: both ends must speak the same (the store codec has no type tags)."""
     healthy: bool = True
+    nonce: bytes = b""
+    """The sender's random handshake nonce (``NONCE_SIZE`` bytes) that the other side's proof covers."""
 
 
 @dataclass(frozen=True, slots=True)
-class HelloOk(Hello):
-    """The server accepted the handshake; its own identity."""
+class Challenge(Hello):
+    """The server's answer to ``HELLO``: its identity, its nonce and its proof of the secret."""
+
+    mac: bytes = b""
+    """``handshake_mac(secret, "server", ...)``: the client checks it before proving anything itself."""
+
+
+@dataclass(frozen=True, slots=True)
+class Proof:
+    """The client's proof of the secret, over the same nonces and identities as the server's."""
+
+    mac: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class HelloOk:
+    """The server accepted the client's proof: the connection is open."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +155,7 @@ class Goodbye:
     reason: str
 
 
-Frame = Hello | HelloOk | Call | Result | Error | Event | Heartbeat | Goodbye
+Frame = Hello | Challenge | Proof | HelloOk | Call | Result | Error | Event | Heartbeat | Goodbye
 
 
 def encode_varint(n: int) -> bytes:
@@ -136,11 +173,28 @@ def encode_varint(n: int) -> bytes:
             return bytes(out)
 
 
+def handshake_mac(secret: bytes, side: str, client: Hello, server: Hello) -> bytes:
+    """HMAC-SHA256 keyed by the cluster secret over who proves (``side``: "client" or "server"), both nonces and
+    both identities. An empty secret is still a key: both ends must agree there is none."""
+    message = msgpack.packb(["twistmq-rpc", side, client.cluster_id, client.version,
+                             client.node_id, client.role, client.nonce, server.node_id, server.role, server.nonce],
+                            use_bin_type=True)
+    return hmac.new(secret, message, hashlib.sha256).digest()
+
+
+def _identity(frame: Hello) -> list:
+    return [frame.cluster_id, frame.node_id, frame.role, frame.version, frame.healthy]
+
+
 def _array(frame: Frame) -> list:
-    if isinstance(frame, HelloOk):  # before Hello: it is a subclass
-        return [FrameType.HELLO_OK, 0, frame.cluster_id, frame.node_id, frame.role, frame.version, frame.healthy]
+    if isinstance(frame, Challenge):  # before Hello: it is a subclass
+        return [FrameType.CHALLENGE, 0, *_identity(frame), frame.nonce, frame.mac]
     if isinstance(frame, Hello):
-        return [FrameType.HELLO, 0, frame.cluster_id, frame.node_id, frame.role, frame.version, frame.healthy]
+        return [FrameType.HELLO, 0, *_identity(frame), frame.nonce]
+    if isinstance(frame, Proof):
+        return [FrameType.PROOF, 0, frame.mac]
+    if isinstance(frame, HelloOk):
+        return [FrameType.HELLO_OK, 0]
     if isinstance(frame, Call):
         return [FrameType.CALL, frame.request_id, frame.request_type, frame.body]
     if isinstance(frame, Result):
@@ -164,8 +218,10 @@ def encode(frame: Frame) -> bytes:
 
 # (frame type) -> the Python types of the fields after [type, request id], and how to build the frame
 _SHAPES = {
-    FrameType.HELLO: ((str, str, str, int, bool), lambda rid, a: Hello(*a)),
-    FrameType.HELLO_OK: ((str, str, str, int, bool), lambda rid, a: HelloOk(*a)),
+    FrameType.HELLO: ((str, str, str, int, bool, bytes), lambda rid, a: Hello(*a)),
+    FrameType.CHALLENGE: ((str, str, str, int, bool, bytes, bytes), lambda rid, a: Challenge(*a)),
+    FrameType.PROOF: ((bytes,), lambda rid, a: Proof(*a)),
+    FrameType.HELLO_OK: ((), lambda rid, a: HelloOk()),
     FrameType.CALL: ((str, bytes), lambda rid, a: Call(rid, *a)),
     FrameType.RESULT: ((bytes,), lambda rid, a: Result(rid, *a)),
     FrameType.ERROR: ((str, str), lambda rid, a: Error(rid, *a)),
@@ -188,6 +244,8 @@ def _frame(payload: bytes) -> Frame:
         raise FrameError(f"unknown frame type {array[0]}") from None
     types, build = _SHAPES[kind]
     fields = array[2:]
+    if kind is FrameType.HELLO and len(fields) == len(types) - 1:
+        fields = [*fields, b""]  # a version 2 HELLO (no nonce): decoded, so the version check names the mismatch
     if len(fields) != len(types) or any(type(v) is not t for v, t in zip(fields, types)):
         raise FrameError(f"malformed {kind.name} frame")
     if not 0 <= array[1] < 1 << 63:
@@ -195,7 +253,7 @@ def _frame(payload: bytes) -> Frame:
     return build(array[1], fields)
 
 
-_ARRAY_MIN, _ARRAY_MAX = 0x92, 0x97  # msgpack fixarray markers of 2..7 elements: every frame's first byte
+_ARRAY_MIN, _ARRAY_MAX = 0x92, 0x99  # msgpack fixarray markers of 2..9 elements: every frame's first byte
 
 
 class FrameDecoder:

@@ -35,7 +35,7 @@ class _PeerFactory(protocol.Factory):
     def buildProtocol(self, addr):
         c = self.client
         p = RpcProtocol(c.local, True, c.settings, c.clock, c.dispatcher, on_event=c._event, health=c.health)
-        p.opened.addCallback(lambda peer: c._up(p) if peer is not None else None)
+        p.opened.addCallback(lambda peer: c._up(p) if peer is not None else c._refused(p))
         p.when_lost().addCallback(lambda _reason: c._down(p))
         return p
 
@@ -56,10 +56,16 @@ class PeerClient(service.Service):
         self._event_listeners: list[Callable[[str, bytes], None]] = []
         self._up_listeners: list[Callable[[], None]] = []
         self._ready: list[defer.Deferred] = []
+        self.last_refusal = ""
+        """Why the last connection closed before its handshake was done (a wrong secret, cluster id, version)."""
+        self._refusals = 0  # handshakes refused in a row
         self._service = self._client_service(endpoint)
 
     def _client_service(self, endpoint) -> internet.ClientService:
-        policy = internet.backoffPolicy(initialDelay=0.1, maxDelay=MAX_RETRY_DELAY, factor=2.0)
+        backoff = internet.backoffPolicy(initialDelay=0.1, maxDelay=MAX_RETRY_DELAY, factor=2.0)
+        # ClientService counts a connection as a success even when its handshake is refused: back off on those
+        # too, or a member with the wrong secret would redial (and log) several times a second.
+        policy = lambda attempt: backoff(max(attempt, self._refusals))  # noqa: E731
         return internet.ClientService(endpoint, _PeerFactory(self), retryPolicy=policy, clock=self.clock)
 
     @property
@@ -114,7 +120,13 @@ class PeerClient(service.Service):
             return defer.fail(NotConnected(f"not connected to {self.peer_id}"))
         return self.protocol.call(request_type, body, timeout)
 
+    def _refused(self, p: RpcProtocol) -> None:
+        self._refusals += 1
+        self.last_refusal = p.close_reason
+
     def _up(self, p: RpcProtocol) -> None:
+        self._refusals = 0
+        self.last_refusal = ""
         if p.peer is not None and p.peer.node_id != self.peer_id:
             log.warning("rpc_peer_id_mismatch expected=%s got=%s", self.peer_id, p.peer.node_id)
         self.protocol = p

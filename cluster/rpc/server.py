@@ -20,8 +20,9 @@ from cluster.rpc.protocol import RpcProtocol, RpcSettings
 
 def refusal_kind(reason: str) -> str:
     """A stable word for a refusal's reason (the metric's label)."""
-    for word, kind in (("cluster id", "wrong_cluster"), ("version", "wrong_version"), ("over the limit", "oversized"),
-                       ("handshake", "no_handshake"), ("heartbeat", "heartbeat")):
+    for word, kind in (("cluster id", "wrong_cluster"), ("cluster secret", "wrong_secret"),
+                       ("version", "wrong_version"), ("over the limit", "oversized"), ("handshake", "no_handshake"),
+                       ("heartbeat", "heartbeat")):
         if word in reason:
             return kind
     return "bad_frame"
@@ -35,7 +36,8 @@ class _ServerProtocol(RpcProtocol):
         self.factory.opened(self)
 
     def _closed(self, closed: Closed) -> None:
-        if not closed.by_peer and not closed.clean:
+        # our refusals, and a handshake the client broke off (it refused our proof of the secret)
+        if not closed.clean and (not closed.by_peer or self.peer is None):
             self.factory.metrics.refuse(refusal_kind(closed.reason))
         super()._closed(closed)
 

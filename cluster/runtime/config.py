@@ -88,6 +88,17 @@ class LogConfig:
             raise ConfigError(f"level must be one of {', '.join(LOG_LEVELS)}, not {self.level!r}")
 
 
+CLIENT_ENDPOINT_TYPES = ("tcp:", "tcp6:", "unix:", "ssl:", "tls:")
+"""Client endpoint strings RPC dials: plain, or TLS (``tls:HOST:PORT:trustRoots=DIR`` checks the host name,
+``ssl:host=H:port=P:caCertsDir=DIR`` only the chain)."""
+
+
+def is_client_endpoint(text: str) -> bool:
+    """A client endpoint description of a kind RPC dials, with something after its type."""
+    kind, _, rest = text.partition(":")
+    return f"{kind}:" in CLIENT_ENDPOINT_TYPES and ":" in rest or (kind == "unix" and bool(rest))
+
+
 @dataclass(frozen=True)
 class MemberConfig:
     """One ``[[cluster.members]]`` table: a member of the static membership."""
@@ -97,7 +108,7 @@ class MemberConfig:
     role: str
     """broker or proxy."""
     rpc: str = ""
-    """How to reach its RPC listener: a Twisted client endpoint string, e.g. tcp:127.0.0.1:7800 (brokers)."""
+    """How to reach its RPC listener: a Twisted client endpoint string, e.g. tcp:127.0.0.1:7800 (brokers), or tls:HOST:PORT:trustRoots=DIR for an ssl: listener."""
     group: str = ""
     """Its broker group (brokers only)."""
 
@@ -108,9 +119,9 @@ class MemberConfig:
             raise ConfigError(f"role must be broker or proxy, not {self.role!r}")
         if self.role == "broker" and not self.group:
             raise ConfigError(f"group must be set for broker {self.id!r}")
-        if (self.rpc or self.role == "broker") and \
-                (not self.rpc.startswith(("tcp:", "unix:", "tcp6:")) or ":" not in self.rpc[4:]):
-            raise ConfigError(f"rpc must be a client endpoint like tcp:127.0.0.1:7800, not {self.rpc!r}")
+        if (self.rpc or self.role == "broker") and not is_client_endpoint(self.rpc):
+            raise ConfigError(f"rpc must be a client endpoint like tcp:127.0.0.1:7800 (or tls:HOST:PORT:trustRoots=DIR "
+                              f"for an ssl: listener), not {self.rpc!r}")
 
 
 @dataclass(frozen=True)
@@ -126,7 +137,7 @@ class ClusterConfig:
     group: str = "g1"
     """The broker group a broker serves (every queue position it hands out names it)."""
     rpc: tuple[str, ...] = ("tcp:7800:interface=127.0.0.1",)
-    """A broker's RPC listeners (``--rpc``), as Twisted endpoint descriptions. RPC has no authentication: bind loopback or a private network."""
+    """A broker's RPC listeners (``--rpc``), as Twisted endpoint descriptions (``ssl:`` for TLS). Off loopback, [cluster] secret is required: members prove it in the handshake."""
     call_timeout: float = 5.0
     """Seconds an RPC call (and a handshake) may take before it fails with Unavailable."""
     heartbeat_interval: float = 1.0
@@ -144,9 +155,9 @@ class ClusterConfig:
     group_numbers: dict = dataclasses.field(default_factory=dict)
     """The number of each broker group in native msg_ids (0-32767, above its 48-bit commit-log offset), as ``g2 = 1``; groups not listed take the lowest free numbers in group-name order. Group 0's msg_ids are plain offsets. Pin the numbers before adding a group whose name sorts before an existing one: a group's number must never change while its ids are in use."""
     secret: str = ""
-    """The cluster's shared secret: the password of the controllers' Raft traffic (pysyncobj encrypts and authenticates with it; a controller with another secret is not heard). A controller whose raft address is not on loopback refuses to start without one. The RPC handshake does not check it yet: keep RPC listeners on loopback or a private network."""
+    """The cluster's shared secret: the key of the RPC handshake's mutual HMAC-SHA256 challenge (a member with another secret, or none, is refused and both ends log it) and the password of the controllers' Raft traffic (pysyncobj encrypts and authenticates with it). Required as soon as an RPC listener or a controller's raft address is not on loopback; the same on every member (a rolling change is not possible). It proves who connects, not the bytes after: use ssl: RPC endpoints across untrusted networks."""
     controllers: tuple[str, ...] = ()
-    """The controllers' RPC addresses, as client endpoint strings (``tcp:127.0.0.1:7910``). When set, brokers and proxies register with them, heartbeat every [discovery] heartbeat_interval and learn the metadata (listed in the controllers' cluster/members, evicted when silent for a lease); a proxy then routes by the controllers' slots, routes and broker addresses (pushed, and polled with each heartbeat): the brokers listed here are where it starts, and on their first start the controllers take slots and routes from this file, afterwards theirs win. The admin role needs them. Empty: the static membership below only."""
+    """The controllers' RPC addresses, as client endpoint strings (``tcp:127.0.0.1:7910``, or ``tls:HOST:PORT:trustRoots=DIR`` for an ssl: listener). When set, brokers and proxies register with them, heartbeat every [discovery] heartbeat_interval and learn the metadata (listed in the controllers' cluster/members, evicted when silent for a lease); a proxy then routes by the controllers' slots, routes and broker addresses (pushed, and polled with each heartbeat): the brokers listed here are where it starts, and on their first start the controllers take slots and routes from this file, afterwards theirs win. The admin role needs them. Empty: the static membership below only."""
     advertise_rpc: str = ""
     """The RPC address members are told to dial (a client endpoint string), when it differs from the one bound (NAT, a relay); empty: the first RPC listener's bound address."""
     advertise: dict = dataclasses.field(default_factory=dict)
@@ -173,7 +184,7 @@ class ClusterConfig:
         if self.max_frame_bytes < 1024:
             raise ConfigError(f"max_frame_bytes must be at least 1024, not {self.max_frame_bytes!r}")
         for endpoint in (*self.controllers, *((self.advertise_rpc,) if self.advertise_rpc else ())):
-            if not endpoint.startswith(("tcp:", "unix:", "tcp6:")) or ":" not in endpoint[4:]:
+            if not is_client_endpoint(endpoint):
                 key = "controllers" if endpoint in self.controllers else "advertise_rpc"
                 raise ConfigError(f"{key} must be client endpoints like tcp:127.0.0.1:7910, not {endpoint!r}")
         if not all(isinstance(k, str) and isinstance(v, str) and v for k, v in self.advertise.items()):

@@ -16,6 +16,10 @@ to tell clients apart, or an explicit ``allow_anonymous = true``:
 - HTTP (/health and /metrics, read-only counters): the interface must be named
   (``interface=0.0.0.0``); a bare ``tcp:8080`` is refused, since MQTT's
   credentials cannot protect it and exposing it is then a choice, not a habit.
+
+Cluster listeners (``ROLE_FLAGS``: RPC, and any later one between members)
+face other hosts only with ``[cluster] secret`` set: members prove it to each
+other when they connect (``check_cluster_exposure``).
 """
 
 from __future__ import annotations
@@ -220,6 +224,18 @@ def check_exposure(listeners, allow_anonymous: bool | None, anonymous_allowed: b
         if problem:
             local = example(listener.key, listener.from_flag, listener.port)
             raise ConfigError(f"{listener.where} would {problem}, or bind it to this host: {local}")
+
+
+def check_cluster_exposure(listeners, secret: str) -> None:
+    """Refuse a cluster listener (a ``ROLE_FLAGS`` kind) that faces other hosts while ``[cluster] secret`` is
+    empty: without it any host that reaches the port could join the cluster."""
+    if secret:
+        return
+    for listener in listeners:
+        if listener.key in ROLE_FLAGS and not listener.local:
+            local = example(listener.key, listener.from_flag, listener.port)
+            raise ConfigError(f"{listener.where} is not on loopback: set [cluster] secret (members prove it to "
+                              f"each other when they connect), or bind it to this host: {local}")
 
 
 def _exposure_problem(listener: Listener, allow_anonymous: bool | None, anonymous_allowed: bool,

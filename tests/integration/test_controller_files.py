@@ -44,7 +44,9 @@ def _register(port: int, node_id: str) -> dict | None:
         for _ in range(100):
             data = sock.recv(65536)
             assert data, "controller closed the connection"
-            for event in conn.receive(data):
+            events = conn.receive(data)
+            sock.sendall(conn.data_to_send())  # the handshake's answers (CHALLENGE -> PROOF) go out as they come
+            for event in events:
                 if isinstance(event, Opened):
                     conn.call("controller.register", msgpack.packb({"member": record}))
                     sock.sendall(conn.data_to_send())

@@ -106,21 +106,26 @@ def cluster(tmp_path_factory):
 class Member:
     """A blocking RPC client of a controller, as a broker or proxy would register and heartbeat."""
 
-    def __init__(self, cluster: Cluster, i: int, node_id: str, node_type: str = "proxy") -> None:
+    def __init__(self, cluster: Cluster, i: int, node_id: str, node_type: str = "proxy", secret: str = SECRET,
+                 expect_open: bool = True) -> None:
         self.node_id, self.node_type = node_id, node_type
         self.sock = socket.create_connection(("127.0.0.1", cluster.nodes[i].port("rpc")), timeout=WAIT)
-        self.conn = Connection(Hello(CLUSTER, node_id, node_type, RPC_VERSION), True, 1 << 20)
+        self.conn = Connection(Hello(CLUSTER, node_id, node_type, RPC_VERSION), True, 1 << 20, secret.encode())
         self.sock.sendall(self.conn.data_to_send())
         self.events: list[Event] = []
         self.generation = 0
         self._pending: list = []
-        opened = self._next()
-        assert isinstance(opened, Opened), opened
+        self.opened = self._next()
+        if expect_open:
+            assert isinstance(self.opened, Opened), self.opened
 
     def _next(self):
         while not self._pending:
             data = self.sock.recv(65536)
             self._pending.extend(self.conn.receive(data) if data else [Closed("eof", by_peer=True)])
+            out = self.conn.data_to_send()  # the handshake's PROOF, or our GOODBYE
+            if out and data:
+                self.sock.sendall(out)
         return self._pending.pop(0)
 
     def call(self, request_type: str, body: dict):
@@ -247,6 +252,19 @@ def test_wrong_cluster_and_stale_generation_are_refused_and_logged(cluster):
     log = cluster.log(leader)
     assert "lease_refused code=WRONG_CLUSTER node_id=p-bad" in log and "lease_refused code=STALE_LEASE" in log
     member.close()
+
+
+def test_a_member_with_another_secret_cannot_register_and_both_sides_log_it(cluster):
+    """A member whose [cluster] secret differs from the controllers' never reaches the register call: the
+    handshake is refused, the controller logs it (naming the key, not a value) and it is not listed."""
+    leader = cluster.leader()
+    member = Member(cluster, leader, "p-wrong-secret", secret="not-the-secret", expect_open=False)
+    assert isinstance(member.opened, Closed) and "did not prove the cluster secret" in member.opened.reason
+    member.close()
+    wait_for(lambda: "[cluster] secret differs" in cluster.log(leader), "the controller's log of the refusal")
+    log = cluster.log(leader)
+    assert "rpc_closed_by_peer" in log and SECRET not in log and "not-the-secret" not in log
+    assert "p-wrong-secret" not in members_of(cluster, leader)
 
 
 def test_silent_member_is_evicted_and_comes_back_by_registering(cluster):

@@ -3,7 +3,8 @@
 One broker for the module. The good peer speaks the protocol through the
 sans-IO ``Connection`` over a blocking socket (no reactor in the test); the bad
 ones write raw bytes: garbage instead of a handshake, a HELLO of another
-cluster, a frame over the size cap, a request type the broker does not know.
+cluster, a frame over the size cap, a request type the broker does not know,
+a peer with another ``[cluster] secret`` or none.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from tests.integration.node import NodeProcess
 
 WAIT = 15.0
 MAX_FRAME = 4096
+SECRET = "rpc-secret-7"
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +33,7 @@ def broker(tmp_path_factory):
     path = tmp_path_factory.mktemp("rpc-broker")
     conf = path / "twistmq.toml"
     conf.write_text(f'[store]\nsegment_size = {1 << 20}\n[cluster]\ncluster_id = "c-test"\ngroup = "g7"\n'
-                    f"max_frame_bytes = {MAX_FRAME}\n")
+                    f'max_frame_bytes = {MAX_FRAME}\nsecret = "{SECRET}"\n')
     b = NodeProcess(str(path / "data"), listeners=("rpc", "http"), role="broker",
                     extra_args=["--config", str(conf), "--node-id", "b-test"]).start()
     yield b
@@ -57,15 +59,19 @@ def wait_for_log(broker, text: str) -> str:
 class Peer:
     """A blocking RPC client over the sans-IO connection."""
 
-    def __init__(self, broker, cluster_id="c-test") -> None:
+    def __init__(self, broker, cluster_id="c-test", secret=SECRET) -> None:
         self.sock = socket.create_connection(("127.0.0.1", broker.port("rpc")), timeout=WAIT)
-        self.conn = Connection(Hello(cluster_id, "test-peer", "proxy", RPC_VERSION), True, 1 << 20)
+        self.conn = Connection(Hello(cluster_id, "test-peer", "proxy", RPC_VERSION), True, 1 << 20,
+                               secret.encode())
         self.sock.sendall(self.conn.data_to_send())
 
     def next_event(self):
         while True:
             data = self.sock.recv(65536)
             events = self.conn.receive(data) if data else [Closed("eof", by_peer=True)]
+            out = self.conn.data_to_send()  # the handshake's PROOF, or our GOODBYE
+            if out and data:
+                self.sock.sendall(out)
             if events:
                 assert len(events) == 1, events
                 return events[0]
@@ -129,7 +135,7 @@ def test_bad_input_is_refused_logged_and_harms_no_one_else(broker):
     wrong = Peer(broker, cluster_id="someone-else")
     refused = wrong.next_event()
     assert isinstance(refused, Closed) and "wrong cluster id 'someone-else'" in refused.reason
-    hello = frames.encode(Hello("c-test", "big", "proxy", RPC_VERSION))
+    hello = frames.encode(Hello("c-test", "big", "proxy", RPC_VERSION, True, b"n" * frames.NONCE_SIZE))
     assert "over the limit" in raw(broker, hello + frames.encode_varint(MAX_FRAME + 1) + b"\x94")
     wait_for_log(broker, "rpc_refused")
     log = log_of(broker)
@@ -139,6 +145,36 @@ def test_bad_input_is_refused_logged_and_harms_no_one_else(broker):
     text = metrics(broker)
     for kind in ("wrong_cluster", "oversized", "bad_frame"):
         assert f'twistmq_rpc_refused_total{{why="{kind}"}}' in text
+
+
+def test_a_peer_with_another_secret_or_none_is_refused_and_logged(broker):
+    """A member whose [cluster] secret differs (or is empty) gets no connection: it refuses the broker's proof,
+    the broker logs and counts the refusal naming the key and not its value; the right secret is served."""
+    for secret in ("another-secret", ""):
+        peer = Peer(broker, secret=secret)
+        refused = peer.next_event()
+        assert isinstance(refused, Closed) and "did not prove the cluster secret" in refused.reason
+        peer.sock.close()
+    log = wait_for_log(broker, "[cluster] secret differs")
+    assert "rpc_closed_by_peer" in log and SECRET not in log and "another-secret" not in log
+    assert 'twistmq_rpc_refused_total{why="wrong_secret"} 2' in metrics(broker)
+    assert add_filter(open_peer(broker), "secret/#") == "%LMQ%secret/#"
+
+
+def test_a_fake_client_without_the_secret_cannot_open(broker):
+    """A client that skips checking the broker's proof still has to prove the secret: a guessed PROOF is
+    refused with GOODBYE and logged."""
+    sock = socket.create_connection(("127.0.0.1", broker.port("rpc")), timeout=WAIT)
+    sock.sendall(frames.encode(Hello("c-test", "intruder", "proxy", RPC_VERSION, True, b"i" * frames.NONCE_SIZE)))
+    decoder = frames.FrameDecoder(1 << 20)
+    challenge = []
+    while not challenge:
+        challenge = decoder.feed(sock.recv(65536))
+    assert isinstance(challenge[0], frames.Challenge)
+    sock.sendall(frames.encode(frames.Proof(b"\x00" * 32)))
+    assert "proxy 'intruder' did not prove the cluster secret" in closed_with(sock)
+    wait_for_log(broker, "rpc_refused peer=- addr=127.0.0.1")
+    assert "proxy 'intruder' did not prove" in log_of(broker)
 
 
 def test_an_unknown_request_type_gets_an_error_frame_and_the_connection_stays(broker):

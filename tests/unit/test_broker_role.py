@@ -71,6 +71,50 @@ def test_cluster_members_are_read_and_checked(tmp_path):
         load_config(str(bad))
 
 
+@pytest.mark.parametrize("rpc, secret, refused", [
+    ("tcp:0:interface=127.0.0.1", "", False), ("unix:/tmp/twistmq-rpc.sock", "", False),
+    ("tcp:0:interface=0.0.0.0", "", True), ("tcp:0", "", True), ("tcp:0:interface=10.1.2.3", "", True),
+    ("tcp:0:interface=0.0.0.0", "s3cret", False)])
+def test_rpc_listener_off_loopback_needs_a_secret(tmp_path, rpc, secret, refused):
+    """An RPC listener that other hosts can reach needs [cluster] secret: without it the config is refused in one
+    line naming the key and the listener."""
+    conf = tmp_path / "b.toml"
+    conf.write_text(f'[cluster]\nsecret = "{secret}"\n' if secret else "")
+    opts = options("--config", str(conf), "--data-dir", str(tmp_path / "d"), "--rpc", rpc)
+    if refused:
+        with pytest.raises(ConfigError, match=rf"--rpc {rpc} is not on loopback: set \[cluster\] secret"):
+            broker_config(opts)
+    else:
+        assert broker_config(opts).listeners[0].description == rpc
+
+
+def test_rpc_members_and_controllers_may_be_dialled_over_tls(tmp_path):
+    """tls: and ssl: client endpoints are accepted for members' rpc, controllers and advertise_rpc; a bare port
+    is still refused."""
+    conf = tmp_path / "tls.toml"
+    conf.write_text('[cluster]\ncontrollers = ["tls:10.0.0.5:7910:trustRoots=/etc/twistmq/ca"]\n'
+                    'advertise_rpc = "ssl:host=10.0.0.9:port=7800:caCertsDir=/etc/twistmq/ca"\n'
+                    '[[cluster.members]]\nid = "b1"\nrole = "broker"\ngroup = "g1"\n'
+                    'rpc = "tls:10.0.0.9:7800:trustRoots=/etc/twistmq/ca"\n')
+    cluster = load_config(str(conf)).cluster
+    assert cluster.members[0].rpc.startswith("tls:") and cluster.controllers[0].startswith("tls:")
+    conf.write_text('[[cluster.members]]\nid = "b1"\nrole = "broker"\ngroup = "g1"\nrpc = "tls:7800"\n')
+    with pytest.raises(ConfigError, match=r"rpc must be a client endpoint like tcp:127.0.0.1:7800"):
+        load_config(str(conf))
+
+
+def test_an_exposed_rpc_listener_without_secret_stops_twistd_with_one_line(tmp_path):
+    """twistd twistmq broker --rpc on every interface and no [cluster] secret exits 2 with one line naming the
+    key, before opening anything."""
+    proc = subprocess.run([TWISTD, "-n", "--pidfile=", "twistmq", "broker", "--data-dir", str(tmp_path / "d"),
+                           "--rpc", "tcp:0:interface=0.0.0.0"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "twistmq: --rpc tcp:0:interface=0.0.0.0 is not on loopback: set [cluster] secret (members prove it to each "
+        "other when they connect), or bind it to this host: --rpc tcp:0:interface=127.0.0.1"]
+    assert not (tmp_path / "d").exists()
+
+
 def test_a_bad_config_exits_with_one_line(tmp_path):
     """twistd twistmq broker with a bad --rpc prints one line and exits 2, no traceback."""
     proc = subprocess.run([TWISTD, "-n", "--pidfile=", "twistmq", "broker", "--data-dir", str(tmp_path),

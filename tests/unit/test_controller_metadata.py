@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from cluster.controller.config import ControllerConfig
@@ -156,3 +158,21 @@ def test_controller_off_loopback_needs_a_secret(tmp_path, raft, secret, refused)
             controller_config(options)
     else:
         assert controller_config(options).controller.raft == raft
+
+
+def test_controller_rpc_off_loopback_needs_a_secret_and_twistd_says_so_in_one_line(tmp_path):
+    """A controller whose RPC listener faces other hosts (Raft on loopback) refuses to start without
+    [cluster] secret: twistd exits 2 with one line naming the key; with a secret the config is accepted."""
+    from cluster.roles.controller import ControllerOptions, controller_config
+    from tests.integration.node import TWISTD
+    argv = ["--data-dir", str(tmp_path / "d"), "--raft", "127.0.0.1:7900", "--rpc", "tcp:0:interface=0.0.0.0"]
+    proc = subprocess.run([TWISTD, "-n", "--pidfile=", "twistmq", "controller", *argv], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("twistmq: --rpc tcp:0:interface=0.0.0.0 is not on loopback: set [cluster] secret")
+    conf = tmp_path / "c.toml"
+    conf.write_text('[cluster]\nsecret = "s3cret"\n')
+    options = ControllerOptions()
+    options.parseOptions(["--config", str(conf), *argv])
+    assert controller_config(options).listeners[0].interface == "0.0.0.0"

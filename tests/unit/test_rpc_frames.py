@@ -8,11 +8,26 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cluster.rpc import frames
-from cluster.rpc.frames import Call, Error, Event, FrameDecoder, FrameError, Goodbye, Heartbeat, Hello, HelloOk, Result
+from cluster.rpc.frames import (
+    Call,
+    Challenge,
+    Error,
+    Event,
+    FrameDecoder,
+    FrameError,
+    Goodbye,
+    Heartbeat,
+    Hello,
+    HelloOk,
+    Proof,
+    Result,
+)
 
 SAMPLES = [
-    Hello("c", "n1", "proxy", 1, True),
-    HelloOk("c", "b1", "broker", 1, False),
+    Hello("c", "n1", "proxy", 1, True, b"n" * 16),
+    Challenge("c", "b1", "broker", 1, False, b"m" * 16, b"h" * 32),
+    Proof(b"p" * 32),
+    HelloOk(),
     Call(7, "store.append", b"\x92\x00"),
     Result(7, b"\xc0"),
     Error(7, "not_found", "no such watch"),
@@ -92,7 +107,7 @@ def test_fuzz_any_bytes_decode_to_frames_or_frame_error(data, chunk):
     try:
         for i in range(0, len(data), chunk):
             for frame in decoder.feed(data[i:i + chunk]):
-                assert isinstance(frame, (Hello, Call, Result, Error, Event, Heartbeat, Goodbye))
+                assert isinstance(frame, (Hello, Proof, HelloOk, Call, Result, Error, Event, Heartbeat, Goodbye))
     except FrameError:
         pass
 
@@ -101,7 +116,7 @@ def test_fuzz_any_bytes_decode_to_frames_or_frame_error(data, chunk):
 @given(st.lists(st.sampled_from(SAMPLES), max_size=6), st.binary(max_size=16))
 def test_fuzz_valid_frames_then_garbage(prefix, garbage):
     """Valid frames before garbage are all delivered; the garbage then fails only as a FrameError."""
-    decoder = FrameDecoder(max_frame=64)
+    decoder = FrameDecoder(max_frame=128)
     assert decoder.feed(b"".join(frames.encode(f) for f in prefix)) == prefix
     try:
         decoder.feed(garbage)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from twisted.internet import defer, task
+from twisted.internet.endpoints import TCP4ClientEndpoint
+from twisted.internet.testing import MemoryReactorClock
 from twisted.test import iosim
 
 from cluster.rpc.dispatch import Dispatcher
@@ -13,19 +15,20 @@ from cluster.rpc.server import RpcServerFactory
 from store import api
 
 SETTINGS = RpcSettings(call_timeout=5.0, heartbeat_interval=1.0, max_frame=4096)
+SECRET = "cluster-secret-a"
 
 
 class Broker:
     """A server factory with a dispatch table of a few request types, on a clock."""
 
-    def __init__(self, clock, node_id="b1", healthy=True) -> None:
+    def __init__(self, clock, node_id="b1", healthy=True, settings=SETTINGS) -> None:
         self.clock = clock
         self.healthy = healthy
         self.dispatcher = Dispatcher(clock)
         self.dispatcher.register("echo", lambda p, body: body)
         self.dispatcher.register("never", lambda p, body: defer.Deferred())
         self.dispatcher.register("refuse", self._refuse)
-        self.factory = RpcServerFactory(Hello("twistmq", node_id, "broker", 1), SETTINGS, clock, self.dispatcher,
+        self.factory = RpcServerFactory(Hello("twistmq", node_id, "broker", 1), settings, clock, self.dispatcher,
                                         health=lambda: self.healthy)
 
     @staticmethod
@@ -38,8 +41,8 @@ class Broker:
         return server, pump
 
 
-def client(clock, cluster="twistmq") -> RpcProtocol:
-    return RpcProtocol(Hello(cluster, "p1", "proxy", 1), True, SETTINGS, clock)
+def client(clock, cluster="twistmq", settings=SETTINGS) -> RpcProtocol:
+    return RpcProtocol(Hello(cluster, "p1", "proxy", 1), True, settings, clock)
 
 
 def outcome(d: defer.Deferred):
@@ -115,6 +118,53 @@ def test_wrong_cluster_is_refused_and_counted():
     assert outcome(c.opened) is None
     assert "wrong cluster id 'elsewhere'" in c.close_reason
     assert broker.dispatcher.metrics.refused["wrong_cluster"] == 1 and broker.dispatcher.metrics.connections == 0
+
+
+def test_same_secret_opens_and_a_wrong_secret_is_refused_counted_and_logged_on_both_sides(caplog):
+    """With [cluster] secret on both ends the handshake opens; a client with another secret is refused: both
+    ends log the refusal (naming the key, never a value), the server counts it, and no call is served."""
+    clock = task.Clock()
+    with_secret = RpcSettings(5.0, 1.0, 4096, SECRET)
+    c = client(clock, settings=with_secret)
+    broker = Broker(clock, settings=with_secret)
+    _server, pump = broker.connect(c)
+    assert c.is_open and outcome(c.opened).node_id == "b1"
+    caplog.set_level("WARNING", logger="twistmq.rpc")
+    for wrong in (RpcSettings(5.0, 1.0, 4096, "cluster-secret-b"), SETTINGS):  # another secret, and none
+        caplog.clear()
+        c = client(clock, settings=wrong)
+        broker.connect(c)
+        assert outcome(c.opened) is None and not c.is_open
+        assert "did not prove the cluster secret" in c.close_reason
+        lines = [r.getMessage() for r in caplog.records]
+        assert any(line.startswith("rpc_refused") and "[cluster] secret differs" in line for line in lines)
+        assert any(line.startswith("rpc_closed_by_peer") and "[cluster] secret differs" in line for line in lines)
+        assert not any("cluster-secret" in line for line in lines)
+    assert broker.dispatcher.metrics.refused["wrong_secret"] == 2 and broker.dispatcher.metrics.connections == 1
+    assert "cluster-secret" not in repr(with_secret)
+
+
+def test_a_refused_handshake_is_redialled_with_back_off_and_its_reason_kept():
+    """A peer whose handshake keeps being refused (another secret) is redialled with growing delays, as if the
+    connection had failed, instead of several times a second; PeerClient keeps the reason."""
+    reactor = MemoryReactorClock()
+    broker = Broker(reactor, settings=RpcSettings(5.0, 1.0, 4096, SECRET))
+    reactor.listenTCP(7800, broker.factory, interface="127.0.0.1")
+    pc = PeerClient("b1", TCP4ClientEndpoint(reactor, "127.0.0.1", 7800), Hello("twistmq", "p1", "proxy", 1),
+                    SETTINGS, reactor)
+    pc.startService()
+    completer = iosim.ConnectionCompleter(reactor)
+    waited = []
+    for _ in range(7):
+        completer.succeedOnce().flush()  # dialled, refused, closed
+        assert not pc.connected and "did not prove the cluster secret" in pc.last_refusal
+        elapsed = 0.0
+        while not reactor.tcpClients and elapsed < 30:
+            reactor.advance(0.05)
+            elapsed += 0.05
+        waited.append(elapsed)
+    assert waited[-1] >= 5.0 and waited[-2] >= 5.0, waited  # the back-off's ceiling (plus jitter)
+    pc.stopService()
 
 
 def test_heartbeats_carry_the_health_flag():
