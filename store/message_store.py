@@ -25,6 +25,7 @@ from store.api import AppendResult, AppendStatus
 from store.commit_log import CommitLog, CommitLogError
 from store.config import StoreConfig
 from store.flush import make_flush_policy
+from store.ha_epochs import EpochFile
 from store.retention import Retention
 
 log = logging.getLogger("twistmq.store")
@@ -99,6 +100,9 @@ class Dispatcher(Protocol):
     def log_truncated(self, min_cl_offset: int) -> None:
         """Retention deleted the log below ``min_cl_offset``."""
 
+    def truncate_to(self, cl_offset: int) -> None:
+        """The log was cut back to end at ``cl_offset`` (a replica's handshake): forget what was past it."""
+
     def flush(self) -> None:
         """Persist what was indexed (on the executor's thread)."""
 
@@ -114,6 +118,10 @@ class DispatcherBase:
 
     def log_truncated(self, min_cl_offset: int) -> None:
         return None
+
+    def truncate_to(self, cl_offset: int) -> None:
+        """By default forget everything: the store replays the log that is left into it."""
+        self.reset()
 
     def flush(self) -> None:
         return None
@@ -187,6 +195,9 @@ class MessageStore:
         self._dispatchers: list[Dispatcher] = []
         self._index: QueueIndex | None = None
         self._listeners: list[Callable[[set[str]], None]] = []
+        self._append_listeners: list[Callable[[int], None]] = []
+        self.epochs = EpochFile(data_dir)
+        """Which master epoch wrote which stretch of the log (broker groups; ``store.ha_epochs``)."""
         self._observer = observer or StoreObserver()
         self._pending: list[tuple[Sequence[rec.Message], object]] = []  # (messages, whom to answer)
         self._drain_call = None
@@ -220,11 +231,18 @@ class MessageStore:
         """``callback(queue_names)`` runs after each tick's dispatch with the queues that gained entries."""
         self._listeners.append(callback)
 
+    def add_append_listener(self, callback: Callable[[int], None]) -> None:
+        """``callback(log_end)`` runs after every append is written (replication sends what is new)."""
+        self._append_listeners.append(callback)
+
     # -- lifecycle ---------------------------------------------------------------
 
     def open(self) -> None:
         """Lock the data dir, recover the log and replay it into every dispatcher."""
         self.commit_log.open()
+        self.epochs.load()
+        self.epochs.truncate_suffix(self.commit_log.max_offset)  # recovery may have cut the tail
+        self.epochs.truncate_prefix(self.commit_log.min_offset)
         self._replay()
         self.visible_offset = self.commit_log.max_offset  # what recovery found is on disk
         self.flush_policy.start()
@@ -463,6 +481,8 @@ class MessageStore:
         self.puts += len(requests)
         self.bytes_in += sum(map(len, encoded))
         log_end = self.commit_log.max_offset
+        for appended in self._append_listeners:
+            appended(log_end)
         flushed = self.flush_policy.written(log_end)
 
         def acknowledge(_):
@@ -613,9 +633,67 @@ class MessageStore:
             lambda f: log.error("retention_failed error=%s", f.getTraceback()))
 
     def log_truncated(self) -> None:
-        """Retention deleted segments: every dispatcher moves past what is gone."""
+        """Retention deleted segments: every dispatcher moves past what is gone, and so do the epochs."""
         for disp in self._dispatchers:
             disp.log_truncated(self.commit_log.min_offset)
+        self.epochs.truncate_prefix(self.commit_log.min_offset)
+
+    # -- replicas ------------------------------------------------------------------
+
+    def truncate(self, offset: int) -> int:
+        """Cut the log back to end at ``offset`` and everything derived from it with it; return the bytes cut.
+
+        A replica's handshake does this (``store.ha_connection.Truncate``): the
+        light queues and topic queues drop their entries past ``offset``, the
+        other dispatchers (retained index, timers) rebuild from the log that is
+        left, and the epochs past it go.
+        """
+        self._drain()
+        cut = self.commit_log.truncate_to(offset)
+        if not cut:
+            return 0
+        for cl_offset in [o for o in self._recent if o >= offset]:
+            self._recent_bytes -= _size(self._recent.pop(cl_offset))
+        self._recent_order = deque(o for o in self._recent_order if o < offset)
+        self.visible_offset = min(self.visible_offset, offset)
+        for disp in self._dispatchers:
+            disp.truncate_to(offset)
+        self.epochs.truncate_suffix(offset)
+        self._replay()  # what a dispatcher that rebuilt needs again
+        log.warning("store_truncated offset=%d bytes=%d", offset, cut)
+        return cut
+
+    def append_replicated(self, offset: int, data: bytes, records: Sequence[rec.Record]) -> defer.Deferred:
+        """Append a master's records at ``offset`` (this log's end) and dispatch them as any append.
+
+        ``records`` are ``data`` decoded (the replication connection checked
+        each CRC). Fires with the new log end once written under the flush
+        policy; readers and watchers see the records from then on.
+        """
+        self._drain()
+        self.commit_log.append_at(offset, data)
+        requests = [DispatchRequest(r.offset, r.size, r.store_ts, r.kind, r.topic, r.queues, dict(r.properties),
+                                    r.retain, len(r.body)) for r in records]
+        touched: set[str] = set()
+        for disp in self._dispatchers:
+            gained = disp.dispatch(requests)
+            if gained:
+                touched.update(gained)
+        self.puts += len(requests)
+        self.bytes_in += len(data)
+        log_end = self.commit_log.max_offset
+        for appended in self._append_listeners:
+            appended(log_end)
+
+        def visible(_):
+            if log_end > self.visible_offset:
+                self.visible_offset = log_end
+            if touched:
+                for listener in self._listeners:
+                    listener(touched)
+            return log_end
+
+        return self.flush_policy.written(log_end).addCallback(visible)
 
     def collect_idle_queues(self, owed: Container[str] = ()) -> int:
         """Delete light and topic queues nobody uses (no filter, no reader in ``owed``) and idle for a retention period."""
