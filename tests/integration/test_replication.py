@@ -1,0 +1,177 @@
+"""Replication between two real stores in one reactor over real sockets (TCP and TLS): the slave's log
+becomes the master's byte for byte with its light queues built, acks drive the confirm offset, an old
+master rejoining is truncated, and a peer without the cluster secret is refused and logged."""
+
+import logging
+import os
+import tempfile
+
+from twisted.internet import defer, endpoints, reactor, task
+from twisted.trial import unittest
+
+import lightqueue
+from cluster.replication.master import HAMaster
+from cluster.replication.settings import HASettings
+from cluster.replication.slave import HASlave
+from cluster.tools.certs import make_ca, make_server_cert, write_issued
+from store.config import StoreConfig
+from store.executor import SynchronousExecutor
+from store.message_store import MessageStore
+from store.record import Message
+
+SECRET = "group-secret"
+SETTINGS = HASettings(secret=SECRET, heartbeat_s=0.2, timeout_s=3.0, check_interval_s=0.1, max_body=4096)
+
+
+class _Captured(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+async def _until(predicate, what, timeout=10.0):
+    """Poll ``predicate`` on the reactor every 20 ms until it holds; fail naming ``what`` after ``timeout``."""
+    for _ in range(int(timeout / 0.02)):
+        if predicate():
+            return
+        await task.deferLater(reactor, 0.02, lambda: None)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+class ReplicationTest(unittest.TestCase):
+    """Two stores, a master and a slave, in this process."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="twistmq-ha-")
+        self.stores = []
+        self.captured = _Captured()
+        logging.getLogger("twistmq.ha").addHandler(self.captured)
+        logging.getLogger("twistmq.ha").setLevel(logging.INFO)
+
+    async def _cleanup(self):
+        logging.getLogger("twistmq.ha").removeHandler(self.captured)
+        for s in reversed(self.stores):
+            await s.close()
+
+    def tearDown(self):
+        return defer.ensureDeferred(self._cleanup())
+
+    def _store(self, name):
+        store = MessageStore(os.path.join(self.tmp, name), StoreConfig(segment_size=64 * 1024), reactor,
+                             SynchronousExecutor())
+        lightqueue.attach(store)
+        store.open()
+        self.stores.append(store)
+        return store
+
+    async def _master(self, store, node_id="b1", epoch=1, description="tcp:0:interface=127.0.0.1", settings=SETTINGS):
+        master = HAMaster(store, node_id, settings, reactor)
+        master.begin_epoch(epoch)
+        master.startService()
+        self.addCleanup(master.stopService)
+        port = await endpoints.serverFromString(reactor, description).listen(master.factory)
+        self.addCleanup(port.stopListening)
+        return master, port.getHost().port
+
+    def _slave(self, store, port, node_id="b2", secret=SECRET, client="tcp:127.0.0.1:{port}"):
+        description = client.format(port=port)
+        slave = HASlave(store, node_id, endpoints.clientFromString(reactor, description), description,
+                        HASettings(**{**SETTINGS.__dict__, "secret": secret}), reactor)
+        slave.startService()
+        self.addCleanup(slave.stopService)
+        return slave
+
+    async def _put(self, store, messages):
+        await defer.gatherResults([store.put(m) for m in messages])
+
+    def _raw(self, store):
+        return store.commit_log.read_raw(0, store.commit_log.max_offset) if store.commit_log.max_offset else b""
+
+    async def test_records_arrive_byte_identical_and_acks_drive_the_confirm_offset(self):
+        """Records appended on the master appear byte-identical on the slave, queues included; its acks move
+        the master's confirm offset once it joins the SyncStateSet, and a waiter on an offset fires then."""
+        m_store, s_store = self._store("m"), self._store("s")
+        m_store.add_filter("dev/#")
+        await self._put(m_store, [Message(topic=f"dev/{i}", body=b"early %d" % i) for i in range(50)])
+        master, port = await self._master(m_store)
+        self._slave(s_store, port)
+        await _until(lambda: master.sync.members == {"b1", "b2"}, "the slave to join the SyncStateSet")
+        await self._put(m_store, [Message(topic=f"dev/{i}", body=b"late %d" % i * 20) for i in range(200)])
+        end = m_store.commit_log.max_offset
+        confirmed = master.wait_confirmed(end)
+        await _until(lambda: s_store.commit_log.max_offset == end, "the slave to catch up")
+        self.assertEqual(self._raw(s_store), self._raw(m_store))
+        self.assertEqual(await confirmed, end)
+        self.assertEqual(s_store.epochs.entries, m_store.epochs.entries)
+        got = s_store.get_now("%LMQ%dev/#", 0, 1000)
+        self.assertEqual([m.record.body for m in got], [m.record.body for m in m_store.get_now("%LMQ%dev/#", 0, 1000)])
+        self.assertEqual(len(got), 250)
+
+    async def test_confirm_offset_waits_for_a_member_that_is_behind(self):
+        """With a member of the SyncStateSet gone, the confirm offset stays at what it acked until it is shrunk."""
+        m_store, s_store = self._store("m"), self._store("s")
+        settings = HASettings(**{**SETTINGS.__dict__, "max_time_not_caught_up_s": 1.0})
+        master, port = await self._master(m_store, settings=settings)
+        slave = self._slave(s_store, port)
+        await _until(lambda: master.sync.members == {"b1", "b2"}, "the slave to join the SyncStateSet")
+        await slave.stopService()
+        await _until(lambda: not master.connections, "the master to see the slave go")
+        await self._put(m_store, [Message(topic="t", body=b"x")])
+        self.assertLess(master.confirm_offset, m_store.commit_log.max_offset)
+        await _until(lambda: master.sync.members == {"b1"}, "the SyncStateSet to shrink")
+        self.assertEqual(master.confirm_offset, m_store.commit_log.max_offset)
+
+    async def test_old_master_rejoins_as_slave_and_is_truncated(self):
+        """A master's records its slave never got are cut when it rejoins the slave it was, now master of a
+        newer epoch: the common part stays, the rest goes from its log and its light queue, the new epoch's
+        records follow."""
+        a, b = self._store("a"), self._store("b")
+        a.add_filter("t/#")
+        master_a, port_a = await self._master(a, node_id="a", epoch=1)
+        slave_b = self._slave(b, port_a, node_id="b")
+        await self._put(a, [Message(topic="t/1", body=b"shared %d" % i) for i in range(10)])
+        common = a.commit_log.max_offset
+        await _until(lambda: b.commit_log.max_offset == common, "b to replicate epoch 1")
+        await slave_b.stopService()
+        await master_a.stopService()
+        await self._put(a, [Message(topic="t/1", body=b"lost %d" % i) for i in range(5)])  # b never gets these
+        master_b, port_b = await self._master(b, node_id="b", epoch=2)
+        b.add_filter("t/#")  # the subscription, session state the log does not carry yet
+        await self._put(b, [Message(topic="t/1", body=b"new %d" % i) for i in range(3)])
+        self._slave(a, port_b, node_id="a")
+        await _until(lambda: self._raw(a) == self._raw(b), "the old master's log to equal the new one's")
+        self.assertEqual([(e.epoch, e.start_offset) for e in a.epochs.entries], [(1, 0), (2, common)])
+        bodies = [m.record.body for m in a.get_now("%LMQ%t/#", 0, 100)]
+        self.assertEqual(bodies, [b"shared %d" % i for i in range(10)] + [b"new %d" % i for i in range(3)])
+        self.assertTrue(any("ha_truncated offset=%d" % common in line for line in self.captured.lines))
+
+    async def test_a_fake_slave_with_the_wrong_secret_is_refused_and_logged(self):
+        """A slave that does not know the secret gets nothing, and both sides log why."""
+        m_store, s_store = self._store("m"), self._store("s")
+        await self._put(m_store, [Message(topic="t", body=b"secret data")])
+        master, port = await self._master(m_store)
+        self._slave(s_store, port, secret="wrong")
+        await _until(lambda: any("ha_refused" in line for line in self.captured.lines), "a refusal in the log")
+        self.assertEqual(s_store.commit_log.max_offset, 0)
+        self.assertEqual(master.sync.members, {"b1"})
+        self.assertTrue(any("failed the cluster secret" in line for line in self.captured.lines))
+
+    async def test_replication_over_tls(self):
+        """``ssl:`` endpoints on both ends carry the same replication."""
+        pki = os.path.join(self.tmp, "pki")
+        os.makedirs(pki)
+        ca = make_ca()
+        write_issued(ca, os.path.join(pki, "ca.pem"), os.path.join(self.tmp, "ca.key"))
+        write_issued(make_server_cert(ca, ["127.0.0.1"]), os.path.join(self.tmp, "server.pem"),
+                     os.path.join(self.tmp, "server.key"))
+        m_store, s_store = self._store("m"), self._store("s")
+        await self._put(m_store, [Message(topic="t", body=b"over tls %d" % i) for i in range(20)])
+        server = (f"ssl:0:interface=127.0.0.1:privateKey={os.path.join(self.tmp, 'server.key')}"
+                  f":certKey={os.path.join(self.tmp, 'server.pem')}")
+        master, port = await self._master(m_store, description=server)
+        self._slave(s_store, port, client="tls:127.0.0.1:{port}:trustRoots=" + pki)
+        await _until(lambda: s_store.commit_log.max_offset == m_store.commit_log.max_offset, "the slave over TLS")
+        self.assertEqual(self._raw(s_store), self._raw(m_store))
