@@ -215,6 +215,8 @@ class MessageStore:
         self.retention = Retention(self, clock)
         self.visible_offset = 0
         """Commit-log offset below which records are durable under the flush policy: reads stop there."""
+        self.replica_of = ""
+        """Set on a slave (its master's address): the log takes only its master's records, every put is refused."""
 
     # -- wiring ------------------------------------------------------------------
 
@@ -337,8 +339,8 @@ class MessageStore:
     def put(self, message: rec.Message) -> defer.Deferred:
         """Store ``message`` once; fires with a PutResult when it is acknowledged."""
         d: defer.Deferred = defer.Deferred()
-        if not self.is_open:
-            d.callback(PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason="store is not open"))
+        if not self.is_open or self.replica_of:
+            d.callback(self._not_writable())
             return d
         self._pending.append(((message,), d))
         if self._drain_call is None:
@@ -351,8 +353,8 @@ class MessageStore:
         The MQTT hot path stores one message per PUBLISH; skipping the Deferred
         and its callbacks is a measurable share of that path.
         """
-        if not self.is_open:
-            on_done(PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason="store is not open"))
+        if not self.is_open or self.replica_of:
+            on_done(self._not_writable())
             return
         self._pending.append(((message,), on_done))
         if self._drain_call is None:
@@ -367,12 +369,19 @@ class MessageStore:
         if not messages:
             on_done([])
             return
-        if not self.is_open:
-            on_done([PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason="store is not open")] * len(messages))
+        if not self.is_open or self.replica_of:
+            on_done([self._not_writable()] * len(messages))
             return
         self._pending.append((messages, _Batch(on_done)))
         if self._drain_call is None:
             self._drain_call = self._clock.callLater(0, self._drain)
+
+    def _not_writable(self) -> PutResult:
+        if not self.is_open:
+            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason="store is not open")
+        # A slave's log must stay a copy of its master's: one record of its own would make them differ.
+        return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason=f"this broker is a slave of {self.replica_of}: "
+                                                                 "writes go to the group's master")
 
     def put_batch(self, messages: Sequence[rec.Message]) -> defer.Deferred:
         """Store many messages in one write; fires with a list of PutResults in order."""

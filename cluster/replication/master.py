@@ -23,6 +23,7 @@ from twisted.application import service
 from twisted.internet import defer, protocol, task
 
 from cluster.replication.settings import HASettings
+from store.ha_codec import Refused, encode
 from store.ha_connection import Close, MasterConnection, Send, SlaveAcked, SlaveReady
 from store.ha_epochs import EpochEntry
 from store.ha_sync import ConfirmWaiters, SyncStateSet
@@ -70,11 +71,17 @@ class HAServerProtocol(protocol.Protocol):
         return f"{self.machine.slave_id or '?'}@{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}"
 
     def connectionMade(self) -> None:
+        if not self.master.running:  # a slave's ha listener: it has no log of its own to serve
+            log.info("ha_refused peer=%s reason=not master", self.describe())
+            self.transport.write(encode(Refused("this broker is not its group's master")))
+            self.transport.loseConnection()
+            return
         self.master.connections.add(self)
         self._apply(self.machine.connection_made(self.master.clock.seconds()))
 
     def dataReceived(self, data: bytes) -> None:
-        self._apply(self.machine.receive(data, self.master.clock.seconds()))
+        if self in self.master.connections:
+            self._apply(self.machine.receive(data, self.master.clock.seconds()))
 
     def pump(self) -> None:
         self._apply(self.machine.pump(self.master.clock.seconds(), self.master.confirm_offset))
@@ -167,6 +174,11 @@ class HAMaster(service.Service):
         return self.waiters.wait(offset)
 
     # -- epochs -------------------------------------------------------------------------------------
+
+    def next_epoch(self) -> int:
+        """The epoch a start as master takes without controllers: one past the newest this broker has seen."""
+        last = self.store.epochs.last
+        return 1 if last is None else last.epoch + 1
 
     def begin_epoch(self, epoch: int) -> EpochEntry:
         """This broker is master of ``epoch`` from now on: record where its writes start."""

@@ -142,6 +142,12 @@ class ClusterConfig:
     """The controllers' RPC addresses, as client endpoint strings (``tcp:127.0.0.1:7910``). When set, brokers and proxies register with them, heartbeat every [discovery] heartbeat_interval and learn the metadata (listed in the controllers' cluster/members, evicted when silent for a lease); slots, routes and brokers still come from this file. Empty: the static membership below only."""
     advertise_rpc: str = ""
     """The RPC address members are told to dial (a client endpoint string), when it differs from the one bound (NAT, a relay); empty: the first RPC listener's bound address."""
+    ha: tuple[str, ...] = ()
+    """A broker's replication listeners (``--ha``), as Twisted endpoint descriptions (``ssl:`` works): while it is its group's master, the group's slaves connect here and both ends prove ``secret`` to each other (HMAC-SHA256). Empty: no replication. A listener off loopback needs ``secret``."""
+    ha_master: str = ""
+    """The master a broker replicates from (``--ha-master``), as a client endpoint string (``tcp:127.0.0.1:7850``, or ``tls:HOST:PORT:trustRoots=DIR`` for an ``ssl:`` listener). Empty: the broker is its group's master and begins a new epoch at each start. A slave refuses client writes."""
+    ha_max_time_slave_not_catchup: float = 15.0
+    """Seconds a slave may stay behind its master before the master drops it from the SyncStateSet (RocketMQ's haMaxTimeSlaveNotCatchup); a disconnected slave is dropped at once."""
     members: tuple = ()
     """The static membership, as ``[[cluster.members]]`` tables with ``id``, ``role`` (broker or proxy), ``group`` (brokers) and ``rpc`` (a client endpoint string like tcp:127.0.0.1:7800)."""
 
@@ -159,6 +165,12 @@ class ClusterConfig:
             raise ConfigError(f"max_load_per_core must not be negative, not {self.max_load_per_core!r}")
         if not 0 <= self.min_free_memory <= 1:
             raise ConfigError(f"min_free_memory must be a fraction from 0 to 1, not {self.min_free_memory!r}")
+        if self.ha_max_time_slave_not_catchup <= 0:
+            raise ConfigError("ha_max_time_slave_not_catchup must be positive, not "
+                              f"{self.ha_max_time_slave_not_catchup!r}")
+        if self.ha_master and (not self.ha_master.startswith(("tcp:", "tcp6:", "ssl:", "tls:", "unix:"))
+                               or ":" not in self.ha_master[4:]):
+            raise ConfigError(f"ha_master must be a client endpoint like tcp:127.0.0.1:7850, not {self.ha_master!r}")
         if self.max_frame_bytes < 1024:
             raise ConfigError(f"max_frame_bytes must be at least 1024, not {self.max_frame_bytes!r}")
         for endpoint in (*self.controllers, *((self.advertise_rpc,) if self.advertise_rpc else ())):
@@ -187,7 +199,7 @@ class ClusterConfig:
 def _cluster_values(values: dict) -> dict:
     """``[cluster]`` as read, its ``members`` array of tables built into ``MemberConfig``s (naming a bad one)."""
     values = dict(values)
-    for key in ("rpc", "controllers"):
+    for key in ("rpc", "controllers", "ha"):
         if isinstance(values.get(key), str):
             values[key] = (values[key],)
         elif isinstance(values.get(key), list):
