@@ -414,6 +414,9 @@ class SlaveConnection(_Peer):
                 return self._refuse(f"no common epoch with the master (local {self.epochs[-3:]}, "
                                     f"master {list(frame.entries[-3:])})")
             point, keep = found
+        if point < self.min_offset:
+            return self._refuse(f"the handshake would truncate to {point}, below this log's first offset "
+                                f"{self.min_offset}")
         if point < self.confirm_offset:
             return self._refuse(f"the handshake would truncate to {point}, below the confirm offset "
                                 f"{self.confirm_offset}")

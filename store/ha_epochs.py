@@ -84,15 +84,24 @@ def truncation_point(local: Sequence[EpochEntry], local_end: int,
 
     Walks the local epochs newest first to the last one the master holds with
     the same start offset; the logs agree up to the smaller of the two ends of
-    that epoch. None when no epoch is common (the master's log no longer
-    reaches back that far, or the logs never shared a master): nothing can be
-    proven equal, so nothing may be replicated without an operator.
+    that epoch. The oldest epoch of either list may start later than it did
+    (retention moved it: ``EpochFile.truncate_prefix``): there the starts may
+    differ, as long as the point is not below either. None when no epoch is
+    common (the master's log no longer reaches back that far, or the logs never
+    shared a master): nothing can be proven equal, so nothing may be replicated
+    without an operator.
     """
     by_epoch = {e.epoch: i for i, e in enumerate(master)}
     for i in range(len(local) - 1, -1, -1):
         j = by_epoch.get(local[i].epoch)
-        if j is not None and master[j].start_offset == local[i].start_offset:
-            return min(end_offset(local, i, local_end), end_offset(master, j, master_end)), local[i].epoch
+        if j is None:
+            continue
+        point = min(end_offset(local, i, local_end), end_offset(master, j, master_end))
+        if master[j].start_offset == local[i].start_offset:
+            return point, local[i].epoch
+        if (i == 0 or j == 0) and point >= max(master[j].start_offset, local[i].start_offset):
+            return point, local[i].epoch
+        # The same epoch with another start: not a shared history; an older epoch may be (RocketMQ walks on).
     return None
 
 

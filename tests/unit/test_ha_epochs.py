@@ -87,6 +87,16 @@ def test_truncation_examples_from_rip44():
     assert truncation_point([E(5, 0)], 100, [E(6, 0)], 100) is None
 
 
+def test_an_oldest_epoch_moved_by_retention_still_matches():
+    """Retention moved one side's first epoch start: the same epoch still matches where both hold it."""
+    assert truncation_point([E(1, 5000)], 6000, [E(1, 0)], 7000) == (6000, 1)
+    assert truncation_point([E(1, 0), E(2, 100)], 900, [E(2, 400)], 700) == (700, 2)
+    # the master's epoch 1 ended before the slave's (moved) start: they cannot share it
+    assert truncation_point([E(1, 5000)], 6000, [E(1, 0), E(2, 3000)], 7000) is None
+    # a later epoch with another start is not shared: the walk goes on to the older one
+    assert truncation_point([E(1, 0), E(2, 100)], 900, [E(1, 0), E(2, 200)], 900) == (100, 1)
+
+
 @st.composite
 def _diverged(draw):
     """A shared history, then the slave and the master each going on alone (epoch numbers are never reused)."""
