@@ -283,6 +283,9 @@ class MasterConnection(_Peer):
 
     def _next_transfer(self, log_end: int, confirm_offset: int) -> codec.Transfer | list[Event]:
         offset = self.transfer_offset
+        if offset < self.source.min_offset:
+            return self._refuse(f"retention deleted this master's log below {self.source.min_offset} before "
+                                f"offset {offset} reached the slave: it needs a fresh copy")
         found = epoch_at(self.source.epochs(), offset, log_end)
         if found is None:
             return self._refuse(f"this master has no epoch for offset {offset}")

@@ -23,6 +23,7 @@ from twisted.application import service
 from twisted.internet import defer, protocol, task
 
 from cluster.replication.settings import HASettings
+from store.commit_log import CommitLogError
 from store.ha_codec import Refused, encode
 from store.ha_connection import Close, MasterConnection, Send, SlaveAcked, SlaveReady
 from store.ha_epochs import EpochEntry
@@ -84,7 +85,12 @@ class HAServerProtocol(protocol.Protocol):
             self._apply(self.machine.receive(data, self.master.clock.seconds()))
 
     def pump(self) -> None:
-        self._apply(self.machine.pump(self.master.clock.seconds(), self.master.confirm_offset))
+        try:
+            events = self.machine.pump(self.master.clock.seconds(), self.master.confirm_offset)
+        except (OSError, CommitLogError) as exc:  # the log could not be read: this slave waits for a new connection
+            log.error("ha_read_failed peer=%s error=%s", self.describe(), exc)
+            events = self.machine.close(f"this master could not read its log: {exc}")
+        self._apply(events)
 
     def tick(self) -> None:
         self._apply(self.machine.tick(self.master.clock.seconds()))

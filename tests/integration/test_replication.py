@@ -6,7 +6,7 @@ import logging
 import os
 import tempfile
 
-from twisted.internet import defer, endpoints, reactor, task
+from twisted.internet import defer, endpoints, protocol, reactor, task
 from twisted.trial import unittest
 
 import lightqueue
@@ -14,10 +14,12 @@ from cluster.replication.master import HAMaster
 from cluster.replication.settings import HASettings
 from cluster.replication.slave import HASlave
 from cluster.tools.certs import make_ca, make_server_cert, write_issued
+from store import ha_codec as codec
 from store.config import StoreConfig
 from store.executor import SynchronousExecutor
 from store.message_store import MessageStore
-from store.record import Message
+from store.ha_epochs import EpochEntry as E
+from store.record import Message, encode
 
 SECRET = "group-secret"
 SETTINGS = HASettings(secret=SECRET, heartbeat_s=0.2, timeout_s=3.0, check_interval_s=0.1, max_body=4096)
@@ -39,6 +41,29 @@ async def _until(predicate, what, timeout=10.0):
             return
         await task.deferLater(reactor, 0.02, lambda: None)
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+class _ScriptedMaster(protocol.Protocol):
+    """A master that knows the secret but sends what ``script`` makes of the slave's first ACK (a buggy or
+    hostile master): it passes the handshake, then misbehaves."""
+
+    def __init__(self, epochs, script):
+        self.decoder = codec.FrameDecoder()
+        self.epochs, self.script = epochs, script
+        self.nonce = b"M" * 16
+
+    def dataReceived(self, data):
+        for frame in self.decoder.feed(data):
+            if isinstance(frame, codec.Hello):
+                self.slave_nonce = frame.nonce
+                mac = codec.master_mac(SECRET, frame.nonce, self.nonce)
+                self.transport.write(codec.encode(codec.Challenge(self.nonce, mac)))
+            elif isinstance(frame, codec.Proof):
+                self.transport.write(codec.encode(codec.Epochs(10**6, 0, tuple(self.epochs))))
+            elif isinstance(frame, codec.Ack):
+                for f in self.script(frame.max_offset):
+                    self.transport.write(codec.encode(f))
+                self.script = lambda _offset: []
 
 
 class ReplicationTest(unittest.TestCase):
@@ -175,3 +200,58 @@ class ReplicationTest(unittest.TestCase):
         self._slave(s_store, port, client="tls:127.0.0.1:{port}:trustRoots=" + pki)
         await _until(lambda: s_store.commit_log.max_offset == m_store.commit_log.max_offset, "the slave over TLS")
         self.assertEqual(self._raw(s_store), self._raw(m_store))
+
+    async def _against_scripted_master(self, store, epochs, script):
+        factory = protocol.Factory.forProtocol(lambda: _ScriptedMaster(epochs, script))
+        port = await endpoints.serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(factory)
+        slave = self._slave(store, port.getHost().port)
+        try:
+            await _until(lambda: any("ha_refused" in line for line in self.captured.lines), "the slave to refuse")
+            return [line for line in self.captured.lines if "ha_refused" in line]
+        finally:  # before the next case: no retry of this slave may log into it
+            await slave.stopService()
+            await port.stopListening()
+
+    async def test_bad_transfers_from_a_master_are_refused_logged_and_change_nothing(self):
+        """A transfer beyond the slave's end, in an older epoch, or with a corrupt body is refused and logged;
+        the slave's log and epochs stay as they were."""
+        good = codec.Transfer  # the frames below differ from a good one in one field each
+        record = encode(Message(topic="t", body=b"payload"), 1)
+        cases = [
+            (lambda end: [good(end + 100, 1, 0, 0, record)], "beyond this log's end"),
+            (lambda end: [good(end, 0, 0, 0, record)], "older than this log's epoch"),
+            (lambda end: [good(end, 1, 0, 0, record[:-1] + bytes([record[-1] ^ 1]))], "corrupt body"),
+        ]
+        store = self._store("s")
+        store.epochs.begin_epoch(1, 0, 0)
+        store.replica_of = "scripted"
+        for frames, reason in cases:
+            end = store.commit_log.max_offset
+            self.captured.lines.clear()
+            refused = await self._against_scripted_master(store, [E(1, 0)], frames)
+            self.assertIn(reason, refused[0])
+            self.assertEqual(store.commit_log.max_offset, end)
+            self.assertEqual(store.epochs.entries, [E(1, 0)])
+
+    async def test_a_master_that_would_truncate_below_the_confirm_offset_is_refused(self):
+        """Epochs that would cut what the SyncStateSet confirmed are refused: the slave's log stays whole."""
+        master_store, store = self._store("m"), self._store("s")
+        master, port = await self._master(master_store)
+        slave = self._slave(store, port)
+        await self._put(master_store, [Message(topic="t", body=b"confirmed %d" % i) for i in range(10)])
+        end = master_store.commit_log.max_offset
+        await _until(lambda: slave.confirm_offset == end, "the slave to hear the confirm offset")
+        await slave.stopService()
+        self.captured.lines.clear()
+        # A master claiming epoch 1 ended at 100 and epoch 2 began there: the walk would cut to 100 < confirmed.
+        factory = protocol.Factory.forProtocol(lambda: _ScriptedMaster([E(1, 0), E(2, 100)], lambda _end: []))
+        port2 = await endpoints.serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(factory)
+        self.addCleanup(port2.stopListening)
+        client = HASlave(store, "b2", endpoints.clientFromString(reactor, f"tcp:127.0.0.1:{port2.getHost().port}"),
+                         "scripted", SETTINGS, reactor)
+        client.confirm_offset = slave.confirm_offset
+        client.startService()
+        self.addCleanup(client.stopService)
+        await _until(lambda: any("ha_refused" in line for line in self.captured.lines), "the slave to refuse")
+        self.assertTrue(any(f"below the confirm offset {end}" in line for line in self.captured.lines))
+        self.assertEqual(store.commit_log.max_offset, end)

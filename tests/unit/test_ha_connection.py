@@ -281,6 +281,19 @@ def test_window_bounds_what_is_in_flight():
     assert 1000 <= sent < 1000 + 200
 
 
+def test_a_slave_behind_what_retention_kept_is_refused_not_crashed():
+    """If retention deletes what a slave still needs, the master refuses it with the reason instead of reading."""
+    m = MemLog([E(1, 0)])
+    m.write(*[_rec(i) for i in range(10)])
+    p = Pair(m, MemLog(), window=100, max_body=60)
+    p.master.pump(1.0, 0)  # sends some, then waits for acks that never come
+    m.min_offset += 200  # retention: the first bytes go
+    del m.data[:200]
+    p.master.acked_offset = p.master.transfer_offset = 0
+    out = p.master.pump(2.0, 0)
+    assert any(isinstance(e, Close) and "retention deleted" in e.reason for e in out)
+
+
 def test_a_record_larger_than_max_body_goes_alone():
     """One record bigger than the body cap is still sent, whole, in a frame of its own."""
     m = MemLog([E(1, 0)])
