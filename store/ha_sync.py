@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import os
 from dataclasses import dataclass
 
 from twisted.internet import defer
@@ -116,6 +117,43 @@ class SyncStateSet:
         """The keeper of the set accepted ``members`` as set epoch ``epoch``."""
         self.members = frozenset(members) | {self.master_id}
         self.epoch = epoch
+
+
+CONFIRM_FILE = "confirm_offset"
+
+
+class ConfirmOffsetFile:
+    """``DATA_DIR/confirm_offset``: the last confirm offset this broker knew, one decimal line.
+
+    Readers of the data directory (the Spark reader) may stop there; a slave
+    starts its handshake with it, so a restart does not forget what it must
+    never truncate. Written by rename without fsync: a crash may leave an older
+    value (smaller: safe for both uses) or none, never a larger one.
+    """
+
+    def __init__(self, directory: str) -> None:
+        self.path = os.path.join(directory, CONFIRM_FILE)
+        self.written = -1
+
+    def read(self) -> int | None:
+        """The offset on disk, or None (no file, or an unreadable one)."""
+        try:
+            with open(self.path, "rb") as f:
+                text = f.read().decode("ascii").strip()
+            return int(text) if text.isdigit() else None
+        except (OSError, UnicodeDecodeError):
+            return None
+
+    def write(self, offset: int) -> bool:
+        """Record ``offset`` if it moved; True if it was written."""
+        if offset == self.written:
+            return False
+        tmp = self.path + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(b"%d\n" % offset)
+        os.replace(tmp, self.path)
+        self.written = offset
+        return True
 
 
 class ConfirmWaiters:

@@ -27,7 +27,7 @@ from store.commit_log import CommitLogError
 from store.ha_codec import Refused, encode
 from store.ha_connection import Close, MasterConnection, Send, SlaveAcked, SlaveReady
 from store.ha_epochs import EpochEntry
-from store.ha_sync import ConfirmWaiters, SyncStateSet
+from store.ha_sync import ConfirmOffsetFile, ConfirmWaiters, SyncStateSet
 from store.message_store import MessageStore
 
 log = logging.getLogger("twistmq.ha")
@@ -161,6 +161,10 @@ class HAMaster(service.Service):
         self._altering = False
         self._pump_call = None
         self._loop: task.LoopingCall | None = None
+        self.confirm_file = ConfirmOffsetFile(store.data_dir)
+        # A group of one keeps no file (its readers see the whole log, as a node's); once a slave joined, the file
+        # is kept up to date for good.
+        self._keep_file = self.confirm_file.read() is not None
         store.add_append_listener(self._appended)
 
     # -- the confirm offset ----------------------------------------------------------------------
@@ -209,7 +213,13 @@ class HAMaster(service.Service):
     def _check(self) -> None:
         for c in list(self.connections):
             c.tick()
-        self.update_confirm()
+        confirm = self.update_confirm()
+        if self._keep_file or len(self.sync.members) > 1:
+            self._keep_file = True
+            try:
+                self.confirm_file.write(confirm)
+            except OSError as exc:
+                log.error("ha_confirm_file_failed path=%s error=%s", self.confirm_file.path, exc)
         if self._altering:
             return
         proposal = self.sync.proposal(self.clock.seconds(), self.store.commit_log.max_offset)

@@ -22,6 +22,7 @@ from cluster.replication.settings import HASettings
 from store.commit_log import CommitLogError
 from store.ha_connection import Append, Close, ConfirmAdvanced, NewEpoch, Send, SlaveConnection, Truncate
 from store.ha_epochs import EpochError
+from store.ha_sync import ConfirmOffsetFile
 from store.message_store import MessageStore
 from store.record import RecordError
 
@@ -55,6 +56,7 @@ class HAClientProtocol(protocol.Protocol):
         self._apply(self.machine.receive(data, self.slave.clock.seconds()))
 
     def _tick(self) -> None:
+        self.slave.save_confirm()
         self._apply(self.machine.tick(self.slave.clock.seconds()))
 
     def _apply(self, events) -> None:
@@ -123,7 +125,9 @@ class HASlave(service.Service):
         self.settings = settings
         self.clock = clock
         self.async_learner = async_learner
+        self.confirm_file = ConfirmOffsetFile(store.data_dir)
         self.confirm_offset = 0
+        """The master's confirm offset as last heard (kept in ``DATA_DIR/confirm_offset`` across restarts)."""
         self.protocol: HAClientProtocol | None = None
         self._confirm_listeners: list[Callable[[int], None]] = []
         policy = internet.backoffPolicy(initialDelay=0.1, maxDelay=MAX_RETRY_DELAY, factor=2.0)
@@ -138,6 +142,13 @@ class HASlave(service.Service):
         for listener in self._confirm_listeners:
             listener(offset)
 
+    def save_confirm(self) -> None:
+        """Write the confirm offset to its file if it moved (every check interval, not every frame)."""
+        try:
+            self.confirm_file.write(self.confirm_offset)
+        except OSError as exc:
+            log.error("ha_confirm_file_failed path=%s error=%s", self.confirm_file.path, exc)
+
     @property
     def transferring(self) -> bool:
         """Past the handshake, receiving the master's log."""
@@ -145,10 +156,13 @@ class HASlave(service.Service):
 
     def startService(self) -> None:
         service.Service.startService(self)
+        # What this broker heard before a restart: its handshake never truncates below it.
+        self.confirm_offset = max(self.confirm_offset, self.confirm_file.read() or 0)
         self._service.startService()
 
     def stopService(self) -> defer.Deferred:
         if not self.running:
             return defer.succeed(None)
         service.Service.stopService(self)
+        self.save_confirm()
         return self._service.stopService()

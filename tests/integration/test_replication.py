@@ -130,6 +130,7 @@ class ReplicationTest(unittest.TestCase):
         await _until(lambda: s_store.commit_log.max_offset == end, "the slave to catch up")
         self.assertEqual(self._raw(s_store), self._raw(m_store))
         self.assertEqual(await confirmed, end)
+        await _until(lambda: master.confirm_file.read() == end, "the master's confirm-offset file")
         self.assertEqual(s_store.epochs.entries, m_store.epochs.entries)
         got = s_store.get_now("%LMQ%dev/#", 0, 1000)
         self.assertEqual([m.record.body for m in got], [m.record.body for m in m_store.get_now("%LMQ%dev/#", 0, 1000)])
@@ -182,6 +183,7 @@ class ReplicationTest(unittest.TestCase):
         await _until(lambda: any("ha_refused" in line for line in self.captured.lines), "a refusal in the log")
         self.assertEqual(s_store.commit_log.max_offset, 0)
         self.assertEqual(master.sync.members, {"b1"})
+        self.assertIsNone(master.confirm_file.read())  # a group of one keeps no confirm-offset file
         self.assertTrue(any("failed the cluster secret" in line for line in self.captured.lines))
 
     async def test_replication_over_tls(self):
@@ -234,7 +236,8 @@ class ReplicationTest(unittest.TestCase):
             self.assertEqual(store.epochs.entries, [E(1, 0)])
 
     async def test_a_master_that_would_truncate_below_the_confirm_offset_is_refused(self):
-        """Epochs that would cut what the SyncStateSet confirmed are refused: the slave's log stays whole."""
+        """Epochs that would cut what the SyncStateSet confirmed are refused, also after the slave restarted (the
+        confirm offset is kept in its data dir): the slave's log stays whole."""
         master_store, store = self._store("m"), self._store("s")
         master, port = await self._master(master_store)
         slave = self._slave(store, port)
@@ -247,9 +250,11 @@ class ReplicationTest(unittest.TestCase):
         factory = protocol.Factory.forProtocol(lambda: _ScriptedMaster([E(1, 0), E(2, 100)], lambda _end: []))
         port2 = await endpoints.serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(factory)
         self.addCleanup(port2.stopListening)
+        # A new slave service, as after a restart: it knows the confirm offset from the data dir's file.
+        with open(os.path.join(store.data_dir, "confirm_offset")) as f:
+            self.assertEqual(int(f.read()), end)
         client = HASlave(store, "b2", endpoints.clientFromString(reactor, f"tcp:127.0.0.1:{port2.getHost().port}"),
                          "scripted", SETTINGS, reactor)
-        client.confirm_offset = slave.confirm_offset
         client.startService()
         self.addCleanup(client.stopService)
         await _until(lambda: any("ha_refused" in line for line in self.captured.lines), "the slave to refuse")

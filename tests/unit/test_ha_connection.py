@@ -410,3 +410,15 @@ def test_confirm_waiters_fire_in_order_once_passed():
     assert fired == [(100, 150), (200, 300), (300, 300)]
     d = w.wait(50)
     assert d.called and len(w) == 0
+
+
+def test_confirm_offset_file_keeps_the_last_offset_and_reads_garbage_as_none(tmp_path):
+    """The file holds the last offset written; a missing or damaged one reads as None, never as a number."""
+    from store.ha_sync import ConfirmOffsetFile
+
+    f = ConfirmOffsetFile(str(tmp_path))
+    assert f.read() is None
+    assert f.write(123) and not f.write(123)
+    assert ConfirmOffsetFile(str(tmp_path)).read() == 123
+    (tmp_path / "confirm_offset").write_bytes(b"12x\n")
+    assert f.read() is None
