@@ -280,22 +280,29 @@ class CommitLog:
         stop = min(self.max_offset, offset + max_bytes)
         return os.pread(self._read_fd(seg), stop - offset, offset - seg.base)
 
-    def append_at(self, offset: int, data: bytes) -> None:
+    def append_at(self, offset: int, data: bytes, sizes: list[int] | None = None) -> None:
         """Append records someone else wrote (a replica's copy of its master's log) at exactly ``offset``.
 
-        The bytes keep their offsets: a segment rolls where the master's did
-        only if the sizes match, so a replica rolls at the first record that
-        does not fit its own segment, like any append.
+        ``sizes`` are the records' sizes when the caller decoded them already.
+        Offsets are dense, so every record keeps its master's offset; the
+        segments roll as this log's own size says, like any append.
         """
         if offset != self.max_offset:
             raise CommitLogError(f"replicated records at {offset}, but this log ends at {self.max_offset}")
-        sizes = []
-        pos = 0
-        while pos < len(data):
-            size = rec.check_header(data, pos)
-            sizes.append(data[pos:pos + size])
+        if sizes is None:
+            sizes = []
+            pos = 0
+            while pos < len(data):
+                sizes.append(rec.check_header(data, pos))
+                pos += sizes[-1]
+        if sum(sizes) != len(data):
+            raise CommitLogError(f"record sizes add up to {sum(sizes)}, the data has {len(data)} bytes")
+        view = memoryview(data)
+        chunks, pos = [], 0
+        for size in sizes:
+            chunks.append(view[pos:pos + size])
             pos += size
-        self.append(sizes)
+        self.append(chunks)
 
     # -- durability --------------------------------------------------------------
 

@@ -680,7 +680,7 @@ class MessageStore:
         policy; readers and watchers see the records from then on.
         """
         self._drain()
-        self.commit_log.append_at(offset, data)
+        self.commit_log.append_at(offset, data, [r.size for r in records])
         requests = [DispatchRequest(r.offset, r.size, r.store_ts, r.kind, r.topic, r.queues, dict(r.properties),
                                     r.retain, len(r.body)) for r in records]
         touched: set[str] = set()
