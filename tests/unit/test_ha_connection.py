@@ -422,3 +422,34 @@ def test_confirm_offset_file_keeps_the_last_offset_and_reads_garbage_as_none(tmp
     assert ConfirmOffsetFile(str(tmp_path)).read() == 123
     (tmp_path / "confirm_offset").write_bytes(b"12x\n")
     assert f.read() is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.binary(max_size=80), st.sampled_from([
+    codec.encode(codec.Transfer(200, 1, 0, 0, _rec(1))), codec.encode(codec.Transfer(0, 9, 0, 10**9, b"")),
+    codec.encode(codec.Epochs(0, 0, (E(7, 0),))), codec.encode(codec.Ack(5)), codec.encode(codec.Refused("x")),
+])), max_size=8))
+def test_garbage_after_the_handshake_never_crashes_or_truncates(chunks):
+    """Whatever bytes follow the handshake, the slave answers with events (a refusal at worst), never an exception,
+    never a Truncate, and its log only grows at its end."""
+    slave = _transferring_slave(200, [E(1, 0)], confirm=200)
+    for chunk in chunks:
+        for ev in slave.receive(chunk, 1.0):
+            assert not isinstance(ev, Truncate)
+            if isinstance(ev, Append):
+                assert ev.offset == 200
+    assert slave.max_offset >= 200
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=80), max_size=8))
+def test_garbage_from_a_slave_never_crashes_the_master(chunks):
+    """Random bytes at the master's ha port give events (a refusal at worst), never an exception, never records."""
+    m = MemLog([E(1, 0)])
+    m.write(_rec(1))
+    master = MasterConnection(m, SECRET, nonce=_nonces())
+    master.connection_made(0.0)
+    for chunk in chunks:
+        master.receive(chunk, 0.0)
+    assert master.state in (HAState.HANDSHAKE, HAState.SHUTDOWN)
+    assert not any(isinstance(e, Send) for e in master.pump(1.0, 0))
