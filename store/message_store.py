@@ -215,6 +215,7 @@ class MessageStore:
         self.retention = Retention(self, clock)
         self.visible_offset = 0
         """Commit-log offset below which records are durable under the flush policy: reads stop there."""
+        self._truncations = 0  # cuts so far: a write acknowledged after a later cut must not move visible_offset
         self.replica_of = ""
         """Set on a slave (its master's address): the log takes only its master's records, every put is refused."""
 
@@ -665,6 +666,9 @@ class MessageStore:
             self._recent_bytes -= _size(self._recent.pop(cl_offset))
         self._recent_order = deque(o for o in self._recent_order if o < offset)
         self.visible_offset = min(self.visible_offset, offset)
+        # Offsets past the cut will hold other bytes: none of them is fsynced yet.
+        self.flush_policy.truncated(offset)
+        self._truncations += 1
         for disp in self._dispatchers:
             disp.truncate_to(offset)
         self.epochs.truncate_suffix(offset)
@@ -693,9 +697,10 @@ class MessageStore:
         log_end = self.commit_log.max_offset
         for appended in self._append_listeners:
             appended(log_end)
+        cuts = self._truncations
 
         def visible(_):
-            if log_end > self.visible_offset:
+            if log_end > self.visible_offset and cuts == self._truncations:
                 self.visible_offset = log_end
             if touched:
                 for listener in self._listeners:

@@ -125,3 +125,50 @@ def test_replicated_records_build_the_same_queues(tmp_path):
     assert _bodies(replica, "%TOPIC%dev") == [b"%d" % i for i in range(20)]
     master.close()
     replica.close()
+
+
+def test_after_a_truncation_sync_flush_still_waits_for_the_fsync(tmp_path):
+    """Under flush=sync, records replicated after a cut are acknowledged only once fsynced, though the log had
+    been synced past their offsets before the cut."""
+    from store.executor import DeferredExecutor
+
+    clock = task.Clock()
+    ex = DeferredExecutor()
+    store = MessageStore(str(tmp_path / "s"), StoreConfig(flush="sync"), clock, ex)
+    lightqueue.attach(store)
+    store.open()
+    records = [encode(Message(topic="t", body=b"%d" % i), 1) for i in range(10)]
+    data = b"".join(records)
+    store.append_replicated(0, data, decode_records(data, 0))
+    ex.run_pending()
+    assert store.commit_log.synced_offset == len(data)
+    cut = len(records[0])
+    store.truncate(cut)
+    done = []
+    again = b"".join(records[1:5])
+    store.append_replicated(cut, again, decode_records(again, cut)).addCallback(done.append)
+    assert done == []
+    ex.run_pending()
+    assert done == [cut + len(again)]
+    store.close()
+    ex.run_pending()
+
+
+def test_an_fsync_that_started_before_a_cut_does_not_count_after_it():
+    """SyncFlush: an fsync running while the log is cut reports the old end; it must not mark the new bytes
+    at those offsets synced."""
+    from store.executor import DeferredExecutor
+    from store.flush import SyncFlush
+
+    ex = DeferredExecutor()
+    ends = iter([1000, 800])  # what each fsync reports: the log's end when it started
+    policy = SyncFlush(lambda: next(ends), ex)
+    first = []
+    policy.written(1000).addCallback(first.append)  # the fsync starts (end 1000) ...
+    policy.truncated(500)  # ... the log is cut to 500 meanwhile, and 300 new bytes are written
+    second = []
+    policy.written(800).addCallback(second.append)
+    ex.run_pending()  # the first fsync ends reporting 1000: that proves nothing about the bytes after the cut
+    assert second == [] and policy.synced_offset <= 500
+    ex.run_pending()  # the fsync that started after the cut
+    assert second == [800] and policy.synced_offset == 800
