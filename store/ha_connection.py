@@ -139,6 +139,10 @@ class _Peer:
         self.close_reason = reason
         return [Send(codec.encode(codec.Refused(reason))), Close(reason, refused=True)]
 
+    def refuse(self, reason: str) -> list[Event]:
+        """Refuse the peer for what its adapter found wrong (REFUSED is sent, then the connection closes)."""
+        return self._refuse(reason)
+
     def close(self, reason: str) -> list[Event]:
         """Our side ends the connection (shutdown, role change)."""
         if self.state is HAState.SHUTDOWN:

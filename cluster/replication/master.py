@@ -66,6 +66,7 @@ class HAServerProtocol(protocol.Protocol):
         self.machine = MasterConnection(StoreLog(master.store), s.secret, max_body=s.max_body, window=s.window,
                                         heartbeat_s=s.heartbeat_s, timeout_s=s.timeout_s)
         self.ready = False
+        self.replaced = False  # a newer connection of the same slave took over
 
     def describe(self) -> str:
         peer = self.transport.getPeer() if self.transport is not None else None
@@ -106,6 +107,14 @@ class HAServerProtocol(protocol.Protocol):
                 self.master.sync.acked(ev.slave_id, ev.offset, ev.caught_up_at)
                 acked = True
             elif kind is SlaveReady:
+                if ev.slave_id == self.master.node_id:
+                    self._apply(self.machine.refuse(f"slave id {ev.slave_id!r} is this master's own id"))
+                    return
+                old = self.master.by_slave.get(ev.slave_id)
+                if old is not None and old is not self:  # a reconnect while the old connection lingers: the new wins
+                    old.replaced = True
+                    old.transport.loseConnection()
+                self.master.by_slave[ev.slave_id] = self
                 self.ready = True
                 self.master.sync.connected(ev.slave_id, ev.offset, ev.async_learner, self.master.clock.seconds())
                 log.info("ha_slave_connected slave=%s from_offset=%d async_learner=%s", self.describe(), ev.offset,
@@ -123,7 +132,8 @@ class HAServerProtocol(protocol.Protocol):
 
     def connectionLost(self, reason=protocol.connectionDone) -> None:
         self.master.connections.discard(self)
-        if self.ready:
+        if self.ready and self.master.by_slave.get(self.machine.slave_id) is self:
+            del self.master.by_slave[self.machine.slave_id]
             self.master.sync.disconnected(self.machine.slave_id)
             log.info("ha_slave_disconnected slave=%s reason=%s", self.describe(),
                      self.machine.close_reason or reason.getErrorMessage())
@@ -156,6 +166,7 @@ class HAMaster(service.Service):
         self.sync = SyncStateSet(node_id, members, set_epoch, settings.max_time_not_caught_up_s)
         self.waiters = ConfirmWaiters()
         self.connections: set[HAServerProtocol] = set()
+        self.by_slave: dict[str, HAServerProtocol] = {}  # the current connection of each slave id
         self.factory = HAServerFactory(self)
         self._alter = alter or self._apply_here
         self._altering = False
