@@ -173,7 +173,7 @@ class BrokerParts:
         if cluster.ha_master:
             store.replica_of = cluster.ha_master
             self.ha_slave = HASlave(store, cluster.node_id, endpoints.clientFromString(reactor, cluster.ha_master),
-                                    cluster.ha_master, ha_settings, reactor)
+                                    cluster.ha_master, ha_settings, reactor, async_learner=cluster.ha_async_learner)
         self.listeners = []
         for listener in cfg.listeners:
             factory = {"rpc": self.rpc, "ha": self.ha_master.factory}.get(listener.key, site)

@@ -148,6 +148,8 @@ class ClusterConfig:
     """The master a broker replicates from (``--ha-master``), as a client endpoint string (``tcp:127.0.0.1:7850``, or ``tls:HOST:PORT:trustRoots=DIR`` for an ``ssl:`` listener). Empty: the broker is its group's master and begins a new epoch at each start. A slave refuses client writes."""
     ha_max_time_slave_not_catchup: float = 15.0
     """Seconds a slave may stay behind its master before the master drops it from the SyncStateSet (RocketMQ's haMaxTimeSlaveNotCatchup); a disconnected slave is dropped at once."""
+    ha_async_learner: bool = False
+    """A slave that replicates but never joins the SyncStateSet (RocketMQ's asyncLearner): the confirm offset never waits for it and it is never elected master (a copy in another data centre)."""
     members: tuple = ()
     """The static membership, as ``[[cluster.members]]`` tables with ``id``, ``role`` (broker or proxy), ``group`` (brokers) and ``rpc`` (a client endpoint string like tcp:127.0.0.1:7800)."""
 

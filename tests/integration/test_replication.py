@@ -101,10 +101,10 @@ class ReplicationTest(unittest.TestCase):
         self.addCleanup(port.stopListening)
         return master, port.getHost().port
 
-    def _slave(self, store, port, node_id="b2", secret=SECRET, client="tcp:127.0.0.1:{port}"):
+    def _slave(self, store, port, node_id="b2", secret=SECRET, client="tcp:127.0.0.1:{port}", async_learner=False):
         description = client.format(port=port)
         slave = HASlave(store, node_id, endpoints.clientFromString(reactor, description), description,
-                        HASettings(**{**SETTINGS.__dict__, "secret": secret}), reactor)
+                        HASettings(**{**SETTINGS.__dict__, "secret": secret}), reactor, async_learner=async_learner)
         slave.startService()
         self.addCleanup(slave.stopService)
         return slave
@@ -260,3 +260,18 @@ class ReplicationTest(unittest.TestCase):
         await _until(lambda: any("ha_refused" in line for line in self.captured.lines), "the slave to refuse")
         self.assertTrue(any(f"below the confirm offset {end}" in line for line in self.captured.lines))
         self.assertEqual(store.commit_log.max_offset, end)
+
+    async def test_an_async_learner_replicates_but_never_joins_the_set(self):
+        """A learner gets the whole log, yet the SyncStateSet stays the master alone and the confirm offset
+        never waits for it."""
+        m_store, s_store = self._store("m"), self._store("s")
+        master, port = await self._master(m_store)
+        self._slave(s_store, port, async_learner=True)
+        await _until(lambda: master.sync.replicas.get("b2") is not None, "the learner's handshake")
+        await self._put(m_store, [Message(topic="t", body=b"learn %d" % i) for i in range(20)])
+        end = m_store.commit_log.max_offset
+        self.assertEqual(master.confirm_offset, end)
+        await _until(lambda: s_store.commit_log.max_offset == end, "the learner to catch up")
+        await task.deferLater(reactor, 3 * SETTINGS.check_interval_s, lambda: None)  # checks that could expand
+        self.assertEqual(master.sync.members, {"b1"})
+
