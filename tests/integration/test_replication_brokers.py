@@ -106,3 +106,48 @@ def test_a_fake_slave_without_the_secret_is_refused_and_logged(group):
             got += chunk
     assert codec.FrameDecoder().feed(got) == [codec.Refused("slave 'intruder' failed the cluster secret")]
     wait_until(lambda: "ha_refused peer=intruder" in log_of(master), 10, what="the refusal in the master's log")
+
+
+def test_old_master_relaunched_as_slave_truncates_what_the_new_master_never_had(tmp_path):
+    """b1 masters epoch 1 with b2 as its slave; b2 stops, b1 stores five more and is SIGKILLed; b2 restarts as
+    master (epoch 2) and stores three; b1 restarts as b2's slave: it truncates its five to where epoch 2 began
+    and ends with b2's log, byte for byte."""
+    def broker(node_id, master_port=None):
+        extra = ["--config", _config(tmp_path, node_id), "--node-id", node_id]
+        if master_port is not None:
+            extra += ["--ha-master", f"tcp:127.0.0.1:{master_port}"]
+        return NodeProcess(str(tmp_path / node_id), listeners=("rpc", "http", "ha"), role="broker",
+                           extra_args=extra)
+
+    procs = []
+    try:
+        b1 = broker("b1").start()
+        procs.append(b1)
+        b2 = broker("b2", b1.port("ha")).start()
+        procs.append(b2)
+        for i in range(10):
+            assert _native(b1, {"action": "produce", "queue": "jobs", "data": f"shared {i}"})["code"] == 0
+        shared = _log_bytes(b1.data_dir)
+        wait_until(lambda: _log_bytes(b2.data_dir) == shared, 15, what="b2 to hold epoch 1")
+        b2.stop()
+        for i in range(5):
+            assert _native(b1, {"action": "produce", "queue": "jobs", "data": f"lost {i}"})["code"] == 0
+        assert b"lost 4" in _log_bytes(b1.data_dir)
+        b1.kill()
+        b2 = broker("b2").start()  # now the master: a new epoch where its log ends
+        procs.append(b2)
+        for i in range(3):
+            assert _native(b2, {"action": "produce", "queue": "jobs", "data": f"new {i}"})["code"] == 0
+        b1 = broker("b1", b2.port("ha")).start()
+        procs.append(b1)
+        want = _log_bytes(b2.data_dir)
+        wait_until(lambda: _log_bytes(b1.data_dir) == want, 15, what="b1 to hold b2's log")
+        assert b"lost" not in _log_bytes(b1.data_dir)
+        assert f"ha_truncated offset={len(shared)}" in log_of(b1)
+        with open(os.path.join(b1.data_dir, "epochs")) as f:
+            assert f.read().splitlines()[1:] == ["1 0", f"2 {len(shared)}"]
+        reply = _native(b1, {"action": "produce", "queue": "jobs", "data": "to the old master"})
+        assert reply["code"] == -1 and "slave" in reply["reason"]
+    finally:
+        for p in reversed(procs):
+            p.stop()
