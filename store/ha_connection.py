@@ -27,6 +27,7 @@ outside what it holds or was sent.
 from __future__ import annotations
 
 import os
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
@@ -189,8 +190,9 @@ class MasterConnection(_Peer):
         self.acked_offset = -1  # the slave's log end, as it last said
         self.caught_up_at = 0.0
         self._last_sent = 0.0
-        self._sent_max = 0  # the master's max offset when the last frame went out ...
-        self._sent_at = 0.0  # ... and when
+        # (the master's log end, when) at each frame sent: an ack reaching an end says the slave then held all the
+        # master held at that time (RocketMQ's lastMasterMaxOffset / lastTransferTimeMs, one per frame in flight).
+        self._sent: deque[tuple[int, float]] = deque()
 
     def connection_made(self, now: float) -> list[Event]:
         """The slave connected: wait for its HELLO."""
@@ -235,7 +237,6 @@ class MasterConnection(_Peer):
             self._step = "transfer"
             self.state = HAState.TRANSFER
             self.transfer_offset = self.acked_offset = frame.max_offset
-            self._sent_max, self._sent_at = frame.max_offset, now
             self.caught_up_at = now if frame.max_offset >= src.max_offset else 0.0
             return [SlaveReady(self.slave_id, frame.max_offset, self.async_learner)]
         if step == "transfer" and isinstance(frame, codec.Ack):
@@ -243,8 +244,9 @@ class MasterConnection(_Peer):
                 return self._refuse(f"ack {frame.max_offset} outside [{self.acked_offset}, {self.transfer_offset}]"
                                     " (acked, sent)")
             self.acked_offset = frame.max_offset
-            if frame.max_offset >= self._sent_max:
-                self.caught_up_at = max(self.caught_up_at, self._sent_at)
+            sent = self._sent
+            while sent and sent[0][0] <= frame.max_offset:
+                self.caught_up_at = max(self.caught_up_at, sent.popleft()[1])
             return [SlaveAcked(self.slave_id, frame.max_offset, self.caught_up_at)]
         return self._refuse(f"unexpected {type(frame).__name__} in {self.state.name} ({step})")
 
@@ -275,15 +277,22 @@ class MasterConnection(_Peer):
             out.append(Send(codec.encode(frame)))
             self.transfer_offset += len(frame.body)
             self._last_sent = now
-            self._sent_max, self._sent_at = log_end, now
+            self._note_sent(log_end, now)
         if not out and now - self._last_sent >= self.heartbeat_s:
             found = epoch_at(src.epochs(), self.transfer_offset, log_end)
             entry = found[0] if found else (src.epochs() or [EpochEntry(0, 0)])[-1]
             out.append(Send(codec.encode(codec.Transfer(self.transfer_offset, entry.epoch, entry.start_offset,
                                                         min(confirm_offset, self.transfer_offset)))))
             self._last_sent = now
-            self._sent_max, self._sent_at = log_end, now
+            self._note_sent(log_end, now)
         return out
+
+    def _note_sent(self, log_end: int, now: float) -> None:
+        sent = self._sent
+        if sent and sent[-1][0] == log_end:
+            sent[-1] = (log_end, now)  # the same end, later: the newer time is the one an ack proves
+        else:
+            sent.append((log_end, now))
 
     def _next_transfer(self, log_end: int, confirm_offset: int) -> codec.Transfer | list[Event]:
         offset = self.transfer_offset

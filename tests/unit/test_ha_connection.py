@@ -453,3 +453,19 @@ def test_garbage_from_a_slave_never_crashes_the_master(chunks):
         master.receive(chunk, 0.0)
     assert master.state in (HAState.HANDSHAKE, HAState.SHUTDOWN)
     assert not any(isinstance(e, Send) for e in master.pump(1.0, 0))
+
+
+def test_a_slave_keeping_up_under_steady_load_counts_as_caught_up():
+    """With records arriving all the time, each ack trails the newest frame; the slave is caught up as of the
+    frame its ack covers, so a healthy slave is never taken for one that fell behind."""
+    m = MemLog([E(1, 0)])
+    p = Pair(m, MemLog(), heartbeat_s=100.0)
+    pending = b""
+    for t in range(1, 40):
+        p.now = float(t)
+        m.write(_rec(t))
+        sent = _sends(p.master.pump(p.now, 0))  # this second's frame goes out ...
+        if pending:
+            p.deliver_to_master(p.deliver_to_slave(pending))  # ... while the previous one's ack comes back
+        pending = sent
+    assert p.master.caught_up_at >= 37.0
