@@ -11,10 +11,7 @@ Setups, each fresh for every scenario and started in turn on the same 2 cores
 - ``mosquitto``: Mosquitto 2 (one process, its queue limit lifted);
 - ``node``: twistmq in one process (the embedded default);
 - ``1 proxy``: a broker process + one proxy process (``./dev cluster up --proxies 1``);
-- ``2 proxies``: a broker + two proxies sharing the MQTT port (``--shared-port``, SO_REUSEPORT);
-- ``3 replicas`` (``--setups r3``): ``1 proxy`` with a group of 3 brokers (``--replicas 3``): the master
-  streams its log to two slaves. PUBACK does not wait for them yet, so this is what replication costs the
-  master and the machine, not an acknowledgement policy's latency.
+- ``2 proxies``: a broker + two proxies sharing the MQTT port (``--shared-port``, SO_REUSEPORT).
 
 Scenarios (``bench/loadgen.py``): fan-in QoS 1 (4 publishers, window 100 → one
 ``dev/+/temp`` subscriber), fan-out (1 QoS 0 publisher → 500 subscribers) and
@@ -45,16 +42,15 @@ BASE_CONFIG = "[mqtt]\nallow_anonymous = true\n"
 class ClusterSetup:
     """A broker and ``proxies`` proxies from the launcher; MQTT on the first proxy's port (shared if 2)."""
 
-    def __init__(self, proxies: int, replicas: int = 1) -> None:
+    def __init__(self, proxies: int) -> None:
         self.proxies = proxies
-        self.replicas = replicas
-        self.name = f"{proxies} prox{'y' if proxies == 1 else 'ies'}" if replicas == 1 else f"{replicas} replicas"
+        self.name = f"{proxies} prox{'y' if proxies == 1 else 'ies'}"
 
     def start(self, workdir: Path):
         base = workdir / "base.toml"
         base.write_text(BASE_CONFIG)
         doc = launcher.up(str(workdir / "c"), groups=1, proxies=self.proxies, shared_port=self.proxies > 1,
-                          base_config=str(base), replicas=self.replicas)
+                          base_config=str(base))
         self.root = str(workdir / "c")
         proxy = [p for p in doc["processes"] if p["role"] == "proxy"][0]
         self.pids = [p["pid"] for p in doc["processes"]]
@@ -105,8 +101,6 @@ def build_setups(wanted) -> list:
     if "node" in wanted:
         setups.append(SingleSetup("twistmq", "node"))
     setups += [ClusterSetup(int(n)) for n in ("1", "2") if n in wanted]
-    if "r3" in wanted:
-        setups.append(ClusterSetup(1, replicas=3))
     return setups
 
 
