@@ -194,6 +194,10 @@ class HAMaster(service.Service):
         """Fires with the confirm offset once it reaches ``offset`` (the end of a record to acknowledge)."""
         return self.waiters.wait(offset)
 
+    def reset_sync_state_set(self, members: frozenset[str] = frozenset(), epoch: int = 0) -> None:
+        """Start over with ``members`` (this broker alone by default): a new mastership's set."""
+        self.sync = SyncStateSet(self.node_id, members, epoch, self.settings.max_time_not_caught_up_s)
+
     # -- epochs -------------------------------------------------------------------------------------
 
     def next_epoch(self) -> int:

@@ -28,14 +28,13 @@ import ipaddress
 import logging
 import signal
 
-from twisted.internet import endpoints
+from twisted.internet import defer, endpoints
 from twisted.python import usage
 
 from cluster.local.parts import StoreParts
 from cluster.local.session_interest import SessionInterest
-from cluster.replication.master import HAMaster
+from cluster.replication.role import ReplicaRole
 from cluster.replication.settings import HASettings
-from cluster.replication.slave import HASlave
 from cluster.remote.server import StoreServer
 from cluster.roles.common import default_node_id, health_probe, member_agent, rpc_and_http_listeners
 from cluster.rpc.dispatch import Dispatcher
@@ -168,15 +167,12 @@ class BrokerParts:
         site = store_site(self.state.store, [self.metrics], self._extra_stats)
         store = self.state.store
         ha_settings = HASettings(secret=cluster.secret, max_time_not_caught_up_s=cluster.ha_max_time_slave_not_catchup)
-        self.ha_master = HAMaster(store, cluster.node_id, ha_settings, reactor)
-        self.ha_slave: HASlave | None = None
+        self.replication = ReplicaRole(store, cluster.node_id, ha_settings, reactor, cluster.ha_async_learner)
         if cluster.ha_master:
-            store.replica_of = cluster.ha_master
-            self.ha_slave = HASlave(store, cluster.node_id, endpoints.clientFromString(reactor, cluster.ha_master),
-                                    cluster.ha_master, ha_settings, reactor, async_learner=cluster.ha_async_learner)
+            store.replica_of = cluster.ha_master  # from the start: nothing may write before replication begins
         self.listeners = []
         for listener in cfg.listeners:
-            factory = {"rpc": self.rpc, "ha": self.ha_master.factory}.get(listener.key, site)
+            factory = {"rpc": self.rpc, "ha": self.replication.master.factory}.get(listener.key, site)
             self.listeners.append(ListenerService(listener, endpoints.serverFromString(reactor, listener.description),
                                                   factory))
         self.agent = member_agent(reactor, cfg, "broker", self.listeners, health)  # None: static membership
@@ -192,27 +188,22 @@ class BrokerParts:
         cl = self.state.store.commit_log
         last = self.state.store.epochs.last
         stats = {"max_offset": cl.max_offset, "epoch": last.epoch if last else 0}
-        if self.ha_slave is not None:
-            stats.update(slave=1, confirm_offset=self.ha_slave.confirm_offset,
-                         transferring=int(self.ha_slave.transferring))
-        elif self.ha_master.running:
-            stats.update(slave=0, confirm_offset=self.ha_master.update_confirm(),
-                         sync_state_set=len(self.ha_master.sync.members),
-                         sync_state_set_epoch=self.ha_master.sync.epoch, slaves=len(self.ha_master.connections))
+        slave, master = self.replication.slave, self.replication.master
+        if slave is not None:
+            stats.update(slave=1, confirm_offset=slave.confirm_offset, transferring=int(slave.transferring))
+        elif master.running:
+            stats.update(slave=0, confirm_offset=master.update_confirm(), sync_state_set=len(master.sync.members),
+                         sync_state_set_epoch=master.sync.epoch, slaves=len(master.connections))
         return stats
 
-    def start_replication(self) -> None:
+    def start_replication(self) -> defer.Deferred | None:
         """After recovery: a slave starts replicating; a master with ha listeners begins its next epoch."""
-        if self.ha_slave is not None:
-            self.ha_slave.startService()
-        elif any(listener.key == "ha" for listener in self.cfg.listeners):
-            self.ha_master.begin_epoch(self.ha_master.next_epoch())
-            self.ha_master.startService()
-
-    def stop_replication(self):
-        if self.ha_slave is not None:
-            return self.ha_slave.stopService()
-        return self.ha_master.stopService()
+        cluster = self.cfg.cluster
+        if cluster.ha_master:
+            return self.replication.become_slave(cluster.ha_master)
+        if any(listener.key == "ha" for listener in self.cfg.listeners):
+            return self.replication.become_master()
+        return None
 
 
 def broker_tree(parts: BrokerParts) -> RoleService:
@@ -229,9 +220,9 @@ def broker_tree(parts: BrokerParts) -> RoleService:
         # ACL or certificate to re-read, so it only says it heard.
         SignalService("reload", signal.SIGHUP, lambda: log.info("reload_ok role=broker files=none"), parts.reactor),
         # A slave runs no timers: its master delivers them, and a record of its own would fork its log.
-        *[Part("timers", stop=parts.state.timers.stop) if parts.ha_slave is not None and p.name == "timers" else p
+        *[Part("timers", stop=parts.state.timers.stop) if cfg.cluster.ha_master and p.name == "timers" else p
           for p in parts.state.tree_parts()],
-        Part("replication", start=parts.start_replication, stop=parts.stop_replication),
+        Part("replication", start=parts.start_replication, stop=parts.replication.stop),
         Part("session-interest", start=parts.local.restore),
         *parts.listeners,
         Part("rpc-goodbye", stop=parts.rpc.stop),  # stops before the listeners close: peers hear why

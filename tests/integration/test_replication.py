@@ -11,6 +11,7 @@ from twisted.trial import unittest
 
 import lightqueue
 from cluster.replication.master import HAMaster
+from cluster.replication.role import ReplicaRole
 from cluster.replication.settings import HASettings
 from cluster.replication.slave import HASlave
 from cluster.tools.certs import make_ca, make_server_cert, write_issued
@@ -274,4 +275,32 @@ class ReplicationTest(unittest.TestCase):
         await _until(lambda: s_store.commit_log.max_offset == end, "the learner to catch up")
         await task.deferLater(reactor, 3 * SETTINGS.check_interval_s, lambda: None)  # checks that could expand
         self.assertEqual(master.sync.members, {"b1"})
+
+    async def test_a_manual_switch_makes_the_slave_master_and_the_master_its_slave(self):
+        """become_master on the slave and become_slave on the master swap them: the new master takes writes in
+        epoch 2, the old one refuses writes, truncates what it wrote alone, and follows the new one."""
+        a_store, b_store = self._store("a"), self._store("b")
+        a, b = ReplicaRole(a_store, "a", SETTINGS, reactor), ReplicaRole(b_store, "b", SETTINGS, reactor)
+        self.addCleanup(a.stop)
+        self.addCleanup(b.stop)
+        a_port = await endpoints.serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(a.master.factory)
+        b_port = await endpoints.serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(b.master.factory)
+        self.addCleanup(a_port.stopListening)
+        self.addCleanup(b_port.stopListening)
+        await a.become_master(1)
+        await b.become_slave(f"tcp:127.0.0.1:{a_port.getHost().port}")
+        await self._put(a_store, [Message(topic="t", body=b"one %d" % i) for i in range(5)])
+        refused = await b_store.put(Message(topic="t", body=b"to the slave"))
+        self.assertEqual(refused.status.name, "SERVICE_NOT_AVAILABLE")
+        await _until(lambda: b_store.commit_log.max_offset == a_store.commit_log.max_offset, "b to catch up")
+        await b.become_master(2)
+        # a is not told yet (no controllers here): a write it takes alone is what the switch must cut
+        await self._put(a_store, [Message(topic="t", body=b"alone")])
+        await a.become_slave(f"tcp:127.0.0.1:{b_port.getHost().port}")
+        await self._put(b_store, [Message(topic="t", body=b"two %d" % i) for i in range(3)])
+        await _until(lambda: self._raw(a_store) == self._raw(b_store), "a to follow b")
+        self.assertEqual([e.epoch for e in a_store.epochs.entries], [1, 2])
+        self.assertNotIn(b"alone", self._raw(a_store))
+        self.assertFalse(a.is_master)
+        self.assertTrue(b.is_master)
 
