@@ -14,6 +14,7 @@ epochs; without them a master takes one past the newest it has seen).
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 from twisted.internet import defer, endpoints
 
@@ -30,7 +31,10 @@ class ReplicaRole:
     """The replication side of one broker: ``master`` always, ``slave`` while it replicates."""
 
     def __init__(self, store: MessageStore, node_id: str, settings: HASettings, reactor,
-                 async_learner: bool = False) -> None:
+                 async_learner: bool = False, on_role: Callable[[str], None] | None = None) -> None:
+        """``on_role("master" | "slave")`` runs at each switch: the broker starts or pauses what only a master
+        runs (timers)."""
+        self.on_role = on_role or (lambda role: None)
         self.store = store
         self.node_id = node_id
         self.settings = settings
@@ -53,6 +57,7 @@ class ReplicaRole:
             if not self.master.running:
                 self.master.reset_sync_state_set()
                 self.master.startService()
+            self.on_role("master")
             log.info("ha_role role=master epoch=%d start_offset=%d", entry.epoch, entry.start_offset)
             return entry
 
@@ -61,6 +66,7 @@ class ReplicaRole:
     def become_slave(self, master_endpoint: str) -> defer.Deferred:
         """Replicate from ``master_endpoint`` (a client endpoint string); writes are refused from now on."""
         self.store.replica_of = master_endpoint
+        self.on_role("slave")
         stopping = [self._stop_slave()]
         if self.master.running:
             stopping.append(self.master.stopService())

@@ -167,7 +167,8 @@ class BrokerParts:
         site = store_site(self.state.store, [self.metrics], self._extra_stats)
         store = self.state.store
         ha_settings = HASettings(secret=cluster.secret, max_time_not_caught_up_s=cluster.ha_max_time_slave_not_catchup)
-        self.replication = ReplicaRole(store, cluster.node_id, ha_settings, reactor, cluster.ha_async_learner)
+        self.replication = ReplicaRole(store, cluster.node_id, ha_settings, reactor, cluster.ha_async_learner,
+                                       on_role=self._role_changed)
         if cluster.ha_master:
             store.replica_of = cluster.ha_master  # from the start: nothing may write before replication begins
         self.listeners = []
@@ -196,6 +197,13 @@ class BrokerParts:
                          sync_state_set_epoch=master.sync.epoch, slaves=len(master.connections))
         return stats
 
+    def _role_changed(self, role: str) -> None:
+        # A slave runs no timers: its master delivers them, and a record of its own would fork its log.
+        if role == "master":
+            self.state.timers.start()
+        else:
+            self.state.timers.pause()
+
     def start_replication(self) -> defer.Deferred | None:
         """After recovery: a slave starts replicating; a master with ha listeners begins its next epoch."""
         cluster = self.cfg.cluster
@@ -219,7 +227,7 @@ def broker_tree(parts: BrokerParts) -> RoleService:
         # systemctl reload sends SIGHUP, whose default action ends the process: a broker has no password file,
         # ACL or certificate to re-read, so it only says it heard.
         SignalService("reload", signal.SIGHUP, lambda: log.info("reload_ok role=broker files=none"), parts.reactor),
-        # A slave runs no timers: its master delivers them, and a record of its own would fork its log.
+        # A slave runs no timers (the replication part starts and pauses them at each switch).
         *[Part("timers", stop=parts.state.timers.stop) if cfg.cluster.ha_master and p.name == "timers" else p
           for p in parts.state.tree_parts()],
         Part("replication", start=parts.start_replication, stop=parts.replication.stop),

@@ -280,7 +280,9 @@ class ReplicationTest(unittest.TestCase):
         """become_master on the slave and become_slave on the master swap them: the new master takes writes in
         epoch 2, the old one refuses writes, truncates what it wrote alone, and follows the new one."""
         a_store, b_store = self._store("a"), self._store("b")
-        a, b = ReplicaRole(a_store, "a", SETTINGS, reactor), ReplicaRole(b_store, "b", SETTINGS, reactor)
+        roles = {"a": [], "b": []}
+        a = ReplicaRole(a_store, "a", SETTINGS, reactor, on_role=roles["a"].append)
+        b = ReplicaRole(b_store, "b", SETTINGS, reactor, on_role=roles["b"].append)
         self.addCleanup(a.stop)
         self.addCleanup(b.stop)
         a_port = await endpoints.serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(a.master.factory)
@@ -303,4 +305,5 @@ class ReplicationTest(unittest.TestCase):
         self.assertNotIn(b"alone", self._raw(a_store))
         self.assertFalse(a.is_master)
         self.assertTrue(b.is_master)
+        self.assertEqual(roles, {"a": ["master", "slave"], "b": ["slave", "master"]})  # what starts/pauses timers
 

@@ -70,3 +70,18 @@ def test_a_slave_store_refuses_every_put(tmp_path):
     assert "slave of tcp:127.0.0.1:7850" in got[0].reason
     assert store.commit_log.max_offset == 0
     store.close()
+
+
+def test_paused_timers_deliver_nothing_until_started_again(tmp_path):
+    """A broker that becomes a slave pauses its timers (its master delivers); when it is master again they
+    deliver what came due meanwhile."""
+    from tests.unit.test_timer_service import Node
+
+    n = Node(tmp_path)
+    n.schedule(Message("dev/1/cmd", b"later", qos=1), n.now_ms() + 500)
+    n.timers.pause()
+    n.run_for(2.0)
+    assert n.bodies("%TOPIC%dev") == []
+    n.timers.start()
+    n.run_for(0.5)
+    assert n.bodies("%TOPIC%dev") == [b"later"]
