@@ -85,3 +85,24 @@ def test_paused_timers_deliver_nothing_until_started_again(tmp_path):
     n.timers.start()
     n.run_for(0.5)
     assert n.bodies("%TOPIC%dev") == [b"later"]
+
+
+def test_a_slave_retention_keeps_what_its_master_would_carry_and_deletes_the_rest(tmp_path):
+    """A slave writes no carried copies (a put would fork its log): its retention deletes the segments below the
+    oldest record a carrier still needs and keeps that one, instead of failing the whole pass."""
+    from tests.unit.test_retention import Node, _msgs, _publish
+
+    node = Node(tmp_path / "n")
+    try:
+        _publish(node, "noise/0", _msgs(0, 100))
+        _publish(node, "keep/r", [b"value"], retain=True)
+        _publish(node, "noise/1", _msgs(100, 200))
+        kept = node.retained.get("keep/r").cl_offset
+        node.store.replica_of = "tcp:127.0.0.1:7850"
+        report = node.retention()
+        assert report.carried == 0 and report.deleted
+        assert 0 < node.store.commit_log.min_offset <= kept
+        assert node.retained.get("keep/r").cl_offset == kept
+    finally:
+        node.store.replica_of = ""
+        node.close()
