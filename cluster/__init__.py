@@ -21,18 +21,19 @@ Rooms (sub-packages), read as the architecture:
   timer) and snowflake ids.
 - ``tools``: developer tools (the local-cluster launcher, test certificates, the
   password-file editor behind ``twistmq-admin``).
-- ``replication``: broker-group replication, the Twisted adapters of the store's sans-IO HA
-  logic (``store.ha_*``): the master's ``ha`` listener with the SyncStateSet and confirm offset,
-  and the slave's client that truncates, appends and acks.
 - Directly here: ``tap`` (twistd's entry point) and ``routing`` (the hash-slot table, pure).
+
+And ``replication``: broker-group replication, the Twisted adapters of the store's sans-IO HA
+logic (``store.ha_*``): the master's ``ha`` listener with the SyncStateSet and confirm offset, the
+slave's client that truncates, appends and acks, and the switch between the two. It imports only
+``rpc`` and ``runtime`` (roles wire it to a store); ``runtime``, ``local``, ``remote`` and ``rpc``
+never import it.
 
 Rules between the rooms (``.importlinter`` checks them in ``./dev test``): roles may import
 every room, but no role module imports another; ``runtime`` imports no other room (its
 config gathers ``admin.config``); ``local`` never imports ``remote`` and ``remote`` never
 imports ``local``; ``rpc`` imports neither store implementation, nor ``runtime``; ``admin``
 and ``tools`` import no role, store implementation or ``rpc``; ``routing`` imports no room; ``discovery`` imports only ``rpc`` and ``runtime``;
-``controller`` imports ``rpc``, ``runtime``, ``routing`` and ``discovery`` (the lease table runs on its leader);
-``replication`` imports only ``rpc`` and ``runtime`` (roles wire it to a store), and ``runtime``, ``local``,
-``remote`` and ``rpc`` never import it.
+``controller`` imports ``rpc``, ``runtime``, ``routing`` and ``discovery`` (the lease table runs on its leader).
 The rules between top-level packages are DESIGN.md's package table.
 """
