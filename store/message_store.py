@@ -196,6 +196,7 @@ class MessageStore:
         self._index: QueueIndex | None = None
         self._listeners: list[Callable[[set[str]], None]] = []
         self._append_listeners: list[Callable[[int], None]] = []
+        self._truncate_listeners: list[Callable[[int], None]] = []
         self.epochs = EpochFile(data_dir)
         """Which master epoch wrote which stretch of the log (broker groups; ``store.ha_epochs``)."""
         self._observer = observer or StoreObserver()
@@ -233,6 +234,11 @@ class MessageStore:
     def add_listener(self, callback: Callable[[set[str]], None]) -> None:
         """``callback(queue_names)`` runs after each tick's dispatch with the queues that gained entries."""
         self._listeners.append(callback)
+
+    def add_truncate_listener(self, callback: Callable[[int], None]) -> None:
+        """``callback(offset)`` after ``truncate`` cut the log to ``offset``: state kept outside the dispatchers
+        (the native engine's cursors and prefetched messages) forgets what pointed past it."""
+        self._truncate_listeners.append(callback)
 
     def add_append_listener(self, callback: Callable[[int], None]) -> None:
         """``callback(log_end)`` runs after every append is written (replication sends what is new)."""
@@ -673,6 +679,8 @@ class MessageStore:
             disp.truncate_to(offset)
         self.epochs.truncate_suffix(offset)
         self._replay()  # what a dispatcher that rebuilt needs again
+        for listener in self._truncate_listeners:
+            listener(offset)
         log.warning("store_truncated offset=%d bytes=%d", offset, cut)
         return cut
 
