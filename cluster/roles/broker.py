@@ -150,6 +150,11 @@ class BrokerParts:
         self.cfg = cfg
         cluster = cfg.cluster
         self.state = StoreParts(reactor, cfg)
+        ha_settings = HASettings(secret=cluster.secret, max_time_not_caught_up_s=cluster.ha_max_time_slave_not_catchup)
+        self.replication = ReplicaRole(self.state.store, cluster.node_id, ha_settings, reactor,
+                                       cluster.ha_async_learner, on_role=self._role_changed)
+        if cluster.ha_master:  # from the start: nothing may write before replication begins
+            self.state.store.replica_of = cluster.ha_master
         self.state.hold_stored_sessions()
         # the broker's own interest in stored sessions' filters: they miss nothing while their proxy is gone
         local_store = self.state.local_store(cluster.group)
@@ -165,12 +170,6 @@ class BrokerParts:
         self.rpc = RpcServerFactory(hello, settings, reactor, self.dispatcher, health=health)
         self.rpc.on_lost(self.server.connection_lost)
         site = store_site(self.state.store, [self.metrics], self._extra_stats)
-        store = self.state.store
-        ha_settings = HASettings(secret=cluster.secret, max_time_not_caught_up_s=cluster.ha_max_time_slave_not_catchup)
-        self.replication = ReplicaRole(store, cluster.node_id, ha_settings, reactor, cluster.ha_async_learner,
-                                       on_role=self._role_changed)
-        if cluster.ha_master:
-            store.replica_of = cluster.ha_master  # from the start: nothing may write before replication begins
         self.listeners = []
         for listener in cfg.listeners:
             factory = {"rpc": self.rpc, "ha": self.replication.master.factory}.get(listener.key, site)
@@ -180,10 +179,9 @@ class BrokerParts:
 
     def _extra_stats(self):
         native = self.state.native
-        return [("native", native.stats()), ("timer", self.state.timers.stats()),
+        return [("ha", self._ha_stats()), ("native", native.stats()), ("timer", self.state.timers.stats()),
                 ("rpc", {"watches": self.server.watches, "filters": self.server.filters,
-                         "session_filters": self.local.held}),
-                ("ha", self._ha_stats())]
+                         "session_filters": self.local.held})]
 
     def _ha_stats(self) -> dict[str, float]:
         cl = self.state.store.commit_log
@@ -227,12 +225,12 @@ def broker_tree(parts: BrokerParts) -> RoleService:
         # systemctl reload sends SIGHUP, whose default action ends the process: a broker has no password file,
         # ACL or certificate to re-read, so it only says it heard.
         SignalService("reload", signal.SIGHUP, lambda: log.info("reload_ok role=broker files=none"), parts.reactor),
-        # A slave runs no timers (the replication part starts and pauses them at each switch).
-        *[Part("timers", stop=parts.state.timers.stop) if cfg.cluster.ha_master and p.name == "timers" else p
-          for p in parts.state.tree_parts()],
-        Part("replication", start=parts.start_replication, stop=parts.replication.stop),
+        *parts.state.tree_parts(),
         Part("session-interest", start=parts.local.restore),
         *parts.listeners,
+        # After the listeners: an ha listener refuses slaves until this broker serves as master; a slave's store
+        # refuses writes from the start. Pauses the timers on a slave, which its master delivers.
+        Part("replication", start=parts.start_replication, stop=parts.replication.stop),
         Part("rpc-goodbye", stop=parts.rpc.stop),  # stops before the listeners close: peers hear why
         *([parts.agent] if parts.agent is not None else []),  # registers once the listeners are bound
         Part("collector", start=parts.state.collector.start, stop=parts.state.collector.stop),  # after recovery
