@@ -30,8 +30,11 @@ Rooms (sub-packages), read as the architecture:
   password-file editor behind ``twistmq-admin``).
 - Directly here: ``tap`` (twistd's entry point) and ``routing`` (the hash-slot table, pure).
 
-Room still to come: ``replication``
-(the Twisted adapters of the store's sans-IO HA logic).
+And ``replication``: broker-group replication, the Twisted adapters of the store's sans-IO HA
+logic (``store.ha_*``): the master's ``ha`` listener with the SyncStateSet and confirm offset, the
+slave's client that truncates, appends and acks, and the switch between the two. It imports only
+``rpc`` and ``runtime`` (roles wire it to a store); ``runtime``, ``local``, ``remote`` and ``rpc``
+never import it.
 
 Rules between the rooms (``.importlinter`` checks them in ``./dev test``): roles may import
 every room, but no role module imports another; ``runtime`` imports no other room (its

@@ -196,6 +196,28 @@ class NativeEngine:
         self.kv.stage(self._ckey(b"f|", c.queue, c.group) + b"\x00" + _U64.pack(msg_id), None)
         return _STAGED
 
+    def log_truncated_to(self, cl_offset: int) -> None:
+        """The log was cut back to ``cl_offset`` (a replica's handshake): forget what pointed past it.
+
+        Prefetched messages go; a cursor past its queue's new end moves back to it
+        (the queue's next entries are new records); an in-flight message whose record
+        was cut is dropped (it was never confirmed by anyone who will see it again).
+        """
+        self._buffers.clear()
+        moved = dropped = 0
+        for c in self._cursors.values():
+            top = self._max_offset(c.queue)
+            if c.offset > top:
+                c.offset = top
+                self._save_offset(c)
+                moved += 1
+            for msg_id, e in list(c.inflight.items()):
+                if e.cl_offset >= cl_offset:
+                    c.ack(msg_id)
+                    self._drop_inflight(c, msg_id)
+                    dropped += 1
+        log.warning("native_truncated cl_offset=%d cursors_moved=%d inflight_dropped=%d", cl_offset, moved, dropped)
+
     def reads_soon(self, queues) -> bool:
         """Store ``read_soon`` hook: a consumer close to the tail of one of ``queues`` will read the append.
 

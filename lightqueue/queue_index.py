@@ -518,6 +518,39 @@ class LightQueueIndex(DispatcherBase):
             self._db.write(wb, self._wo)
         log.info("lightqueue_retention min_cl_offset=%d queues_moved=%d", min_cl_offset, changed)
 
+    def truncate_to(self, cl_offset: int) -> None:
+        """The log now ends at ``cl_offset`` (a replica's handshake cut it): every entry at or past it goes.
+
+        Each queue's end moves back to its first entry at or past the cut; the
+        run holding that entry is rewritten with the entries before it, later
+        runs are deleted. One WriteBatch with the new checkpoint, like a dispatch.
+        """
+        wb = WriteBatch(raw_mode=True)
+        changed = 0
+        for name, qid in self._ids.items():
+            lo, hi = self._min[qid], self._max[qid]
+            new_hi = self._first_at_or_after(qid, lo, hi, cl_offset)
+            if new_hi == hi:
+                continue
+            self._tails.pop(qid, None)
+            run = self._run_at(qid, new_hi)
+            first = new_hi if run is None else run[0]
+            wb.delete_range(_KEY.pack(qid, first), _KEY.pack(qid + 1, 0), self._entries_cf)
+            if run is not None and first < new_hi:
+                wb.put(_KEY.pack(qid, first), run[1][:(new_hi - first) * _VALUE.size], self._entries_cf)
+            self._max[qid] = new_hi
+            wb.put(b"q" + _U64.pack(qid), _META.pack(lo, new_hi, self._last_ts[qid]) + name.encode("utf-8"),
+                   self._meta_cf)
+            changed += 1
+        self.dispatched_offset = min(self.dispatched_offset, cl_offset)
+        self._replay_bound = min(self._replay_bound, cl_offset)
+        self._replay_last_cl = {q: c for q, c in self._replay_last_cl.items() if c < cl_offset}
+        checkpoint = _U64.pack(self.dispatched_offset)
+        wb.put(_CHECKPOINT, checkpoint, self._meta_cf)
+        wb.put(_ENTRIES_CHECKPOINT, checkpoint, self._entries_cf)
+        self._db.write(wb, self._wo)
+        log.warning("lightqueue_truncated cl_offset=%d queues_cut=%d", cl_offset, changed)
+
     def _first_at_or_after(self, qid: int, lo: int, hi: int, cl_offset: int) -> int:
         """Binary search: the first queue offset whose entry is at or after ``cl_offset``."""
         while lo < hi:

@@ -239,6 +239,71 @@ class CommitLog:
             f.truncate(offset - seg.base)
             os.fsync(f.fileno())
 
+    def truncate_to(self, offset: int) -> int:
+        """Cut the log back so that it ends at ``offset``, a record boundary; return the bytes removed.
+
+        A replica's handshake does this (``store.ha_connection.Truncate``) with the
+        same cut recovery makes of a torn tail. Everything written before is
+        fsynced first, so the checkpoint never claims a byte that is gone.
+        """
+        if self._write_fd is None:
+            raise CommitLogError("commit log is not open")
+        end = self.max_offset
+        if not self.min_offset <= offset <= end:
+            raise CommitLogError(f"cannot truncate to {offset}: the log holds [{self.min_offset}, {end})")
+        if offset == end:
+            return 0
+        seg = self._segment_for(offset)
+        try:
+            rec.check_header(os.pread(self._read_fd(seg), rec.HEADER_SIZE, offset - seg.base))
+        except rec.RecordError as exc:
+            raise CommitLogError(f"cannot truncate to {offset}: no record starts there ({exc})") from None
+        self.sync()
+        with self._sync_lock, self._fd_lock:
+            os.close(self._write_fd)
+            self._write_fd = None
+            report = RecoveryReport(truncated_at=offset, truncated_bytes=end - offset, reason="replica truncation")
+            self._truncate(offset, report)
+            last = self._segments[-1]
+            self._write_fd = os.open(last.path, os.O_WRONLY | os.O_APPEND)
+            self._write_base, self._write_pos = last.base, offset - last.base
+            fsync_dir(self.directory)
+            self.synced_offset = min(self.synced_offset, offset)
+            self._write_checkpoint(self.synced_offset)
+        log.warning("commitlog_truncated at=%d bytes=%d reason=replica removed_segments=%d",
+                    offset, end - offset, len(report.removed_segments))
+        return end - offset
+
+    def read_raw(self, offset: int, max_bytes: int) -> bytes:
+        """Up to ``max_bytes`` bytes of the log from ``offset``, from one segment (replication's reads)."""
+        seg = self._segment_for(offset)
+        stop = min(self.max_offset, offset + max_bytes)
+        return os.pread(self._read_fd(seg), stop - offset, offset - seg.base)
+
+    def append_at(self, offset: int, data: bytes, sizes: list[int] | None = None) -> None:
+        """Append records someone else wrote (a replica's copy of its master's log) at exactly ``offset``.
+
+        ``sizes`` are the records' sizes when the caller decoded them already.
+        Offsets are dense, so every record keeps its master's offset; the
+        segments roll as this log's own size says, like any append.
+        """
+        if offset != self.max_offset:
+            raise CommitLogError(f"replicated records at {offset}, but this log ends at {self.max_offset}")
+        if sizes is None:
+            sizes = []
+            pos = 0
+            while pos < len(data):
+                sizes.append(rec.check_header(data, pos))
+                pos += sizes[-1]
+        if sum(sizes) != len(data):
+            raise CommitLogError(f"record sizes add up to {sum(sizes)}, the data has {len(data)} bytes")
+        view = memoryview(data)
+        chunks, pos = [], 0
+        for size in sizes:
+            chunks.append(view[pos:pos + size])
+            pos += size
+        self.append(chunks)
+
     # -- durability --------------------------------------------------------------
 
     def sync(self) -> int:

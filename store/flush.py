@@ -52,6 +52,10 @@ class AsyncFlush:
         if self._dirty and self._running is None:
             self.flush_now()
 
+    def truncated(self, offset: int) -> None:
+        """The log was cut back to ``offset``: what lies past it is not synced."""
+        self.synced_offset = min(self.synced_offset, offset)
+
     def flush_now(self) -> defer.Deferred:
         """Fsync what is written so far (joins a running fsync if there is one)."""
         if self._running is not None:
@@ -85,6 +89,7 @@ class SyncFlush:
         self._running = False
         self.synced_offset = 0
         self.fsyncs = 0  # how many fsyncs ran (group commit shows as fsyncs < batches)
+        self._generation = 0  # bumped by a truncation: an fsync started before it proves nothing after it
 
     def start(self) -> None:
         pass
@@ -106,16 +111,23 @@ class SyncFlush:
         self._kick()
         return d
 
+    def truncated(self, offset: int) -> None:
+        """The log was cut back to ``offset``: what lies past it is not synced, whatever an fsync running now says."""
+        self.synced_offset = min(self.synced_offset, offset)
+        self._generation += 1
+
     def _kick(self) -> None:
         if self._running or not self._waiters:
             return
         self._running = True
         self.fsyncs += 1
-        self._executor.submit(self._sync).addCallbacks(self._synced, self._failed)
+        self._executor.submit(self._sync).addCallbacks(self._synced, self._failed,
+                                                       callbackArgs=(self._generation,))
 
-    def _synced(self, offset: int) -> None:
+    def _synced(self, offset: int, generation: int = 0) -> None:
         self._running = False
-        self.synced_offset = max(self.synced_offset, offset)
+        if generation == self._generation:
+            self.synced_offset = max(self.synced_offset, offset)
         ready = [d for end, d in self._waiters if end <= self.synced_offset]
         self._waiters = [(end, d) for end, d in self._waiters if end > self.synced_offset]
         for d in ready:

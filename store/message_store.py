@@ -25,6 +25,7 @@ from store.api import AppendResult, AppendStatus
 from store.commit_log import CommitLog, CommitLogError
 from store.config import StoreConfig
 from store.flush import make_flush_policy
+from store.ha_epochs import EpochFile
 from store.retention import Retention
 
 log = logging.getLogger("twistmq.store")
@@ -99,6 +100,9 @@ class Dispatcher(Protocol):
     def log_truncated(self, min_cl_offset: int) -> None:
         """Retention deleted the log below ``min_cl_offset``."""
 
+    def truncate_to(self, cl_offset: int) -> None:
+        """The log was cut back to end at ``cl_offset`` (a replica's handshake): forget what was past it."""
+
     def flush(self) -> None:
         """Persist what was indexed (on the executor's thread)."""
 
@@ -114,6 +118,10 @@ class DispatcherBase:
 
     def log_truncated(self, min_cl_offset: int) -> None:
         return None
+
+    def truncate_to(self, cl_offset: int) -> None:
+        """By default forget everything: the store replays the log that is left into it."""
+        self.reset()
 
     def flush(self) -> None:
         return None
@@ -187,6 +195,10 @@ class MessageStore:
         self._dispatchers: list[Dispatcher] = []
         self._index: QueueIndex | None = None
         self._listeners: list[Callable[[set[str]], None]] = []
+        self._append_listeners: list[Callable[[int], None]] = []
+        self._truncate_listeners: list[Callable[[int], None]] = []
+        self.epochs = EpochFile(data_dir)
+        """Which master epoch wrote which stretch of the log (broker groups; ``store.ha_epochs``)."""
         self._observer = observer or StoreObserver()
         self._pending: list[tuple[Sequence[rec.Message], object]] = []  # (messages, whom to answer)
         self._drain_call = None
@@ -204,6 +216,9 @@ class MessageStore:
         self.retention = Retention(self, clock)
         self.visible_offset = 0
         """Commit-log offset below which records are durable under the flush policy: reads stop there."""
+        self._truncations = 0  # cuts so far: a write acknowledged after a later cut must not move visible_offset
+        self.replica_of = ""
+        """Set on a slave (its master's address): the log takes only its master's records, every put is refused."""
 
     # -- wiring ------------------------------------------------------------------
 
@@ -220,11 +235,23 @@ class MessageStore:
         """``callback(queue_names)`` runs after each tick's dispatch with the queues that gained entries."""
         self._listeners.append(callback)
 
+    def add_truncate_listener(self, callback: Callable[[int], None]) -> None:
+        """``callback(offset)`` after ``truncate`` cut the log to ``offset``: state kept outside the dispatchers
+        (the native engine's cursors and prefetched messages) forgets what pointed past it."""
+        self._truncate_listeners.append(callback)
+
+    def add_append_listener(self, callback: Callable[[int], None]) -> None:
+        """``callback(log_end)`` runs after every append is written (replication sends what is new)."""
+        self._append_listeners.append(callback)
+
     # -- lifecycle ---------------------------------------------------------------
 
     def open(self) -> None:
         """Lock the data dir, recover the log and replay it into every dispatcher."""
         self.commit_log.open()
+        self.epochs.load()
+        self.epochs.truncate_suffix(self.commit_log.max_offset)  # recovery may have cut the tail
+        self.epochs.truncate_prefix(self.commit_log.min_offset)
         self._replay()
         self.visible_offset = self.commit_log.max_offset  # what recovery found is on disk
         self.flush_policy.start()
@@ -319,8 +346,8 @@ class MessageStore:
     def put(self, message: rec.Message) -> defer.Deferred:
         """Store ``message`` once; fires with a PutResult when it is acknowledged."""
         d: defer.Deferred = defer.Deferred()
-        if not self.is_open:
-            d.callback(PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason="store is not open"))
+        if not self.is_open or self.replica_of:
+            d.callback(self._not_writable())
             return d
         self._pending.append(((message,), d))
         if self._drain_call is None:
@@ -333,8 +360,8 @@ class MessageStore:
         The MQTT hot path stores one message per PUBLISH; skipping the Deferred
         and its callbacks is a measurable share of that path.
         """
-        if not self.is_open:
-            on_done(PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason="store is not open"))
+        if not self.is_open or self.replica_of:
+            on_done(self._not_writable())
             return
         self._pending.append(((message,), on_done))
         if self._drain_call is None:
@@ -349,12 +376,19 @@ class MessageStore:
         if not messages:
             on_done([])
             return
-        if not self.is_open:
-            on_done([PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason="store is not open")] * len(messages))
+        if not self.is_open or self.replica_of:
+            on_done([self._not_writable()] * len(messages))
             return
         self._pending.append((messages, _Batch(on_done)))
         if self._drain_call is None:
             self._drain_call = self._clock.callLater(0, self._drain)
+
+    def _not_writable(self) -> PutResult:
+        if not self.is_open:
+            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason="store is not open")
+        # A slave's log must stay a copy of its master's: one record of its own would make them differ.
+        return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason=f"this broker is a slave of {self.replica_of}: "
+                                                                 "writes go to the group's master")
 
     def put_batch(self, messages: Sequence[rec.Message]) -> defer.Deferred:
         """Store many messages in one write; fires with a list of PutResults in order."""
@@ -463,6 +497,8 @@ class MessageStore:
         self.puts += len(requests)
         self.bytes_in += sum(map(len, encoded))
         log_end = self.commit_log.max_offset
+        for appended in self._append_listeners:
+            appended(log_end)
         flushed = self.flush_policy.written(log_end)
 
         def acknowledge(_):
@@ -613,9 +649,73 @@ class MessageStore:
             lambda f: log.error("retention_failed error=%s", f.getTraceback()))
 
     def log_truncated(self) -> None:
-        """Retention deleted segments: every dispatcher moves past what is gone."""
+        """Retention deleted segments: every dispatcher moves past what is gone, and so do the epochs."""
         for disp in self._dispatchers:
             disp.log_truncated(self.commit_log.min_offset)
+        self.epochs.truncate_prefix(self.commit_log.min_offset)
+
+    # -- replicas ------------------------------------------------------------------
+
+    def truncate(self, offset: int) -> int:
+        """Cut the log back to end at ``offset`` and everything derived from it with it; return the bytes cut.
+
+        A replica's handshake does this (``store.ha_connection.Truncate``): the
+        light queues and topic queues drop their entries past ``offset``, the
+        other dispatchers (retained index, timers) rebuild from the log that is
+        left, and the epochs past it go.
+        """
+        self._drain()
+        cut = self.commit_log.truncate_to(offset)
+        if not cut:
+            return 0
+        for cl_offset in [o for o in self._recent if o >= offset]:
+            self._recent_bytes -= _size(self._recent.pop(cl_offset))
+        self._recent_order = deque(o for o in self._recent_order if o < offset)
+        self.visible_offset = min(self.visible_offset, offset)
+        # Offsets past the cut will hold other bytes: none of them is fsynced yet.
+        self.flush_policy.truncated(offset)
+        self._truncations += 1
+        for disp in self._dispatchers:
+            disp.truncate_to(offset)
+        self.epochs.truncate_suffix(offset)
+        self._replay()  # what a dispatcher that rebuilt needs again
+        for listener in self._truncate_listeners:
+            listener(offset)
+        log.warning("store_truncated offset=%d bytes=%d", offset, cut)
+        return cut
+
+    def append_replicated(self, offset: int, data: bytes, records: Sequence[rec.Record]) -> defer.Deferred:
+        """Append a master's records at ``offset`` (this log's end) and dispatch them as any append.
+
+        ``records`` are ``data`` decoded (the replication connection checked
+        each CRC). Fires with the new log end once written under the flush
+        policy; readers and watchers see the records from then on.
+        """
+        self._drain()
+        self.commit_log.append_at(offset, data, [r.size for r in records])
+        requests = [DispatchRequest(r.offset, r.size, r.store_ts, r.kind, r.topic, r.queues, dict(r.properties),
+                                    r.retain, len(r.body)) for r in records]
+        touched: set[str] = set()
+        for disp in self._dispatchers:
+            gained = disp.dispatch(requests)
+            if gained:
+                touched.update(gained)
+        self.puts += len(requests)
+        self.bytes_in += len(data)
+        log_end = self.commit_log.max_offset
+        for appended in self._append_listeners:
+            appended(log_end)
+        cuts = self._truncations
+
+        def visible(_):
+            if log_end > self.visible_offset and cuts == self._truncations:
+                self.visible_offset = log_end
+            if touched:
+                for listener in self._listeners:
+                    listener(touched)
+            return log_end
+
+        return self.flush_policy.written(log_end).addCallback(visible)
 
     def collect_idle_queues(self, owed: Container[str] = ()) -> int:
         """Delete light and topic queues nobody uses (no filter, no reader in ``owed``) and idle for a retention period."""

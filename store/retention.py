@@ -212,7 +212,13 @@ class Retention:
             if held is not None:
                 log.info("retention_held floor=%d owner=%r segments_kept=%d", plan.floor, plan.floor_owner,
                          plan.held)
-        if plan.count:
+        if plan.count and getattr(store, "replica_of", ""):
+            # A slave writes nothing of its own (its log is a copy of its master's): the master carries, and its
+            # copies arrive here; until then the segments holding what would be carried stay.
+            count = self._below_carried(plan.count)
+            if count:
+                self._delete(plan, count, report)
+        elif plan.count:
             new_min = store.commit_log.segments()[plan.count].base
             report.carried = yield self._carry(new_min)
             again = yield self._plan()  # positions may have moved while the carried records were written
@@ -221,6 +227,18 @@ class Retention:
                 self._delete(again, count, report)
         store.collect_idle_queues(plan.owed)  # a queue someone reads is not idle
         return report
+
+    def _below_carried(self, count: int) -> int:
+        """How many of the ``count`` leading segments hold nothing a carrier wants kept."""
+        segments = self._store.commit_log.segments()
+        wanted = [off for carrier in self._carriers for off, _size in carrier(segments[count].base)]
+        if not wanted:
+            return count
+        low = min(wanted)
+        n = 0
+        while n < count and segments[n + 1].base <= low:
+            n += 1
+        return n
 
     @defer.inlineCallbacks
     def _carry(self, below: int):

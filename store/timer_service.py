@@ -293,6 +293,12 @@ class TimerService(DispatcherBase):
         self._loop.clock = self._clock
         self._loop.start(self.tick_ms / 1000.0, now=True)
 
+    def pause(self) -> None:
+        """Stop advancing, keeping everything (the broker became a slave: its master delivers); ``start`` resumes."""
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+        self._loop = None
+
     def _now(self) -> int:
         return int(self._clock.seconds() * 1000)
 

@@ -39,6 +39,7 @@ class NativeService:
         self._opened = False
         self._stopped = False
         store.add_listener(self.engine.note_queues)
+        store.add_truncate_listener(self.engine.log_truncated_to)
 
     def open(self) -> defer.Deferred:
         """Load consumer offsets and in-flight state (call after ``store.open()``)."""

@@ -13,20 +13,29 @@ recovery is done and every listener is bound. If any listener flag is given,
 exactly the listeners given open; otherwise ``[cluster] rpc`` and ``[node]
 http`` of the config file. Its identity (``[cluster]`` cluster_id, node_id,
 group) is what RPC handshakes carry.
+
+Replication (``--ha LISTENER``, ``--ha-master ENDPOINT``; ``[cluster]`` ha,
+ha_master): a broker without ``ha_master`` is its group's master, begins a new
+epoch at each start and serves its log to slaves on its ``ha`` listeners; one
+with ``ha_master`` is a slave of it: it replicates the master's log, refuses
+client writes and runs no timers (its master delivers them).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import logging
 import signal
 
-from twisted.internet import endpoints
+from twisted.internet import defer, endpoints
 from twisted.python import usage
 
 from cluster.bridges.metrics import BridgeCollector
 from cluster.local.parts import StoreParts
 from cluster.local.session_interest import SessionInterest
+from cluster.replication.role import ReplicaRole
+from cluster.replication.settings import HASettings
 from cluster.remote.server import StoreServer
 from cluster.roles.common import (
     bridge_parts,
@@ -45,6 +54,7 @@ from cluster.rpc.server import RpcServerFactory
 from cluster.runtime import node_log
 from cluster.runtime.config import CONFIG_HELP, find_config, load_config, with_data_dir, with_flags
 from cluster.runtime.http import store_site
+from cluster.runtime.listeners import parse_listener
 from cluster.runtime.services import ListenerService, Part, ReadyLine, RoleService, SignalService
 from cluster.runtime.version import print_version, twistmq_version
 from store.config import ConfigError
@@ -64,6 +74,8 @@ class BrokerOptions(usage.Options):
         ["data-dir", "d", None, "data directory (overrides node.data_dir; default /var/lib/twistmq/broker)"],
         ["node-id", None, None, "this broker's member id (overrides cluster.node_id)"],
         ["group", None, None, "the broker group it serves (overrides cluster.group)"],
+        ["ha-master", None, None, "replicate from this master's ha listener, a client endpoint such as "
+                                  "tcp:127.0.0.1:7850 (overrides cluster.ha_master; none: this broker is master)"],
     ]
 
     def __init__(self) -> None:
@@ -77,6 +89,10 @@ class BrokerOptions(usage.Options):
     def opt_http(self, value):
         """HTTP listener for /health and /metrics, e.g. tcp:8080:interface=127.0.0.1 (repeatable)"""
         self.listeners.setdefault("http", []).append(value)
+
+    def opt_ha(self, value):
+        """replication listener the group's slaves connect to, e.g. tcp:7850:interface=127.0.0.1 (repeatable)"""
+        self.listeners.setdefault("ha", []).append(value)
 
     def opt_version(self):
         """print twistmq's version and exit"""
@@ -93,6 +109,9 @@ def broker_config(options: BrokerOptions):
         cluster = dataclasses.replace(cluster, node_id=options["node-id"])
     if options["group"]:
         cluster = dataclasses.replace(cluster, group=options["group"])
+    if options["ha-master"]:
+        cluster = dataclasses.replace(cluster, ha_master=options["ha-master"])
+        cluster.validate()
     if not cluster.node_id:
         # From a directory someone named; with the default one (/var/lib/twistmq/broker) the host name.
         cluster = dataclasses.replace(cluster, node_id=default_node_id(cfg.node.data_dir))
@@ -100,8 +119,36 @@ def broker_config(options: BrokerOptions):
     listeners = rpc_and_http_listeners(
         cfg, "broker", options.listeners.get("rpc", []) if flags else list(cluster.rpc),
         options.listeners.get("http", []) if flags else list(cfg.node.http), flags, "tcp:7800:interface=127.0.0.1")
+    ha = tuple(parse_listener("ha", d, None if flags else cfg.source, None if flags else cfg.base_dir)
+               for d in (options.listeners.get("ha", []) if flags else cluster.ha))
+    _check_ha_exposure(ha, cluster.ha_master, cluster.secret)
+    listeners += ha
     # Last: a configuration refused above makes no directory.
     return with_data_dir(dataclasses.replace(cfg, cluster=cluster, listeners=listeners), "broker")
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _check_ha_exposure(ha, ha_master: str, secret: str) -> None:
+    """Off loopback the replication channel needs ``[cluster] secret``: without it anyone could pull the log as a
+    slave, or feed a slave (and make it truncate) as its master."""
+    if secret:
+        return
+    for listener in ha:
+        if listener.kind != "unix" and not _loopback(listener.interface or "0.0.0.0"):
+            raise ConfigError(f"{listener.where} is not on loopback: set [cluster] secret (slaves and masters "
+                              "prove it to each other on the replication channel)")
+    if ha_master:
+        parts = ha_master.split(":")
+        host = next((p[5:] for p in parts if p.startswith("host=")), parts[1] if len(parts) > 1 else "")
+        if not ha_master.startswith("unix:") and not _loopback(host):
+            raise ConfigError(f"ha_master {ha_master} is not on loopback: set [cluster] secret (slaves and masters "
+                              "prove it to each other on the replication channel)")
 
 
 class BrokerParts:
@@ -112,6 +159,11 @@ class BrokerParts:
         self.cfg = cfg
         cluster = cfg.cluster
         self.state = StoreParts(reactor, cfg)
+        ha_settings = HASettings(secret=cluster.secret, max_time_not_caught_up_s=cluster.ha_max_time_slave_not_catchup)
+        self.replication = ReplicaRole(self.state.store, cluster.node_id, ha_settings, reactor,
+                                       cluster.ha_async_learner, on_role=self._role_changed)
+        if cluster.ha_master:  # from the start: nothing may write before replication begins
+            self.state.store.replica_of = cluster.ha_master
         self.state.hold_stored_sessions()
         # the broker's own interest in stored sessions' filters: they miss nothing while their proxy is gone
         local_store = self.state.local_store(cluster.group)
@@ -135,17 +187,45 @@ class BrokerParts:
         site = store_site(self.state.store, collectors, self._extra_stats)
         self.listeners = []
         for listener in cfg.listeners:
-            factory = self.rpc if listener.key == "rpc" else site
+            factory = {"rpc": self.rpc, "ha": self.replication.master.factory}.get(listener.key, site)
             self.listeners.append(ListenerService(listener, endpoints.serverFromString(reactor, listener.description),
                                                   factory))
         self.agent = member_agent(reactor, cfg, "broker", self.listeners, health)  # None: static membership
 
     def _extra_stats(self):
         native = self.state.native
-        return [("native", native.stats()), ("timer", self.state.timers.stats()),
+        return [("ha", self._ha_stats()), ("native", native.stats()), ("timer", self.state.timers.stats()),
                 ("rpc", {"watches": self.server.watches, "filters": self.server.filters,
                          "session_filters": self.local.held}),
                 *([("mongodb", self.mongodb.stats())] if self.mongodb is not None else [])]
+
+    def _ha_stats(self) -> dict[str, float]:
+        cl = self.state.store.commit_log
+        last = self.state.store.epochs.last
+        stats = {"max_offset": cl.max_offset, "epoch": last.epoch if last else 0}
+        slave, master = self.replication.slave, self.replication.master
+        if slave is not None:
+            stats.update(slave=1, confirm_offset=slave.confirm_offset, transferring=int(slave.transferring))
+        elif master.running:
+            stats.update(slave=0, confirm_offset=master.update_confirm(), sync_state_set=len(master.sync.members),
+                         sync_state_set_epoch=master.sync.epoch, slaves=len(master.connections))
+        return stats
+
+    def _role_changed(self, role: str) -> None:
+        # A slave runs no timers: its master delivers them, and a record of its own would fork its log.
+        if role == "master":
+            self.state.timers.start()
+        else:
+            self.state.timers.pause()
+
+    def start_replication(self) -> defer.Deferred | None:
+        """After recovery: a slave starts replicating; a master with ha listeners begins its next epoch."""
+        cluster = self.cfg.cluster
+        if cluster.ha_master:
+            return self.replication.become_slave(cluster.ha_master)
+        if any(listener.key == "ha" for listener in self.cfg.listeners):
+            return self.replication.become_master()
+        return None
 
 
 def broker_tree(parts: BrokerParts) -> RoleService:
@@ -166,6 +246,9 @@ def broker_tree(parts: BrokerParts) -> RoleService:
         Part("session-interest", start=parts.local.restore),
         *bridge_parts(parts.bridges),
         *parts.listeners,
+        # After the listeners: an ha listener refuses slaves until this broker serves as master; a slave's store
+        # refuses writes from the start. Pauses the timers on a slave, which its master delivers.
+        Part("replication", start=parts.start_replication, stop=parts.replication.stop),
         Part("rpc-goodbye", stop=parts.rpc.stop),  # stops before the listeners close: peers hear why
         *([parts.agent] if parts.agent is not None else []),  # registers once the listeners are bound
         Part("collector", start=parts.state.collector.start, stop=parts.state.collector.stop),  # after recovery

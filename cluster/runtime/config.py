@@ -162,6 +162,14 @@ class ClusterConfig:
     """The RPC address members are told to dial (a client endpoint string), when it differs from the one bound (NAT, a relay); empty: the first RPC listener's bound address."""
     advertise: dict = dataclasses.field(default_factory=dict)
     """Client-facing addresses listed in this process's member record instead of the ones it binds, by listener kind (``mqtt = "tcp:mqtt.example.com:1883"``; kinds: mqtt, mqtt_tls, mqtt_ws, native, native_udp, http), for a load balancer, NAT or relay in front of it; a kind not listed shows its bound address. The RPC address is advertise_rpc."""
+    ha: tuple[str, ...] = ()
+    """A broker's replication listeners (``--ha``), as Twisted endpoint descriptions (``ssl:`` works): while it is its group's master, the group's slaves connect here and both ends prove ``secret`` to each other (HMAC-SHA256). Empty: no replication. A listener off loopback needs ``secret``."""
+    ha_master: str = ""
+    """The master a broker replicates from (``--ha-master``), as a client endpoint string (``tcp:127.0.0.1:7850``, or ``tls:HOST:PORT:trustRoots=DIR`` for an ``ssl:`` listener). Empty: the broker is its group's master and begins a new epoch at each start. A slave refuses client writes."""
+    ha_max_time_slave_not_catchup: float = 15.0
+    """Seconds a slave may stay behind its master before the master drops it from the SyncStateSet (RocketMQ's haMaxTimeSlaveNotCatchup); a disconnected slave is dropped at once."""
+    ha_async_learner: bool = False
+    """A slave that replicates but never joins the SyncStateSet (RocketMQ's asyncLearner): the confirm offset never waits for it and it is never elected master (a copy in another data centre)."""
     members: tuple = ()
     """The static membership, as ``[[cluster.members]]`` tables with ``id``, ``role`` (broker or proxy), ``group`` (brokers) and ``rpc`` (a client endpoint string like tcp:127.0.0.1:7800)."""
 
@@ -181,6 +189,12 @@ class ClusterConfig:
             raise ConfigError(f"max_load_per_core must not be negative, not {self.max_load_per_core!r}")
         if not 0 <= self.min_free_memory <= 1:
             raise ConfigError(f"min_free_memory must be a fraction from 0 to 1, not {self.min_free_memory!r}")
+        if self.ha_max_time_slave_not_catchup <= 0:
+            raise ConfigError("ha_max_time_slave_not_catchup must be positive, not "
+                              f"{self.ha_max_time_slave_not_catchup!r}")
+        if self.ha_master and (not self.ha_master.startswith(("tcp:", "tcp6:", "ssl:", "tls:", "unix:"))
+                               or ":" not in self.ha_master[4:]):
+            raise ConfigError(f"ha_master must be a client endpoint like tcp:127.0.0.1:7850, not {self.ha_master!r}")
         if self.max_frame_bytes < 1024:
             raise ConfigError(f"max_frame_bytes must be at least 1024, not {self.max_frame_bytes!r}")
         for endpoint in (*self.controllers, *((self.advertise_rpc,) if self.advertise_rpc else ())):
@@ -221,7 +235,7 @@ class ClusterConfig:
 def _cluster_values(values: dict) -> dict:
     """``[cluster]`` as read, its ``members`` array of tables built into ``MemberConfig``s (naming a bad one)."""
     values = dict(values)
-    for key in ("rpc", "controllers"):
+    for key in ("rpc", "controllers", "ha"):
         if isinstance(values.get(key), str):
             values[key] = (values[key],)
         elif isinstance(values.get(key), list):

@@ -37,12 +37,12 @@ FLAGS = {"mqtt": "--mqtt", "mqtt_tls": "--mqtt-tls", "mqtt_ws": "--mqtt-ws", "na
          "native_udp": "--native-udp", "http": "--http"}
 """Config key of each listener kind -> its command-line flag, in the order listeners open."""
 
-ROLE_FLAGS = {"rpc": "--rpc"}
+ROLE_FLAGS = {"rpc": "--rpc", "ha": "--ha"}
 """Listener kinds of other roles than the node's, with their flags (``[cluster]`` keys, checked the same way)."""
-_SECTIONS = {"rpc": "cluster"}
+_SECTIONS = {"rpc": "cluster", "ha": "cluster"}
 
 _DEFAULT_PORTS = {"mqtt": 1883, "mqtt_tls": 8883, "mqtt_ws": 8083, "native": 9876, "native_udp": 9876,
-                  "http": 8080, "rpc": 7800}
+                  "http": 8080, "rpc": 7800, "ha": 7850}
 _STREAM_TYPES = ("tcp", "tcp6", "ssl", "unix")
 _ARGUMENTS = {
     "tcp": {"port", "interface", "backlog", "reuseport"},

@@ -16,8 +16,12 @@ left after 10 s.
 
 With controllers, one ``admin`` process (role ``"admin"``, an ``http`` port; ``--no-admin``: none)
 starts last: the admin API and dashboard for the whole cluster, gathering clients from the proxies on
-their ``rpc`` ports. Broker replicas come with the replication issue: asking for them is refused
-with a reason.
+their ``rpc`` ports. Every broker has an ``ha`` port (replication). With ``--replicas N`` each group
+has N brokers (``broker-gG-1`` ... ``-N``): the first starts as the group's
+master (its config names no master: that decides only its first start, before it
+has an epoch file), the others as its slaves (``--ha-master``); the membership
+lists the master first, which proxies use. ``up`` returns once every master's
+SyncStateSet (``twistmq_ha_sync_state_set`` on its /metrics) holds all N.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 READY = re.compile(r"twistmq ready (.*)")
 STOP_GRACE_S = 10.0
@@ -65,11 +70,11 @@ def endpoint(port: int, shared: bool = False) -> str:
 
 
 def plan(root: str, groups: int, proxies: int, shared_port: bool, cluster_id: str, controllers: int = 0,
-         admin: bool = True) -> list[dict]:
-    """The processes to start, controllers first, then brokers, proxies and (with controllers) the admin process:
-    role, id, group, ports, data_dir and argv of each."""
+         replicas: int = 1, admin: bool = True) -> list[dict]:
+    """The processes to start, controllers first, then brokers (each group's master first), proxies and (with
+    controllers) the admin process: role, id, group, ports, data_dir and argv of each."""
     procs: list[dict] = []
-    ports = iter(free_ports(controllers * 3 + groups * 2 + proxies * 4 + 3))
+    ports = iter(free_ports(controllers * 3 + groups * replicas * 3 + proxies * 4 + 3))
     raft = [next(ports) for _ in range(controllers)]
     for c in range(1, controllers + 1):
         member = f"controller-{c}"
@@ -82,14 +87,21 @@ def plan(root: str, groups: int, proxies: int, shared_port: bool, cluster_id: st
                 "--rpc", endpoint(p["rpc"]), "--http", endpoint(p["http"])]
         procs.append({"role": "controller", "id": member, "ports": p, "data_dir": data_dir, "argv": argv})
     for g in range(1, groups + 1):
-        group, member = f"g{g}", f"broker-g{g}"
-        p = {"rpc": next(ports), "http": next(ports)}
-        data_dir = os.path.join(root, member)
-        argv = [twistd(), "-n", "--pidfile=", "twistmq", "broker", "--config", os.path.join(root, "cluster.toml"),
-                "--data-dir", data_dir, "--node-id", member, "--group", group,
-                "--rpc", endpoint(p["rpc"]), "--http", endpoint(p["http"])]
-        procs.append({"role": "broker", "id": member, "group": group, "ports": p, "data_dir": data_dir,
-                      "argv": argv})
+        group = f"g{g}"
+        master_ha = None
+        for r in range(1, replicas + 1):
+            member = f"broker-g{g}" if replicas == 1 else f"broker-g{g}-{r}"
+            p = {"rpc": next(ports), "http": next(ports), "ha": next(ports)}
+            data_dir = os.path.join(root, member)
+            argv = [twistd(), "-n", "--pidfile=", "twistmq", "broker", "--config", os.path.join(root, "cluster.toml"),
+                    "--data-dir", data_dir, "--node-id", member, "--group", group,
+                    "--rpc", endpoint(p["rpc"]), "--http", endpoint(p["http"]), "--ha", endpoint(p["ha"])]
+            if master_ha is None:
+                master_ha = p["ha"]
+            else:
+                argv += ["--ha-master", f"tcp:127.0.0.1:{master_ha}"]
+            procs.append({"role": "broker", "id": member, "group": group, "ports": p, "data_dir": data_dir,
+                          "argv": argv, **({"master": True} if r == 1 else {})})
     shared = {"mqtt": next(ports), "native": next(ports)}
     for n in range(1, proxies + 1):
         member = f"proxy-{n}"
@@ -156,6 +168,29 @@ def start(proc: dict, timeout: float = READY_TIMEOUT_S) -> None:
     raise LaunchError(f"{proc['id']} was not ready after {timeout:.0f} s: {_tail(err_path)}")
 
 
+def sync_state_set_size(proc: dict) -> int:
+    """How many replicas a master's SyncStateSet holds, from its /metrics (0 if it does not say)."""
+    url = f"http://127.0.0.1:{proc['ports']['http']}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith("twistmq_ha_sync_state_set "):
+                return int(float(line.split()[1]))
+    return 0
+
+
+def wait_for_sync_state_set(proc: dict, replicas: int, timeout: float = READY_TIMEOUT_S) -> None:
+    """Wait until the master ``proc``'s SyncStateSet holds all ``replicas`` of its group."""
+    deadline = time.monotonic() + timeout
+    size = 0
+    while time.monotonic() < deadline:
+        size = sync_state_set_size(proc)
+        if size >= replicas:
+            return
+        time.sleep(0.1)
+    raise LaunchError(f"{proc['id']}'s SyncStateSet holds {size} of {replicas} replicas after {timeout:.0f} s: "
+                      f"{_tail(proc['data_dir'] + '.log')}")
+
+
 def _tail(path: str, lines: int = 3) -> str:
     try:
         with open(path, "rb") as f:
@@ -185,8 +220,8 @@ def up(root: str, groups: int = 1, proxies: int = 2, replicas: int = 1, controll
     """Start the cluster under ``root``; returns what ``cluster.json`` holds."""
     if controllers < 0:
         raise LaunchError("--controllers must be at least 0 (3 or 5 for a majority that survives a loss)")
-    if replicas != 1:
-        raise LaunchError("--replicas: broker replication is not built yet; each group has one broker")
+    if replicas < 1:
+        raise LaunchError("--replicas must be at least 1 (brokers per group: a master and its slaves)")
     if groups < 1 or proxies < 0:
         raise LaunchError("--groups must be at least 1 and --proxies at least 0")
     root = os.path.abspath(root)
@@ -194,7 +229,7 @@ def up(root: str, groups: int = 1, proxies: int = 2, replicas: int = 1, controll
         raise LaunchError(f"{root}/cluster.json exists: run `./dev cluster down {root}` first, or pick another DIR")
     os.makedirs(root, exist_ok=True)
     cluster_id = "local-" + secrets.token_hex(4)
-    procs = plan(root, groups, proxies, shared_port, cluster_id, controllers, admin)
+    procs = plan(root, groups, proxies, shared_port, cluster_id, controllers, replicas, admin)
     base = ""
     if base_config:
         with open(base_config, encoding="utf-8") as f:
@@ -206,6 +241,9 @@ def up(root: str, groups: int = 1, proxies: int = 2, replicas: int = 1, controll
         for proc in procs:
             start(proc)
             started.append(proc)
+        for proc in procs:
+            if proc.get("master"):
+                wait_for_sync_state_set(proc, replicas)
     except BaseException:
         stop(started)
         raise

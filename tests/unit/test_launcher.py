@@ -72,10 +72,29 @@ def test_with_controllers_one_admin_process_starts_last_and_proxies_get_an_rpc_p
     assert "admin" not in [m["role"] for m in doc["cluster"]["members"]]
 
 
-def test_what_is_not_built_yet_is_refused_with_a_reason(tmp_path):
-    """Replicas are refused by name until their issue lands, and a negative controller count; nothing starts."""
+def test_bad_counts_are_refused_with_a_reason(tmp_path):
+    """No replicas, or a negative controller count, is refused by name; nothing starts."""
     with pytest.raises(launcher.LaunchError, match="controllers"):
         launcher.up(str(tmp_path / "c"), controllers=-1)
-    with pytest.raises(launcher.LaunchError, match="replication"):
-        launcher.up(str(tmp_path / "c"), replicas=2)
-    assert launcher.main(["up", str(tmp_path / "c"), "--replicas", "2"]) == 2
+    with pytest.raises(launcher.LaunchError, match="replicas"):
+        launcher.up(str(tmp_path / "c"), replicas=0)
+    assert launcher.main(["up", str(tmp_path / "c"), "--replicas", "0"]) == 2
+
+
+def test_replicas_make_a_master_and_its_slaves_per_group_each_with_an_ha_port(tmp_path):
+    """--replicas 3: each group has three brokers with rpc, http and ha ports; the first is the master, the
+    others replicate from its ha port, and the membership lists the master first."""
+    procs = launcher.plan(str(tmp_path), 2, 1, False, "c", replicas=3)
+    brokers = [p for p in procs if p["role"] == "broker"]
+    assert [p["id"] for p in brokers] == [f"broker-g{g}-{r}" for g in (1, 2) for r in (1, 2, 3)]
+    assert all(set(p["ports"]) == {"rpc", "http", "ha"} for p in brokers)
+    for g in ("g1", "g2"):
+        master, *slaves = [p for p in brokers if p["group"] == g]
+        assert "--ha-master" not in master["argv"] and master.get("master")
+        for s in slaves:
+            assert s["argv"][s["argv"].index("--ha-master") + 1] == f"tcp:127.0.0.1:{master['ports']['ha']}"
+    ports = [port for p in procs for port in p["ports"].values()]
+    assert len(ports) == len(set(ports))
+    doc = tomllib.loads(launcher.membership_toml("c", procs))
+    assert [m["id"] for m in doc["cluster"]["members"] if m.get("group") == "g1"] == [
+        "broker-g1-1", "broker-g1-2", "broker-g1-3"]
