@@ -106,7 +106,7 @@ class BrokerParts:
         self.state.hold_stored_sessions()
         # the broker's own interest in stored sessions' filters: they miss nothing while their proxy is gone
         local_store = self.state.local_store(cluster.group)
-        self.local = SessionInterest(local_store, SessionStore(self.state.kv))
+        self.local = SessionInterest(local_store, SessionStore(self.state.session_log))
         self.metrics = RpcMetrics()
         self.dispatcher = Dispatcher(reactor, self.metrics)
         self.server = StoreServer(self.local, reactor)
