@@ -1,5 +1,9 @@
 """Durable session state as commit-log records; the session KV is the index derived from them.
 
+The same mechanism keeps the native engine's state (consumer cursors, messages
+in flight, POP checkpoints, known queues) in the log, all of it as positions
+(``positions_only``, below), under its own ``namespace``.
+
 Every change of session state (a subscription, a session's meta, a claim, the
 epoch mark, a QoS 2 packet id, ...) is one key set or deleted in the session
 KV. ``SessionLog`` appends that change to the commit log as a ``SESSION``
@@ -10,7 +14,8 @@ and the KV can be rebuilt from it::
 
     kind SESSION, flags 0, topic "", client_id "", body empty (the common layout of store.record)
     properties: SK = the KV key, SV = its new value (absent: the key is deleted),
-                both bytes as latin-1 text (one code point per byte), so any key round-trips
+                both bytes as latin-1 text (one code point per byte), so any key round-trips;
+                SN = the namespace, absent for sessions ("native": the native engine's KV)
 
 Beside each key the KV holds where its live record is (``WHERE`` + key ->
 offset u64, size u32) and the commit-log offset it has applied up to
@@ -29,14 +34,22 @@ broker keeps them, as before) and to the log only every ``position_log_s``,
 each dirty key once with its value then. A failover to a replica therefore
 resumes from positions up to that interval old and redelivers (QoS 1
 duplicates), never loses. A key with a logged change not yet dispatched takes
-its position writes through the log too, so the KV never goes back.
+its position writes through the log too, so the KV never goes back. With
+``positions_only`` every write is a position: the native engine's cursors and
+in-flight entries change with every consume and confirm, and losing some of
+the last second of them on a failover redelivers those messages (at least
+once, as ``retry`` and POP invisibility already do), never loses one: the
+values logged in one round are all taken at one moment, so a cursor never
+runs ahead of the in-flight entries it relies on.
 
 The KV keeps its WAL on: the positions written in place are not derived from
 the log (their log copy lags), so only the logged keys are rebuildable.
 
 A data dir from before this module (sessions in the KV, none in the log) is
-upgraded by ``open``: every key is appended once, then the ``MIGRATED`` key
-(itself a logged key, so a rebuilt KV still has it).
+upgraded by ``open``: such a KV has keys but no checkpoint (every batch that
+applies a record carries one), so every key is appended once; no checkpoint is
+saved until those records are dispatched, so a crash before then upgrades
+again. (Its first start replays the whole log once, finding no records.)
 """
 
 from __future__ import annotations
@@ -55,10 +68,10 @@ log = logging.getLogger("twistmq.store.session_log")
 
 SESSION_KEY = "SK"  # property: the KV key a SESSION record sets or deletes (latin-1 text of its bytes)
 SESSION_VALUE = "SV"  # property: its new value (absent: deleted)
+NAMESPACE = "SN"  # property: which KV the record belongs to (absent: the session KV)
 INTERNAL = b"\x01"  # keys of this module start with it; session keys never do (they start with a letter)
 WHERE = b"\x01w/"  # + key -> (offset, size) of the record holding the key's live value
 CHECKPOINT = b"\x01checkpoint"  # commit-log offset applied up to (u64)
-MIGRATED = b"\x01migrated"  # set once the KV of an older data dir was appended to the log
 _POS = struct.Struct(">QI")
 _U64 = struct.Struct(">Q")
 CHECKPOINT_EVERY = 16 << 20  # bytes of log without session records after which the checkpoint moves anyway
@@ -75,19 +88,29 @@ class SessionLog(DispatcherBase):
     before ``store.open()`` (it replays as a dispatcher); ``open()`` after it.
     """
 
-    def __init__(self, store: MessageStore, kv, clock, position_log_s: float = 1.0) -> None:
+    def __init__(self, store: MessageStore, kv, clock, position_log_s: float = 1.0, namespace: str = "",
+                 positions_only: bool = False) -> None:
         if getattr(store, "is_open", False):
             raise RuntimeError("SessionLog must be created before store.open() (it replays as a dispatcher)")
         self._store = store
         self._kv = kv
         self._clock = clock
         self.position_log_s = position_log_s
+        self.namespace = namespace
+        self.positions_only = positions_only
         raw = kv.get(CHECKPOINT)
         self.dispatched_offset = _U64.unpack(raw)[0] if raw else 0
+        # keys and no checkpoint: a KV from before the log held its state (no checkpoint until it is upgraded)
+        self._upgrade = raw is None and next(iter(kv.scan(b"")), None) is not None
         self._end = self.dispatched_offset  # the end of the last dispatched request
         # key -> [value or None, records of it appended and not yet dispatched]: what reads see meanwhile
         self._overlay: dict[bytes, list] = {}
-        self._dirty: set[bytes] = set()  # keys whose position was written in place since it was last logged
+        # key -> its value (None: deleted), for keys whose position was written in place since last logged
+        self._dirty: dict[bytes, bytes | None] = {}
+        # positions_only: the keys with a live record in the log (few: cursors, messages in flight, queues),
+        # so a key written and deleted between two rounds costs no lookup
+        self._logged: set[bytes] | None = set() if positions_only else None
+        self._stopped = False
         self._seq = 0  # appends made
         self._answered = 0  # appends answered (the store answers in append order)
         self._barriers: list[tuple[int, defer.Deferred]] = []
@@ -102,18 +125,36 @@ class SessionLog(DispatcherBase):
 
     def put(self, key: bytes, value: bytes) -> defer.Deferred:
         """Set ``key``; fires once its record is durable under the flush policy."""
+        if self.positions_only:
+            return self.put_position(key, value)
         return self._append(key, value)
 
     def delete(self, key: bytes) -> defer.Deferred:
         """Delete ``key``; fires once its record is durable under the flush policy."""
+        if self.positions_only:
+            return self.put_position(key, None)
         return self._append(key, None)
 
     def put_position(self, key: bytes, value: bytes | None) -> defer.Deferred:
-        """Set (``None``: delete) a delivery position: in the KV now, in the log within ``position_log_s``."""
-        if key in self._overlay:  # a logged change of it is on its way: this one must follow it
-            return self._append(key, value)
-        self._dirty.add(key)
+        """Set (``None``: delete) a delivery position: in the KV now (the Deferred fires once it is durable
+        there), in the log within ``position_log_s``."""
+        self._position(key, value)
         return self._kv.put(key, value) if value is not None else self._kv.delete(key)
+
+    def stage(self, key: bytes, value: bytes | None) -> None:
+        """``put_position`` without a Deferred (``on_durable`` tells when it is durable), as ``DurableKV.stage``."""
+        self._position(key, value)
+        self._kv.stage(key, value)
+
+    def on_durable(self, on_done, on_error) -> None:
+        """``on_done()`` once every position written so far is durable in the KV (``DurableKV.on_durable``)."""
+        self._kv.on_durable(on_done, on_error)
+
+    def _position(self, key: bytes, value: bytes | None) -> None:
+        if key in self._overlay:  # a logged change of it is on its way: this one follows it in the log too
+            self._append(key, value).addErrback(self._position_failed, key)
+        else:
+            self._dirty[key] = value
 
     def delete_position(self, key: bytes) -> defer.Deferred:
         """``put_position(key, None)``."""
@@ -152,6 +193,9 @@ class SessionLog(DispatcherBase):
         props = {SESSION_KEY: key.decode("latin-1")}
         if value is not None:
             props[SESSION_VALUE] = value.decode("latin-1")
+        if self.namespace:
+            props[NAMESPACE] = self.namespace
+        self._dirty.pop(key, None)  # this record carries the latest value
         entry = self._overlay.get(key)
         if entry is None:
             self._overlay[key] = [value, 1]
@@ -191,16 +235,19 @@ class SessionLog(DispatcherBase):
         """Apply the session records among ``requests`` to the KV, with their places and the checkpoint."""
         if not requests:
             return None
-        session, system = rec.RecordKind.SESSION, rec.RecordKind.SYSTEM
+        if self._stopped:
+            return None  # the KV may be closed: a restart replays these from the checkpoint
+        session, system, namespace = rec.RecordKind.SESSION, rec.RecordKind.SYSTEM, self.namespace
         applied = False
         for r in requests:
             kind = r.kind
             if kind is not session and kind is not system:
                 continue  # what nearly every record is
-            skey = r.properties.get(SESSION_KEY)
-            if skey is None or r.offset < self.dispatched_offset:
+            props = r.properties
+            skey = props.get(SESSION_KEY)
+            if skey is None or props.get(NAMESPACE, "") != namespace or r.offset < self.dispatched_offset:
                 continue
-            self._apply(skey.encode("latin-1"), r.properties.get(SESSION_VALUE), r.offset, r.size)
+            self._apply(skey.encode("latin-1"), props.get(SESSION_VALUE), r.offset, r.size)
             applied = True
         last = requests[-1]
         self._end = last.offset + last.size
@@ -213,12 +260,18 @@ class SessionLog(DispatcherBase):
         if value is None:
             stage(key, None)
             stage(WHERE + key, None)
+            if self._logged is not None:
+                self._logged.discard(key)
         else:
             stage(key, value.encode("latin-1"))
             stage(WHERE + key, _POS.pack(offset, size))
+            if self._logged is not None:
+                self._logged.add(key)
         self._undo(key)  # the overlay's copy (if this process wrote it) is in the KV now
 
     def _checkpoint(self) -> None:
+        if self._upgrade:
+            return  # a checkpoint would mark the KV upgraded before it is
         self._kv.stage(CHECKPOINT, _U64.pack(self._end))  # in the same KV batch as the changes it covers
         self.dispatched_offset = self._end
 
@@ -228,10 +281,12 @@ class SessionLog(DispatcherBase):
         for key, _ in list(self._kv.scan(b"")):
             self._kv.stage(key, None)
         self.dispatched_offset = self._end = 0
+        if self._logged is not None:
+            self._logged.clear()
 
     def close(self) -> None:
-        """The store is closing: save the checkpoint of everything dispatched."""
-        if self._end != self.dispatched_offset:
+        """The store is closing: save the checkpoint of everything dispatched (``stop`` did, if it ran)."""
+        if not self._stopped and self._end != self.dispatched_offset:
             self._checkpoint()
 
     # -- retention and positions -----------------------------------------------------------------------
@@ -255,19 +310,21 @@ class SessionLog(DispatcherBase):
 
     def log_positions(self) -> int:
         """Append the current value of every position written in place since the last call; returns how many."""
-        dirty, self._dirty = self._dirty, set()
+        dirty, self._dirty = self._dirty, {}
+        logged = self._logged
         n = 0
-        for key in dirty:
-            value = self.get(key)
-            if value is None and key not in self._overlay and self._kv.get(WHERE + key) is None:
-                continue  # never logged and gone again (a QoS 1 message acknowledged meanwhile)
+        for key, value in dirty.items():
+            if value is None and key not in self._overlay and (
+                    key not in logged if logged is not None else self._kv.get(WHERE + key) is None):
+                continue  # never logged and gone again (a message acknowledged meanwhile)
             self._append(key, value).addErrback(self._position_failed, key)
             n += 1
         self.position_records += n
         return n
 
     def _position_failed(self, failure, key: bytes) -> None:
-        self._dirty.add(key)  # the next round tries again
+        if key not in self._dirty and key not in self._overlay:  # the next round tries again, with the value then
+            self._dirty[key] = self.get(key)
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
@@ -277,12 +334,14 @@ class SessionLog(DispatcherBase):
         Fires once the upgrade's records are durable (at once when there is none).
         """
         d = defer.succeed(None)
-        if self.get(MIGRATED) is None:
+        if self._logged is not None:
+            self._logged.update(k[len(WHERE):] for k, _ in self._kv.scan(WHERE))
+        if self._upgrade:
             pairs = [(k, v) for k, v in self._kv.scan(b"") if not k.startswith(INTERNAL)]
             writes = [self._append(k, v) for k, v in pairs]
-            writes.append(self._append(MIGRATED, b"%d" % len(pairs)))  # last: a crash before it upgrades again
+            self._upgrade = False  # their dispatch saves the checkpoint, in the KV batch that applies them
             self.migrated = len(pairs)
-            log.info("session_log_upgrade keys=%d", len(pairs))
+            log.info("session_log_upgrade namespace=%s keys=%d", self.namespace or "sessions", len(pairs))
             d = defer.gatherResults(writes, consumeErrors=True).addCallback(lambda _: None)
         if self._loop is None and self.position_log_s > 0:
             self._loop = task.LoopingCall(self._position_tick)
@@ -297,13 +356,23 @@ class SessionLog(DispatcherBase):
             log.exception("session_positions_failed")
 
     def stop(self) -> defer.Deferred:
-        """Stop the position loop, log what moved since its last round, and wait until that is durable."""
+        """Stop the position loop, log what moved since its last round, wait until that is durable and
+        dispatched, and save the checkpoint; the KV may be closed once this fires."""
         if self._loop is not None and self._loop.running:
             self._loop.stop()
         self._loop = None
         if self._store.is_open:
             self.log_positions()
-        return self.barrier().addErrback(lambda f: log.error("session_log_stop error=%s", f.getErrorMessage()))
+
+        def stopped(result):
+            if not self._stopped:
+                if self._end != self.dispatched_offset:
+                    self._checkpoint()
+                self._stopped = True
+            return result
+
+        return self.barrier().addErrback(
+            lambda f: log.error("session_log_stop error=%s", f.getErrorMessage())).addBoth(stopped)
 
     def stats(self) -> dict[str, float]:
         """Counters for metrics."""

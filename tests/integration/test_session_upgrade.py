@@ -91,7 +91,7 @@ def test_data_dir_of_the_previous_code_is_upgraded(tmp_path):
     assert present
     assert sorted(got) == [f"m{i}" for i in range(MESSAGES)]
     keys = {r.properties["SK"] for r in _session_records(data_dir)}
-    assert "s/upgraded" in keys and "u/upgraded\x00up/+/t" in keys and "\x01migrated" in keys
+    assert "s/upgraded" in keys and "u/upgraded\x00up/+/t" in keys
 
     shutil.rmtree(os.path.join(data_dir, "sessions"))  # the KV is derived: the log alone brings the session back
     again = NodeProcess(data_dir, listeners=("mqtt",))

@@ -16,7 +16,7 @@ from store.executor import SynchronousExecutor
 from store.kv import DurableKV
 from store.message_store import MessageStore
 from store.record import Message, RecordKind
-from store.session_log import MIGRATED, SessionLog
+from store.session_log import CHECKPOINT, SessionLog
 from store.session_store import SessionStore, StoredSubscription
 
 T0 = 1_800_000_000.0
@@ -25,7 +25,7 @@ T0 = 1_800_000_000.0
 class Broker:
     """A store, a session KV and its session log on one clock; ``crash()`` drops them, ``close()`` closes."""
 
-    def __init__(self, path, clock=None, segment_size=64 * 1024, session_log=True, **cfg) -> None:
+    def __init__(self, path, clock=None, segment_size=64 * 1024, session_log=True, settle=True, **cfg) -> None:
         self.path = str(path)
         self.clock = clock or task.Clock()
         if clock is None:
@@ -39,7 +39,8 @@ class Broker:
         if self.log is not None:
             self.log.open().addBoth(self.opened.append)
         self.sessions = SessionStore(self.log if self.log is not None else self.kv)
-        self.clock.advance(0)
+        if settle:
+            self.clock.advance(0)
 
     def settle(self, d=None):
         """Run the ticks that append, dispatch and commit; the result of ``d`` (a write's Deferred)."""
@@ -113,7 +114,7 @@ def test_kv_rebuilt_from_the_log_when_it_is_lost(tmp_path):
     shutil.rmtree(os.path.join(str(tmp_path), "sessions"))
     b = Broker(tmp_path)
     assert _snapshot(b.sessions) == before
-    assert b.log.migrated == 0  # the upgrade marker came back with the rest: no second upgrade
+    assert b.log.migrated == 0  # the checkpoint came back with the rest: no second upgrade
     b.close()
 
 
@@ -205,7 +206,7 @@ def test_old_data_dir_is_upgraded_once(tmp_path):
     old.close()
     b = Broker(tmp_path)
     assert b.log.migrated > 0 and b.opened == [None]
-    assert b.kv.get(MIGRATED) is not None
+    assert b.kv.get(CHECKPOINT) is not None
     assert _snapshot(b.sessions) == before
     b.close()
     b = Broker(tmp_path)
@@ -214,4 +215,23 @@ def test_old_data_dir_is_upgraded_once(tmp_path):
     shutil.rmtree(os.path.join(str(tmp_path), "sessions"))
     b = Broker(tmp_path)
     assert _snapshot(b.sessions) == before and b.log.migrated == 0
+    b.close()
+
+
+def test_upgrade_cut_short_by_a_crash_is_done_again(tmp_path):
+    """A kill before the upgrade's records are appended leaves the KV unmarked: the next start upgrades it."""
+    old = Broker(tmp_path, session_log=False)
+    _fill(old.sessions)
+    old.settle()
+    before = _snapshot(old.sessions)
+    old.close()
+    b = Broker(tmp_path, settle=False)
+    assert b.log.migrated > 0
+    b.crash()  # before the tick that appends them
+    b = Broker(tmp_path, clock=b.clock)
+    assert b.log.migrated > 0
+    b.close()
+    shutil.rmtree(os.path.join(str(tmp_path), "sessions"))
+    b = Broker(tmp_path)
+    assert _snapshot(b.sessions) == before
     b.close()
