@@ -62,7 +62,8 @@ class StoreParts(StoreObserver):
         self.native_config = from_mapping(NativeConfig, "native", cfg.native)
         self.native = NativeService(self.store, data_dir, self.native_config, reactor, self.timers,
                                     executor=self.executor, retained_quota=self.retained.would_exceed,
-                                    topic_limits=topic_limits(cfg.limits))
+                                    topic_limits=topic_limits(cfg.limits),
+                                    position_log_s=cfg.store.session_position_log_s)
         self.store.retention.add_holder(self.native.engine.owed)
         self.store.retention.add_carrier(self.retained.records_to_carry)
         # The collector's passes come after each drain (cluster/runtime/heap.py); the role starts it once recovery is done.
