@@ -63,6 +63,7 @@ from twisted.internet import defer, task
 
 from store import record as rec
 from store.message_store import DispatcherBase, DispatchRequest, MessageStore, PutResult, PutStatus
+from store.retention import CARRIED
 
 log = logging.getLogger("twistmq.store.session_log")
 
@@ -247,7 +248,12 @@ class SessionLog(DispatcherBase):
             skey = props.get(SESSION_KEY)
             if skey is None or props.get(NAMESPACE, "") != namespace or r.offset < self.dispatched_offset:
                 continue
-            self._apply(skey.encode("latin-1"), props.get(SESSION_VALUE), r.offset, r.size)
+            key = skey.encode("latin-1")
+            carried = props.get(CARRIED) if kind is system else None
+            if carried is not None and self._moved(key, carried, r.offset, r.size):
+                applied = True
+                continue
+            self._apply(key, props.get(SESSION_VALUE), r.offset, r.size)
             applied = True
         last = requests[-1]
         self._end = last.offset + last.size
@@ -268,6 +274,20 @@ class SessionLog(DispatcherBase):
             if self._logged is not None:
                 self._logged.add(key)
         self._undo(key)  # the overlay's copy (if this process wrote it) is in the KV now
+
+    def _moved(self, key: bytes, carried: str, offset: int, size: int) -> bool:
+        """A carried copy of the record the KV applied last for ``key``: only its place moves.
+
+        Its value is that record's, and the KV may hold a newer position
+        written in place since (between the carry and this dispatch): applying
+        the copy would take the KV back. Replayed on a KV that never saw the
+        original (rebuilt after retention deleted it), the copy is applied.
+        """
+        where = self._kv.get(WHERE + key)
+        if where is None or str(_POS.unpack(where)[0]) != carried:
+            return False
+        self._kv.stage(WHERE + key, _POS.pack(offset, size))
+        return True
 
     def _checkpoint(self) -> None:
         if self._upgrade:

@@ -235,3 +235,25 @@ def test_upgrade_cut_short_by_a_crash_is_done_again(tmp_path):
     b = Broker(tmp_path)
     assert _snapshot(b.sessions) == before
     b.close()
+
+
+def test_position_written_while_a_carry_is_on_its_way_is_kept(tmp_path):
+    """A send mark moved after retention queued the carried copy of its subscription stays moved."""
+    b = Broker(tmp_path, retention_check_s=1e6)  # retention runs when the test says
+    b.sessions.save_session("c1", 3600, 5, None)
+    b.sessions.save_subscription("c1", "a/+", StoredSubscription("a/+", 1, next_offset=0))
+    b.settle()
+    for _ in range(4):
+        b.publish(100)
+    for seg in b.store.commit_log.segments():
+        os.utime(seg.path, (T0, T0))
+    b.clock.advance(2 * 3600)
+    b.store.apply_retention()  # the carried copies are queued: appended on the next tick
+    b.sessions.save_subscription("c1", "a/+", StoredSubscription("a/+", 1, next_offset=99))
+    b.settle()
+    assert any("CARRIED" in r.properties for r in b.store.commit_log.iterate(b.store.commit_log.min_offset))
+    assert b.sessions.load("c1").subscriptions["a/+"].next_offset == 99
+    b.close()
+    b = Broker(tmp_path)
+    assert b.sessions.load("c1").subscriptions["a/+"].next_offset == 99
+    b.close()
