@@ -16,6 +16,7 @@ from store.executor import SynchronousExecutor
 from store.kv import DurableKV
 from store.message_store import MessageStore
 from store.record import Message, RecordKind
+from store import session_log
 from store.session_log import CHECKPOINT, SessionLog
 from store.session_store import SessionStore, StoredSubscription
 
@@ -218,16 +219,19 @@ def test_old_data_dir_is_upgraded_once(tmp_path):
     b.close()
 
 
-def test_upgrade_cut_short_by_a_crash_is_done_again(tmp_path):
-    """A kill before the upgrade's records are appended leaves the KV unmarked: the next start upgrades it."""
+def test_upgrade_cut_short_by_a_crash_is_done_again(tmp_path, monkeypatch):
+    """A kill before the upgrade's records are appended leaves the KV unmarked, even when replaying the old log
+    moved the checkpoint on the way: the next start upgrades it."""
     old = Broker(tmp_path, session_log=False)
     _fill(old.sessions)
-    old.settle()
+    old.publish(20)  # an old log with messages, no session records
     before = _snapshot(old.sessions)
     old.close()
+    monkeypatch.setattr(session_log, "CHECKPOINT_EVERY", 1)  # the replay of those messages wants a checkpoint
     b = Broker(tmp_path, settle=False)
     assert b.log.migrated > 0
-    b.crash()  # before the tick that appends them
+    b.kv.commit()  # the KV's turn comes first (its commit was scheduled during the replay) ...
+    b.crash()  # ... and the kill before the store's, which appends the upgrade
     b = Broker(tmp_path, clock=b.clock)
     assert b.log.migrated > 0
     b.close()
