@@ -85,6 +85,8 @@ class StoreConfig:
     """How often the derived indexes (light queues, RocksDB with the WAL off) are flushed to disk, bounding replay after a crash."""
     kv_sync: bool = False
     """Fsync the durable session/offset store on every write batch (survives power loss, not only kill -9)."""
+    session_position_log_s: float = 1.0
+    """How often delivery positions (a persistent subscription's send mark, QoS 1 messages in flight, shared groups' offsets) that moved are appended to the commit log; the rest of session state is appended at every change. A replica may resume from positions this old (QoS 1 duplicates, never a loss); a kill -9 of the broker itself loses none (the session store keeps them at once)."""
     max_filter_shapes: int = 1024
     """Distinct filter shapes (depth and positions of ``+`` of every stored filter prefix) the broker keeps: the most topic-trie nodes one publish visits. A SUBSCRIBE that would add shapes beyond it is refused (SUBACK 0x97 / 0x80), counted and logged (0: no cap)."""
     max_topic_queues: int = 100000
@@ -95,7 +97,8 @@ class StoreConfig:
             raise ConfigError(f"segment_size must be at least 4096, not {self.segment_size}")
         if self.flush not in ("async", "sync"):
             raise ConfigError(f"flush must be 'async' or 'sync', not {self.flush!r}")
-        for name in ("flush_interval_ms", "retention_hours", "retention_check_s", "index_flush_s"):
+        for name in ("flush_interval_ms", "retention_hours", "retention_check_s", "index_flush_s",
+                     "session_position_log_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive")
         if not 0.0 < self.disk_max_used_ratio <= 1.0:

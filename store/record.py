@@ -59,6 +59,7 @@ class RecordKind(enum.IntEnum):
     NATIVE_MESSAGE = 2
     TIMER = 3  # a message parked until its delivery time (timer topic)
     SYSTEM = 4  # broker-internal bookkeeping (e.g. POP revive, acks)
+    SESSION = 5  # a change of durable session state (store.session_log): one key set or deleted
 
 
 class RecordError(ValueError):

@@ -1,4 +1,4 @@
-"""Durable MQTT session state in the store's key-value store (WAL on).
+"""Durable MQTT session state: typed keys in the session KV, written through the commit log.
 
 Key layout (``cid`` is the client id, ``\\x00`` separates it from the rest)::
 
@@ -13,8 +13,14 @@ Key layout (``cid`` is the client id, ``\\x00`` separates it from the rest)::
                                   has the session or it is stored (``LocalSessions`` forgets it after)
     c/epoch-mark               -> the claim epochs' high-water mark: no epoch above it was ever handed out
 
-Writes are batched per tick by the KV store; callers that must not answer the
-client before the state is durable wait on the Deferred a write returns.
+The KV handed in is a ``store.session_log.SessionLog`` in a broker: each write
+is a commit-log record (so replicas and a rebuilt KV have it) and its Deferred
+fires once that record is durable under the flush policy. Delivery positions
+(``u/``'s next offset alone, ``o/`` at QoS 1, ``g/``) go through its
+``put_position``: in the KV at once, in the log at most ``position_log_s``
+later. A plain ``DurableKV`` (tests, tools) takes every write as a ``put``.
+Callers that must not answer the client before the state is durable wait on
+the Deferred a write returns.
 """
 
 from __future__ import annotations
@@ -71,6 +77,9 @@ class SessionStore:
 
     def __init__(self, kv: DurableKV) -> None:
         self.kv = kv
+        # Delivery positions may lag in the log (store.session_log); a plain KV has one kind of write.
+        self._put_position = getattr(kv, "put_position", None) or kv.put
+        self._delete_position = getattr(kv, "delete_position", None) or kv.delete
 
     def kv_barrier(self) -> defer.Deferred:
         """Fires once every session write made so far is durable."""
@@ -150,7 +159,12 @@ class SessionStore:
     def save_subscription(self, client_id: str, key: str, sub: StoredSubscription) -> defer.Deferred:
         value = json.dumps({"f": sub.topic_filter, "qos": sub.qos, "nl": sub.no_local, "rap": sub.retain_as_published,
                             "sid": sub.sub_id, "g": sub.share_group, "next": sub.next_offset}).encode()
-        return self.kv.put(b"u/" + _cid(client_id) + SEP + _stored_key(sub), value)
+        key = b"u/" + _cid(client_id) + SEP + _stored_key(sub)
+        old = self.kv.get(key)
+        # "next" is the last field: the same text before it is the same subscription, only its send mark moved.
+        if old is not None and old.rpartition(b'"next":')[0] == value.rpartition(b'"next":')[0]:
+            return self._put_position(key, value)
+        return self.kv.put(key, value)
 
     def delete_subscription(self, client_id: str, sub: StoredSubscription) -> defer.Deferred:
         return self.kv.delete(b"u/" + _cid(client_id) + SEP + _stored_key(sub))
@@ -162,10 +176,17 @@ class SessionStore:
 
     def save_outbound(self, client_id: str, pid: int, filter_key: str, queue_offset: int, qos: int) -> defer.Deferred:
         value = json.dumps({"f": filter_key, "q": queue_offset, "qos": qos}).encode()
-        return self.kv.put(self._pid_key(b"o/", client_id, pid), value)
+        key = self._pid_key(b"o/", client_id, pid)
+        # QoS 2 in flight is exactly-once state (a replica must not send it again once completed): logged
+        # at once; QoS 1 in flight is a delivery position (a lagging copy redelivers, never loses).
+        return self.kv.put(key, value) if qos >= 2 else self._put_position(key, value)
 
     def delete_outbound(self, client_id: str, pid: int) -> defer.Deferred:
-        return self.kv.delete(self._pid_key(b"o/", client_id, pid))
+        key = self._pid_key(b"o/", client_id, pid)
+        old = self.kv.get(key)
+        if old is not None and json.loads(old).get("qos", 0) >= 2:
+            return self.kv.delete(key)
+        return self._delete_position(key)
 
     def save_released(self, client_id: str, pid: int) -> defer.Deferred:
         return self.kv.put(self._pid_key(b"r/", client_id, pid), b"")
@@ -220,7 +241,7 @@ class SessionStore:
     # -- shared groups ------------------------------------------------------------------------
 
     def save_group_offset(self, group: str, topic_filter: str, offset: int) -> defer.Deferred:
-        return self.kv.put(b"g/" + group.encode() + SEP + topic_filter.encode(), b"%d" % offset)
+        return self._put_position(b"g/" + group.encode() + SEP + topic_filter.encode(), b"%d" % offset)
 
     def load_group_offset(self, group: str, topic_filter: str) -> int | None:
         v = self.kv.get(b"g/" + group.encode() + SEP + topic_filter.encode())

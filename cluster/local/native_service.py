@@ -11,8 +11,10 @@ from mqtt_proxy.native.codec import TopicLimits
 from mqtt_proxy.native.protocol import NativeTCPFactory, NativeUDPProtocol
 from store.config import NativeConfig
 from store.kv import DurableKV
+from store.session_log import SessionLog
 
 STATE_DIR = "native"
+LOG_NAMESPACE = "native"  # the native KV's records in the commit log (store.session_log)
 
 
 class NativeService:
@@ -20,11 +22,14 @@ class NativeService:
     ``stop()`` before the store closes.
 
     ``executor`` runs the KV's WAL fsyncs (``kv_sync``) off the reactor thread; without one they run inline.
+    The engine's state (cursors, messages in flight, POP checkpoints, queues) is in its KV at once and in
+    the commit log every ``position_log_s`` (``store.session_log``, all of it positions), so a replica
+    resumes from it at most that old: messages redelivered, none lost.
     ``topic_limits``: the MQTT side's topic bounds, which topics named in native requests obey too.
     """
 
     def __init__(self, store, data_dir: str, config: NativeConfig, clock, timers=None, executor=None,
-                 retained_quota=None, topic_limits: TopicLimits | None = None) -> None:
+                 retained_quota=None, topic_limits: TopicLimits | None = None, position_log_s: float = 1.0) -> None:
         self.store = store
         self.config = config
         self.topic_limits = topic_limits
@@ -32,7 +37,9 @@ class NativeService:
         self.timers = timers
         sync = bool(getattr(getattr(store, "config", None), "kv_sync", False))
         self.kv = DurableKV(os.path.join(data_dir, STATE_DIR), clock, sync=sync, executor=executor)
-        self.engine = NativeEngine(store, self.kv, config, clock, timers, retained_quota)
+        self.state_log = SessionLog(store, self.kv, clock, position_log_s, namespace=LOG_NAMESPACE,
+                                    positions_only=True)
+        self.engine = NativeEngine(store, self.state_log, config, clock, timers, retained_quota)
         self.counters = self.engine.counters
         self.connections: set = set()
         self._udp: list[NativeUDPProtocol] = []
@@ -42,11 +49,14 @@ class NativeService:
         store.add_truncate_listener(self.engine.log_truncated_to)
 
     def open(self) -> defer.Deferred:
-        """Load consumer offsets and in-flight state (call after ``store.open()``)."""
-        if not self._opened:
-            self.engine.open()
-            self._opened = True
-        return defer.succeed(None)
+        """Load consumer offsets and in-flight state (call after ``store.open()``); a native KV from before
+        the commit log held it is appended to the log once (fires when that is durable)."""
+        if self._opened:
+            return defer.succeed(None)
+        d = self.state_log.open()
+        self.engine.open()
+        self._opened = True
+        return d
 
     def tcp_factory(self) -> protocol.Factory:
         """The factory to listen with on a TCP endpoint."""
@@ -66,8 +76,7 @@ class NativeService:
         for conn in list(self.connections):
             if conn.transport is not None:
                 conn.close()
-        self.kv.close()
-        return defer.succeed(None)
+        return self.state_log.stop().addBoth(lambda _: self.kv.close())
 
     def stats(self) -> dict[str, float]:
         """Gauges and counters for Prometheus (names without the ``twistmq_`` prefix)."""

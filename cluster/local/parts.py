@@ -1,10 +1,10 @@
 """The store half of a node: the parts that hold durable state, shared by the ``node`` and ``broker`` roles.
 
 Commit log (``MessageStore``, which locks the data dir), the light-queue index,
-the retained index and the timer service (dispatchers, so made before the
-store opens), the session KV, the notifier fed by the store's listener, the
-native service (engine + its KV), and the executor their blocking work runs
-on. Built and wired, not opened: the role's service tree opens them in
+the retained index, the timer service and the session log (dispatchers, so
+made before the store opens), the session KV it derives, the notifier fed by
+the store's listener, the native service (engine + its KV), and the executor
+their blocking work runs on. Built and wired, not opened: the role's service tree opens them in
 ``tree_parts()`` order and closes them in reverse.
 """
 
@@ -26,6 +26,7 @@ from store.config import NativeConfig, from_mapping
 from store.executor import ThreadPoolExecutor
 from store.kv import DurableKV
 from store.message_store import MessageStore, StoreObserver
+from store.session_log import SessionLog
 from store.session_store import SessionStore
 from store.timer_service import TimerService
 
@@ -54,12 +55,15 @@ class StoreParts(StoreObserver):
                                    executor=self.executor)  # a dispatcher: made before open
         self.kv = DurableKV(os.path.join(data_dir, "sessions"), reactor, sync=cfg.store.kv_sync,
                              executor=self.executor)
+        # Session state is written through the commit log (so it replicates) and indexed into the KV.
+        self.session_log = SessionLog(self.store, self.kv, reactor, cfg.store.session_position_log_s)
         self.notifier = Notifier(reactor)
         self.store.add_listener(self.notifier.notify_now)  # the store's news comes merged per batch
         self.native_config = from_mapping(NativeConfig, "native", cfg.native)
         self.native = NativeService(self.store, data_dir, self.native_config, reactor, self.timers,
                                     executor=self.executor, retained_quota=self.retained.would_exceed,
-                                    topic_limits=topic_limits(cfg.limits))
+                                    topic_limits=topic_limits(cfg.limits),
+                                    position_log_s=cfg.store.session_position_log_s)
         self.store.retention.add_holder(self.native.engine.owed)
         self.store.retention.add_carrier(self.retained.records_to_carry)
         # The collector's passes come after each drain (cluster/runtime/heap.py); the role starts it once recovery is done.
@@ -80,11 +84,11 @@ class StoreParts(StoreObserver):
     def hold_stored_sessions(self) -> None:
         """Make retention keep what the sessions in the session KV owe (a broker: its proxies' sessions live
         there, not in memory; the node's front end holds its live sessions itself)."""
-        self.store.retention.add_holder(lambda: stored_sessions_owed(SessionStore(self.kv)))
+        self.store.retention.add_holder(lambda: stored_sessions_owed(SessionStore(self.session_log)))
 
     def local_store(self, group: str) -> LocalStore:
         """The store interface over these parts, as broker group ``group``."""
-        return LocalStore(self.store, self.notifier, self.retained, self.timers, SessionStore(self.kv),
+        return LocalStore(self.store, self.notifier, self.retained, self.timers, SessionStore(self.session_log),
                           self.native.engine, group=group, native_topic_limits=self.native.topic_limits)
 
     def tree_parts(self) -> list[Part]:
@@ -93,6 +97,7 @@ class StoreParts(StoreObserver):
             Part("executor", start=self.executor.start, stop=self.executor.stop),
             Part("sessions-kv", stop=self.kv.close),  # opened when built; closed after the store
             Part("store", start=self.store.open, stop=self.store.close),
+            Part("session-log", start=self.session_log.open, stop=self.session_log.stop),  # upgrades an old KV
             Part("timers", start=self.timers.start, stop=self.timers.stop),
             Part("native", start=self.native.open, stop=self.native.stop),
         ]

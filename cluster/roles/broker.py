@@ -167,7 +167,7 @@ class BrokerParts:
         self.state.hold_stored_sessions()
         # the broker's own interest in stored sessions' filters: they miss nothing while their proxy is gone
         local_store = self.state.local_store(cluster.group)
-        self.local = SessionInterest(local_store, SessionStore(self.state.kv))
+        self.local = SessionInterest(local_store, SessionStore(self.state.session_log))
         # [[bridge.mongodb]]: each reads this group's light queue of its filter (a filter whose topics span
         # groups is read by the bridge of every group, each with its own position).
         self.mongodb = mongodb_pool(reactor, cfg)  # None unless the config uses MongoDB

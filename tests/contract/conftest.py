@@ -38,6 +38,7 @@ from store.config import NativeConfig, StoreConfig
 from store.executor import SynchronousExecutor
 from store.kv import DurableKV
 from store.message_store import MessageStore, StoreObserver
+from store.session_log import SessionLog
 from store.session_store import SessionStore
 from store.timer_service import TimerService
 from tests.contract.loopback_store import LoopbackStore
@@ -64,20 +65,23 @@ class Parts(StoreObserver):
         self.store.register_dispatcher(self.retained)
         self.timers = TimerService(self.store, os.path.join(path, "timer"), clock, 100, slot_count=600)
         self.kv = DurableKV(os.path.join(path, "sessions"), clock)
+        self.session_log = SessionLog(self.store, self.kv, clock)  # session state through the log, as the node
         self.notifier = Notifier(clock)
         self.store.add_listener(self.notifier.notify_now)
         self.native_kv = DurableKV(os.path.join(path, "native"), clock)
         self.engine = NativeEngine(self.store, self.native_kv, NativeConfig(), clock, self.timers)
         self.store.add_listener(self.engine.note_queues)
         self.store.open()
+        self.session_log.open()
         self.timers.start()
         self.engine.open()
 
     def local(self) -> LocalStore:
-        return LocalStore(self.store, self.notifier, self.retained, self.timers, SessionStore(self.kv), self.engine,
-                          group=GROUP)
+        return LocalStore(self.store, self.notifier, self.retained, self.timers, SessionStore(self.session_log),
+                          self.engine, group=GROUP)
 
     def close(self, clock: task.Clock) -> None:
+        self.session_log.stop()
         self.timers.stop()
         self.store.close()
         clock.advance(0)

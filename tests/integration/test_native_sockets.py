@@ -56,9 +56,9 @@ class NativeSocketsTest(unittest.TestCase):
         self.store = MessageStore(path, StoreConfig(segment_size=1 << 22), reactor, SynchronousExecutor())
         lightqueue.attach(self.store)
         self.timers = TimerService(self.store, path + "/timer", reactor, 100, slot_count=3000)
-        self.store.open()
-        self.timers.start()
         self.native = NativeService(self.store, path, self.config, reactor, self.timers)
+        self.store.open()  # after the native service: its state log replays as a dispatcher
+        self.timers.start()
         self.native.open()
         self.tcp_port = reactor.listenTCP(0, self.native.tcp_factory(), interface="127.0.0.1")
         self.udp_port = reactor.listenUDP(0, self.native.udp_protocol(), interface="127.0.0.1")

@@ -33,6 +33,7 @@ from store.config import NativeConfig, StoreConfig
 from store.executor import DeferredExecutor, SynchronousExecutor
 from store.kv import DurableKV
 from store.message_store import MessageStore
+from store.session_log import SessionLog
 from store.session_store import SessionStore
 from store.timer_service import TimerService
 
@@ -50,13 +51,16 @@ class Harness:
         self.store.register_dispatcher(self.retained)
         self.timers = TimerService(self.store, str(path / "timer"), self.clock, 100, slot_count=600)
         self.kv = DurableKV(str(path / "sessions"), self.clock)
+        self.session_log = SessionLog(self.store, self.kv, self.clock)  # session state through the log
         self.native_kv = DurableKV(str(path / "native"), self.clock)
         self.notifier = Notifier(self.clock)
         self.store.add_listener(self.notifier.notify_now)  # as cluster/local/parts.py wires it
         self.store.open()
+        self.session_log.open()
         self.timers.start()
         engine = NativeEngine(self.store, self.native_kv, NativeConfig(), self.clock, self.timers)
-        self.local = LocalStore(self.store, self.notifier, self.retained, self.timers, SessionStore(self.kv), engine)
+        self.local = LocalStore(self.store, self.notifier, self.retained, self.timers, SessionStore(self.session_log),
+                                engine)
         self.broker = build_front_end(self.local, self.clock, MQTTConfig(sys_interval=0), limits or LimitsConfig())
         self.factory = MQTTServerFactory(self.broker, self.clock)
 
@@ -74,6 +78,7 @@ class Harness:
             self.clock.advance(0)
 
     def close(self):
+        self.session_log.stop()
         self.timers.stop()
         self.store.close()
         self.kv.close()

@@ -5,6 +5,7 @@ A real MessageStore and DurableKV in a tmp dir, a task.Clock, blocking work inli
 
 import json
 import os
+import shutil
 
 import pytest
 from twisted.internet import task
@@ -32,9 +33,9 @@ class Node:
         self.store = MessageStore_(self.path, self.clock)
         self.index = lightqueue.attach(self.store)
         self.timers = TimerService(self.store, os.path.join(self.path, "timer"), self.clock, 100, slot_count=600)
-        self.store.open()
-        self.timers.start()
         self.native = NativeService(self.store, self.path, NativeConfig(**cfg), self.clock, self.timers)
+        self.store.open()  # after the native service: its state log replays as a dispatcher
+        self.timers.start()
         self.native.open()
 
     def call(self, **request):
@@ -57,8 +58,9 @@ class Node:
         for _ in range(int(round(seconds / step))):
             self.clock.advance(step)
 
-    def restart(self):
-        """kill -9: nothing closed or flushed except what the OS already has, then start again."""
+    def restart(self, lose_native_kv=False):
+        """kill -9: nothing closed or flushed except what the OS already has, then start again (without the
+        native KV's directory if ``lose_native_kv``)."""
         tl = self.timers.timer.log
         os.close(tl._write_fd)
         for fd in tl._read_fds.values():
@@ -68,6 +70,8 @@ class Node:
         self.index.close()
         self.store.commit_log.close()
         os.close(self.store._lock_fd)
+        if lose_native_kv:
+            shutil.rmtree(os.path.join(self.path, "native"))
         clock = task.Clock()
         clock.advance(self.clock.seconds())
         return Node(self.path, clock=clock, **self.cfg)
@@ -316,3 +320,20 @@ def test_reads_soon_only_for_queues_with_a_consumer_near_the_tail(node):
         node.store.put(Message("live", b"y", RecordKind.NATIVE_MESSAGE, 0, False, "", 0, {}))
     node.clock.advance(0)
     assert not engine.reads_soon(("%QUEUE%live",)), "a backlog stays on disk"
+
+
+def test_native_state_is_rebuilt_from_the_log_when_its_kv_is_lost(node):
+    """Cursors and messages in flight reach the commit log within position_log_s: a lost native KV comes back."""
+    for i in range(4):
+        node.call(action=1, queue="j", data=str(i), retry=30)
+    assert node.call(action=2, queue="j")["data"] == "0"
+    taken = node.call(action=2, queue="j")
+    assert taken["data"] == "1"
+    confirmed = node.call(action=3, queue="j", msg_id=node.call(action=2, queue="j")["msg_id"])
+    assert confirmed["code"] == 0
+    node.run_for(1.2)  # a position round: the state of this moment goes to the log
+    node = node.restart(lose_native_kv=True)
+    got = [node.call(action=2, queue="j").get("data") for _ in range(2)]
+    assert got == ["3", None]  # the cursor came back: "0", "1" in flight (retry 30 s), "2" confirmed
+    node.run_for(31)
+    assert sorted(node.call(action=2, queue="j").get("data") for _ in range(2)) == ["0", "1"]

@@ -71,9 +71,9 @@ class Node:
         self.kv = DurableKV(os.path.join(self.path, "sessions"), clock)
         self.notifier = Notifier(clock)
         self.store.add_listener(self.notifier.notify_now)
-        self.store.open()
-        self.timers.start()
         self.native = NativeService(self.store, self.path, NativeConfig(max_reconsume=2), clock, self.timers)
+        self.store.open()  # after the native service: its state log replays as a dispatcher
+        self.timers.start()
         self.local = LocalStore(self.store, self.notifier, self.retained, self.timers, SessionStore(self.kv),
                                 self.native.engine)
         self.broker = build_front_end(self.local, clock, MQTTConfig(sys_interval=0), LimitsConfig())
