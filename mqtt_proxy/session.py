@@ -82,7 +82,7 @@ class Session:
     # Slots: one per client id, connected or not, so its size is the broker's size per client.
     __slots__ = ("ctx", "delivery", "sessions", "client_id", "epoch", "fenced", "on_fenced", "state", "conn",
                  "will_call", "stored", "acl_username", "expiry_call", "_dirty_subs", "_pumping", "_pump_again",
-                 "_pump_scheduled", "owner", "reads", "retained_backlog")
+                 "_pump_scheduled", "owner", "reads", "retained_backlog", "will_stored")
 
     def __init__(self, ctx: "SessionContext", client_id: str, level: int, expiry: int, epoch: int = 0) -> None:
         self.ctx = ctx
@@ -105,6 +105,7 @@ class Session:
         self.owner: str | None = None  # the identity that made the session (None: stored before owners were kept)
         self.reads: ReadCheck | None = None  # the connected identity's read access (None: no ACL configured)
         self.retained_backlog = None  # subscribe.RetainedBacklog: retained messages waiting for room
+        self.will_stored = False  # this connection's will is stored in its group (published there if we are lost)
 
     # The session's protocol state lives in SessionState and changes only through its events; these read it.
     level = _state_attr("level")
@@ -159,6 +160,12 @@ class Session:
 
     def delete_inbound_qos2(self, packet_id: int):
         return self._write(self.sessions.delete_inbound_qos2, self.client_id, packet_id)
+
+    def save_will(self, will):
+        return self._write(self.sessions.put_will, self.client_id, will)
+
+    def delete_will(self):
+        return self._write(self.sessions.delete_will, self.client_id)
 
     def _write(self, operation, *args):
         """Call ``operation`` of the store with ``args`` and the epoch.

@@ -67,6 +67,7 @@ class RoutedStore:
         self._watches: dict[int, tuple[str, list[tuple[api.Store, api.Watch]]]] = {}
         self._claims: dict[str, tuple[int, dict[str, int]]] = {}  # client id -> (home epoch, group -> epoch)
         self._outbound_group: dict[tuple[str, int], str] = {}  # (client id, packet id) -> group of its position
+        self._will_group: dict[str, str] = {}  # client id -> the group its stored will is in (its topic's)
 
     def _group(self, name: str) -> api.Store:
         try:
@@ -246,6 +247,7 @@ class RoutedStore:
             epochs = {home: epoch}
         for key in [k for k in self._outbound_group if k[0] == client_id]:
             del self._outbound_group[key]
+        self._will_group.pop(client_id, None)  # each group drops the will of a released claim
         return _gathered([defer.maybeDeferred(self.groups[g].release_session, client_id, e)
                           for g, e in epochs.items()]).addCallback(lambda _: None)
 
@@ -392,6 +394,25 @@ class RoutedStore:
 
     def delete_inbound_qos2(self, client_id: str, packet_id: int, epoch: int) -> defer.Deferred:
         return self._home_write("delete_inbound_qos2", client_id, packet_id, epoch)
+
+    def put_will(self, client_id: str, will: api.WillState, epoch: int) -> defer.Deferred:
+        """In the group of the will's topic: the one that publishes it if this holder is lost."""
+        if not isinstance(will, api.WillState) or not isinstance(will.message, Message):
+            return defer.fail(api.InvalidArgument(f"expected a WillState, got {type(will).__name__}"))
+        group = self.table.group_of_topic(will.message.topic)
+        old = self._will_group.get(client_id)
+        self._will_group[client_id] = group
+        d = self._write(client_id, (group,), "put_will", will, epoch=epoch)
+        if old is not None and old != group:  # a will on another topic's group replaces it
+            self._write(client_id, (old,), "delete_will", epoch=epoch).addErrback(
+                self._write_missed, old, client_id, "delete_will")
+        return d
+
+    def delete_will(self, client_id: str, epoch: int) -> defer.Deferred:
+        group = self._will_group.pop(client_id, None)
+        if group is None:
+            return defer.succeed(None)  # none stored through this store (a claim drops an older holder's)
+        return self._write(client_id, (group,), "delete_will", epoch=epoch)
 
     def get_share_positions(self, share_group: str, topic_filter: str) -> defer.Deferred:
         return self._each(self.table.groups_of_filter(topic_filter),

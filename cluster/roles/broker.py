@@ -26,6 +26,7 @@ from twisted.python import usage
 
 from cluster.local.parts import StoreParts
 from cluster.local.session_interest import SessionInterest
+from cluster.local.session_keeper import SessionKeeper
 from cluster.remote.server import StoreServer
 from cluster.roles.common import default_node_id, health_probe, member_agent, rpc_and_http_listeners
 from cluster.rpc.dispatch import Dispatcher
@@ -117,6 +118,11 @@ class BrokerParts:
         health = health_probe(cfg)
         self.rpc = RpcServerFactory(hello, settings, reactor, self.dispatcher, health=health)
         self.rpc.on_lost(self.server.connection_lost)
+        # the sessions of a proxy lost for a lease (or evicted) are this group's: wills, expiry, claims
+        self.keeper = SessionKeeper(self.local, local_store.session_claims, SessionStore(self.state.kv), cluster.group,
+                                    reactor, cfg.discovery.lease, cfg.discovery.wheel_tick)
+        self.rpc.on_opened(lambda p: p.peer.role == "proxy" and self.keeper.member_up(p.peer.node_id))
+        self.rpc.on_closed(lambda p: p.peer.role == "proxy" and self.keeper.member_down(p.peer.node_id))
         site = store_site(self.state.store, [self.metrics], self._extra_stats)
         self.listeners = []
         for listener in cfg.listeners:
@@ -124,12 +130,15 @@ class BrokerParts:
             self.listeners.append(ListenerService(listener, endpoints.serverFromString(reactor, listener.description),
                                                   factory))
         self.agent = member_agent(reactor, cfg, "broker", self.listeners, health)  # None: static membership
+        if self.agent is not None:
+            self.agent.on_metadata(self.keeper.metadata)  # an evicted proxy is lost
 
     def _extra_stats(self):
         native = self.state.native
         return [("native", native.stats()), ("timer", self.state.timers.stats()),
                 ("rpc", {"watches": self.server.watches, "filters": self.server.filters,
-                         "session_filters": self.local.held})]
+                         "session_filters": self.local.held}),
+                ("session_keeper", self.keeper.stats())]
 
 
 def broker_tree(parts: BrokerParts) -> RoleService:
@@ -147,6 +156,7 @@ def broker_tree(parts: BrokerParts) -> RoleService:
         SignalService("reload", signal.SIGHUP, lambda: log.info("reload_ok role=broker files=none"), parts.reactor),
         *parts.state.tree_parts(),
         Part("session-interest", start=parts.local.restore),
+        Part("session-keeper", start=parts.keeper.start, stop=parts.keeper.stop),  # before proxies connect
         *parts.listeners,
         Part("rpc-goodbye", stop=parts.rpc.stop),  # stops before the listeners close: peers hear why
         *([parts.agent] if parts.agent is not None else []),  # registers once the listeners are bound

@@ -32,9 +32,10 @@ __all__ = ["Call", "Error", "Event", "FrameDecoder", "FrameError", "FrameType", 
 
 MAX_VARINT_BYTES = 5  # 35 bits: any length a sane cap allows
 
-RPC_VERSION = 2
+RPC_VERSION = 3
 """The RPC protocol version (frames and the store codec's schema): peers must speak the same. 2: ``add_filter``
-takes ``restoring``; a native request is the store operation ``native_request`` (no ``native.request`` type)."""
+takes ``restoring``; a native request is the store operation ``native_request`` (no ``native.request`` type).
+3: the store operations ``put_will`` and ``delete_will``."""
 
 
 class FrameError(Exception):
