@@ -124,6 +124,11 @@ class SessionKeeper:
         if mine:
             log.info("sessions_taken_over holder=%s reason=%s sessions=%d", holder, why, len(mine))
         for cid in mine:
+            if not self.db.has_session(cid) and self.db.load_will(cid) is None:
+                # nothing of it to keep here (a clean session without a will): its claim just goes
+                epoch = self.sessions.claims[cid][1]
+                self.store.release_session(cid, epoch).addErrback(self._failed, "release", cid)
+                continue
             # the claim's listener (``_claimed``) arms it, as for a session handed over in the group's name
             self.sessions.adopt(cid, self.holder).addErrback(self._failed, "take_over", cid)
         return len(mine)

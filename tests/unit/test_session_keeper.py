@@ -288,3 +288,12 @@ def test_a_session_handed_over_in_the_groups_name_is_kept_by_the_group(broker):
     assert broker.keeper.stats()["held"] == 1
     broker.advance(5)
     assert broker.h.wait(broker.h.store.get_session("c1")) is None and broker.served.held == 0
+
+
+def test_a_lost_proxys_clean_sessions_without_a_will_leave_no_claim(broker):
+    """A clean session without a will has nothing for the group to keep: its claim is released, not taken."""
+    broker.connect("bare", expiry=None, will_delay=None, subscribe=None)
+    broker.keeper.take_over("proxy-1", "test")
+    broker.advance(2 * TICK)
+    assert "bare" not in broker.parts.local().session_claims.claims
+    assert broker.keeper.stats() == {"held": 0, "takeovers": 0, "wills_published": 0, "sessions_expired": 0}
