@@ -80,3 +80,23 @@ def test_the_sessions_of_a_lost_group_are_closed_with_server_busy_and_kept_in_th
     assert "homed" not in h.broker.sessions and "elsewhere" in h.broker.sessions
     stored = SessionStore(h.kv).load("homed")
     assert stored is not None and stored.disconnected_at is None and "exp/#" in stored.subscriptions
+
+
+def test_a_node_restarted_after_a_sessions_expiry_expires_it_at_start(tmp_path):
+    """One node: a stored session whose expiry passed while the node was down is deleted when it starts (its
+    filter's interest never taken), and one still within its expiry comes back."""
+    first = Harness(tmp_path)
+    for cid, expiry in (("short", 10), ("long", 3600)):
+        c = first.connect(cid, properties=Properties(session_expiry_interval=expiry))
+        c.send(Subscribe(1, (Subscription(f"exp/{cid}"),)))
+        c.lose()
+    first.close()
+    again = Harness(tmp_path)
+    try:
+        again.clock.advance(60)  # down for a minute
+        again.broker.restore()
+        again.tick()
+        assert set(again.broker.sessions) == {"long"}
+        assert SessionStore(again.kv).load("short") is None and SessionStore(again.kv).load("long") is not None
+    finally:
+        again.close()
