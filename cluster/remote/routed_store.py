@@ -10,7 +10,8 @@ of them, so the MQTT front end and the native server see a single store:
 - session state goes to the client id's group, share positions to the group
   each position names, retained messages to their topic's group (a filter's
   retained messages are merged from every group it spans);
-- native requests go to the queue's group (or the topic's);
+- native requests go to the queue's group (or the topic's); a produce to a virtual queue whose real queues
+  live in other groups than its own goes to each real queue's group, so a consume of any of them finds it;
 - a timer id is a commit-log offset of one group: cancelling asks each group.
 """
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 from twisted.internet import defer
 
@@ -56,13 +57,16 @@ def _gathered(ds: list[defer.Deferred]) -> defer.Deferred:
 class RoutedStore:
     """``store.api.Store`` over ``{group: Store}`` (see the module doc)."""
 
-    def __init__(self, table: SlotTable, groups: dict[str, api.Store]) -> None:
+    def __init__(self, table: SlotTable, groups: dict[str, api.Store],
+                 virtual_queues: Mapping[str, Sequence[str]] | None = None) -> None:
         missing = set(table.groups) - set(groups)
         if missing:
             raise ValueError(f"no store for broker groups {sorted(missing)}")
         self.table = table
         self.groups = groups
         self.native_unavailable = 0  # native requests answered for a group that could not be reached
+        # ``[native] virtual_queues``: a virtual queue -> its real queues (the brokers know them too)
+        self.virtual_queues = {name: tuple(dict.fromkeys(targets)) for name, targets in (virtual_queues or {}).items()}
         self._watch_ids = itertools.count(1)
         self._watches: dict[int, tuple[str, list[tuple[api.Store, api.Watch]]]] = {}
         self._claims: dict[str, tuple[int, dict[str, int]]] = {}  # client id -> (home epoch, group -> epoch)
@@ -474,6 +478,10 @@ class RoutedStore:
         if not isinstance(request, dict):
             return defer.fail(api.InvalidArgument(f"a native request is a JSON object, not {type(request).__name__}"))
         queue, topic = request.get("queue"), request.get("topic")
+        if isinstance(queue, str) and queue in self.virtual_queues and _is_produce(request):
+            spread = self._virtual_produce(queue, request, max_data_bytes)
+            if spread is not None:
+                return spread
         try:
             if isinstance(queue, str):
                 groups = (self.table.group_of_queue(queue),)
@@ -486,6 +494,33 @@ class RoutedStore:
         ds = [self._native_in(g, request, max_data_bytes) for g in groups]
         return ds[0] if len(ds) == 1 else defer.gatherResults(ds).addCallback(merged_native_replies)
 
+    def _virtual_produce(self, queue: str, request: dict, max_data_bytes: int | None) -> defer.Deferred | None:
+        """A produce to virtual queue ``queue`` whose real queues are not all in its own group: one produce per
+        real queue, each to that queue's group (the engine there stores it once for that queue); one reply, the
+        first error, else the first real queue's reply naming the virtual queue (its ``msg_id`` is that queue's:
+        a consume of each real queue answers with the id it confirms). None when every real queue lives in the virtual queue's group (its engine stores one record
+        for them all)."""
+        targets = self.virtual_queues[queue]
+        try:
+            home = self.table.group_of_queue(queue)
+            groups = [self.table.group_of_queue(t) for t in targets]
+        except Exception:  # noqa: BLE001 - a name routing cannot read: the broker names the problem
+            return None
+        if all(g == home for g in groups):
+            return None
+
+        def merged(replies: list[dict]) -> dict:
+            for reply in replies:
+                if reply.get("code", 0) != 0:
+                    return dict(reply, queue=queue) if "queue" in reply else reply
+            out = dict(replies[0])
+            if "queue" in out:
+                out["queue"] = queue
+            return out
+
+        ds = [self._native_in(g, dict(request, queue=t), max_data_bytes) for g, t in zip(groups, targets)]
+        return defer.gatherResults(ds).addCallback(merged)
+
     def _native_in(self, group: str, request: dict, max_data_bytes: int | None) -> defer.Deferred:
         def failed(failure):
             failure.trap(api.StoreError)
@@ -495,6 +530,11 @@ class RoutedStore:
                                             echo_of(request))
 
         return self.groups[group].native_request(request, max_data_bytes).addErrback(failed)
+
+
+def _is_produce(request: dict) -> bool:
+    action = request.get("action")
+    return (action == native_types.PRODUCE and not isinstance(action, bool)) or action == native_types.ACTIONS[native_types.PRODUCE]
 
 
 def merged_native_replies(replies: list[dict]) -> dict:

@@ -112,12 +112,12 @@ class ProxyParts:
             peer.on_event(lambda topic, body, g=member.group: self._event(g, topic, body))
             self.remotes[member.group] = remote
         self.table = SlotTable.build(tuple(self.remotes), cluster.slot_assignment(), dict(cluster.routes))
-        self.store = RoutedStore(self.table, self.remotes)
+        native_config = from_mapping(NativeConfig, "native", cfg.native)
+        self.store = RoutedStore(self.table, self.remotes, native_config.virtual_queues)
         mqtt = cfg.mqtt
         self.auth_executor, auth, acl = client_security(reactor, cfg)
         self.mqtt = build_front_end(self.store, reactor, mqtt, cfg.limits, auth, acl, holder=cluster.node_id)
-        self.native = ProxyNativeService(ForwardingEngine(self.store),
-                                         from_mapping(NativeConfig, "native", cfg.native), topic_limits(cfg.limits))
+        self.native = ProxyNativeService(ForwardingEngine(self.store), native_config, topic_limits(cfg.limits))
         self.lag = ReactorLagProbe(reactor)
         self.streams, self.datagrams = self._listeners()
         self.agent = member_agent(reactor, cfg, "proxy", self.streams, health)  # None: static membership

@@ -5,7 +5,9 @@ persistent session: the broker groups take its sessions over, the will reaches a
 other proxy within a lease (+ margin), and after the session's expiry it is gone, its filter's
 interest released and the commit-log segments it pinned freed by retention (small segments and a
 retention age under a second make that visible). A client back on the other proxy within its will
-delay gets no will published. The killed proxy is relaunched for the next test.
+delay gets no will published. The killed proxy is relaunched for the next test. The same cluster
+serves a virtual queue whose real queues hash to other groups than its name: a produce through one
+proxy reaches every real queue, and a consume through the other finds them.
 """
 
 from __future__ import annotations
@@ -20,11 +22,25 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from cluster.routing import SlotTable
 from cluster.tools import launcher
+from mqtt_proxy.native.client import BlockingClient
 from tests.integration.waiting import metric_value, wait_until
 
 pytestmark = pytest.mark.slow
 
+def _virtual_names() -> tuple[str, tuple[str, ...]]:
+    """A virtual queue and real queues in both groups, at least one of them not in the virtual queue's group
+    (the launcher's groups g1 and g2 share the hash slots evenly)."""
+    table = SlotTable.build(("g1", "g2"))
+    names = [f"vjobs-{i}" for i in range(64)]
+    home = table.group_of_queue(names[0])
+    other = [n for n in names[1:] if table.group_of_queue(n) != home][:2]
+    same = next(n for n in names[1:] if table.group_of_queue(n) == home)
+    return names[0], (*other, same)
+
+
+VIRTUAL, REAL = _virtual_names()
 LEASE = 1.0
 HEARTBEAT = 0.25
 MARGIN = 2.0  # the loss is seen on a keeper tick, the will is appended and pushed to the other proxy
@@ -42,6 +58,9 @@ wheel_tick = 0.05
 segment_size = {SEGMENT}
 retention_hours = 0.0002
 retention_check_s = 0.2
+
+[native.virtual_queues]
+{VIRTUAL} = {list(REAL)!r}
 """
 
 
@@ -207,3 +226,19 @@ def test_a_client_back_on_another_proxy_within_its_will_delay_gets_no_will(clust
     finally:
         watcher.stop()
         relaunch(cluster, victim_proxy)
+
+
+def test_a_virtual_queue_spanning_groups_works_through_either_proxy(cluster):
+    """A produce to a virtual queue through proxy 1 reaches each real queue in its own group (routed by its
+    name), so a consume of every real queue through proxy 2 gets it."""
+    p1, p2 = procs(cluster, "proxy")
+    with BlockingClient("127.0.0.1", p1["ports"]["native"]) as a, \
+            BlockingClient("127.0.0.1", p2["ports"]["native"]) as b:
+        for n in range(3):
+            reply = a.request({"action": "produce", "queue": VIRTUAL, "data": f"job {n}"})
+            assert reply["code"] == 0 and reply["queue"] == VIRTUAL, reply
+        for queue in REAL:
+            for n in range(3):
+                reply = b.request({"action": "consume", "queue": queue})
+                assert reply["code"] == 0 and reply.get("data") == f"job {n}", (queue, reply)
+            assert "data" not in b.request({"action": "consume", "queue": queue}), "stored more than once"
