@@ -392,8 +392,8 @@ class SessionRegistry:
             session.stored = False  # the new holder owns what is stored
             self.end_session(session)
 
-    def drop_homed(self, homed) -> list[tuple[str, int]]:
-        """A broker group is lost for a lease: close every session ``homed(client_id)`` says lives there.
+    def close_group_sessions(self, has_part) -> list[tuple[str, int]]:
+        """A broker group is lost for a lease: close every session ``has_part(session)`` says has state there.
 
         Its client is disconnected (v5: 0x89 Server busy) and reconnects where its group can be reached; the
         session is forgotten here without a write (its group owns what is stored, and takes it over once it
@@ -401,7 +401,7 @@ class SessionRegistry:
         goes out from here if its own group can be reached. Returns the (client id, epoch) dropped.
         """
         dropped = []
-        for session in [s for cid, s in self.sessions.items() if homed(cid)]:
+        for session in [s for s in self.sessions.values() if has_part(s)]:
             dropped.append((session.client_id, session.epoch))
             session.fenced = True  # write nothing more: its group cannot be reached, and owns what is stored
             conn = session.conn

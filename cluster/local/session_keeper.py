@@ -12,6 +12,12 @@ proxy held here, the lease being the test of loss:
 - a holder may hand a session over itself, by claiming it in the group's name (``group_holder``): a
   proxy that closed the sessions of a group it had lost for a lease does so once the group is back.
 
+A group takes over the sessions that live in it (the client id's group) and, of the others, those
+with a part here: a will (kept in the group of its topic) or a subscription whose filter spans this
+group; a mere copy of the meta is left to the session's own group. A proxy cut off from a group for
+a lease closes exactly these sessions (``cluster.roles.proxy``), so none of it happens to a client
+still connected.
+
 Taking over is a claim by the group itself (``group:<name>``, keeping the owner and the stored
 will), so the lost proxy's writes are fenced; then the loss is stored as the session's
 ``disconnected_at`` and the will's due time with the will (``store.session_deadlines``), so a
@@ -25,6 +31,7 @@ so retention no longer keeps what it owed) and its claim released.
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 from twisted.internet import defer, task
 
@@ -46,13 +53,16 @@ class SessionKeeper:
     """
 
     def __init__(self, store: api.Store, sessions: LocalSessions, db: SessionStore, group: str, clock,
-                 lease: float, tick: float) -> None:
+                 lease: float, tick: float, homed: Callable[[str], bool] = lambda _client_id: True,
+                 start_grace: float = 0.0) -> None:
         self.store = store
         self.sessions = sessions
         self.db = db
         self.holder = group_holder(group)
         self.clock = clock
         self.tick = tick
+        self.homed = homed  # whether a client id's session lives in this group (its other groups keep parts)
+        self.start_grace = start_grace  # beyond the lease, how long a holder may take to reconnect after a start
         self.deadlines = SessionDeadlines()
         self.absences = Absences(lease)
         self._epochs: dict[str, int] = {}  # client id -> the epoch this group claimed it with
@@ -79,8 +89,8 @@ class SessionKeeper:
                 self._arm(cid, epoch, None, now)
             elif holder not in self._connections:
                 holders.add(holder)
-        for holder in sorted(holders):
-            self.absences.gone(holder, self.clock.seconds())
+        for holder in sorted(holders):  # a proxy's reconnect back-off may be longer than a lease
+            self.absences.gone(holder, self.clock.seconds() + self.start_grace)
         self._loop = task.LoopingCall(self._tick)
         self._loop.clock = self.clock
         self._loop.start(self.tick, now=True)
@@ -123,15 +133,22 @@ class SessionKeeper:
         mine = [cid for cid, (h, _e) in self.sessions.claims.items() if h == holder]
         if mine:
             log.info("sessions_taken_over holder=%s reason=%s sessions=%d", holder, why, len(mine))
+        taken = 0
         for cid in mine:
-            if not self.db.has_session(cid) and self.db.load_will(cid) is None:
+            stored = self.db.has_session(cid)
+            if not stored and self.db.load_will(cid) is None:
                 # nothing of it to keep here (a clean session without a will): its claim just goes
                 epoch = self.sessions.claims[cid][1]
                 self.store.release_session(cid, epoch).addErrback(self._failed, "release", cid)
                 continue
+            if stored and not self.homed(cid) and self.db.load_will(cid) is None and not self.db.load(cid).subscriptions:
+                # only the copy of the meta every group keeps: its home group ends the session; the holder
+                # may well be alive and serving the client, cut off from this group only
+                continue
             # the claim's listener (``_claimed``) arms it, as for a session handed over in the group's name
             self.sessions.adopt(cid, self.holder).addErrback(self._failed, "take_over", cid)
-        return len(mine)
+            taken += 1
+        return taken
 
     @defer.inlineCallbacks
     def _took(self, client_id: str, epoch: int, lost_ms: int):

@@ -399,6 +399,15 @@ class RoutedStore:
     def delete_inbound_qos2(self, client_id: str, packet_id: int, epoch: int) -> defer.Deferred:
         return self._home_write("delete_inbound_qos2", client_id, packet_id, epoch)
 
+    def claim_epochs(self, client_id: str) -> dict[str, int]:
+        """Group -> the epoch of this store's last claim of ``client_id`` there (empty: none held)."""
+        claims = self._claims.get(client_id)
+        return dict(claims[1]) if claims is not None else {}
+
+    def will_group(self, client_id: str) -> str | None:
+        """The group this store put ``client_id``'s will in (None: none stored through it)."""
+        return self._will_group.get(client_id)
+
     def put_will(self, client_id: str, will: api.WillState, epoch: int) -> defer.Deferred:
         """In the group of the will's topic: the one that publishes it if this holder is lost."""
         if not isinstance(will, api.WillState) or not isinstance(will.message, Message):

@@ -28,10 +28,12 @@ from cluster.local.parts import StoreParts
 from cluster.local.session_interest import SessionInterest
 from cluster.local.session_keeper import SessionKeeper
 from cluster.remote.server import StoreServer
+from cluster.routing import RoutingError, SlotTable
 from cluster.roles.common import default_node_id, health_probe, member_agent, rpc_and_http_listeners
 from cluster.rpc.dispatch import Dispatcher
 from cluster.rpc.frames import RPC_VERSION, Hello
 from cluster.rpc.metrics import RpcMetrics
+from cluster.rpc.peer import MAX_RETRY_DELAY
 from cluster.rpc.protocol import RpcSettings
 from cluster.rpc.server import RpcServerFactory
 from cluster.runtime import node_log
@@ -96,6 +98,19 @@ def broker_config(options: BrokerOptions):
     return with_data_dir(dataclasses.replace(cfg, cluster=cluster, listeners=listeners), "broker")
 
 
+def homed_here(cluster):
+    """Whether a client id's session lives in this broker's group, by the slot table the proxies build from the
+    same config (every client id, when the config lists no broker groups)."""
+    groups = tuple(dict.fromkeys(m.group for m in cluster.members if m.role == "broker"))
+    if cluster.group not in groups:
+        return lambda _client_id: True
+    try:
+        table = SlotTable.build(groups, cluster.slot_assignment(), dict(cluster.routes))
+    except RoutingError:
+        return lambda _client_id: True
+    return lambda client_id: table.group_of_client(client_id) == cluster.group
+
+
 class BrokerParts:
     """The broker's parts: the store half, the store interface over it, and the RPC server in front."""
 
@@ -120,7 +135,8 @@ class BrokerParts:
         self.rpc.on_lost(self.server.connection_lost)
         # the sessions of a proxy lost for a lease (or evicted) are this group's: wills, expiry, claims
         self.keeper = SessionKeeper(self.local, local_store.session_claims, SessionStore(self.state.kv), cluster.group,
-                                    reactor, cfg.discovery.lease, cfg.discovery.wheel_tick)
+                                    reactor, cfg.discovery.lease, cfg.discovery.wheel_tick, homed_here(cluster),
+                                    start_grace=MAX_RETRY_DELAY)
         self.rpc.on_opened(lambda p: p.peer.role == "proxy" and self.keeper.member_up(p.peer.node_id))
         self.rpc.on_closed(lambda p: p.peer.role == "proxy" and self.keeper.member_down(p.peer.node_id))
         site = store_site(self.state.store, [self.metrics], self._extra_stats)

@@ -26,10 +26,10 @@ import logging
 import signal
 
 import msgpack
-from twisted.internet import defer, endpoints, task
+from twisted.internet import defer, endpoints
 
-from cluster.discovery.absence import Absences
 from cluster.local.native_service import topic_limits
+from cluster.remote.group_watch import GroupWatch
 from cluster.remote.proxy_native import ForwardingEngine, ProxyNativeService
 from cluster.remote.routed_store import RoutedStore
 from cluster.remote.server import SESSION_EVENT
@@ -59,7 +59,6 @@ from mqtt_proxy.auth.reload import Reloader
 from mqtt_proxy.front_end import build_front_end
 from mqtt_proxy.reactor_lag import ReactorLagProbe
 from store.config import ConfigError, NativeConfig, from_mapping
-from store.session_deadlines import group_holder
 
 log = logging.getLogger("twistmq.proxy")
 
@@ -121,49 +120,9 @@ class ProxyParts:
         self.lag = ReactorLagProbe(reactor)
         self.streams, self.datagrams = self._listeners()
         self.agent = member_agent(reactor, cfg, "proxy", self.streams, health)  # None: static membership
-        # A group unreachable for a lease takes over the sessions homed there: close them here first.
-        self.groups_away = Absences(cfg.discovery.lease)
-        self.dropped: dict[str, list[tuple[str, int]]] = {}  # group -> sessions closed while it was away
-        self._group_watch = task.LoopingCall(self._watch_groups)
-        self._group_watch.clock = reactor
-        for group, remote in self.remotes.items():
-            remote.peer.on_connected(lambda g=group: self._group_back(g))
-
-    def _watch_groups(self) -> None:
-        now = self.reactor.seconds()
-        for group, remote in self.remotes.items():
-            if not remote.peer.connected:
-                self.groups_away.gone(group, now)
-        for group in self.groups_away.lost(now):
-            dropped = self.mqtt.registry.drop_homed(lambda cid, g=group: self.table.group_of_client(cid) == g)
-            log.warning("proxy_group_lost group=%s lease=%g sessions_closed=%d", group, self.groups_away.lease,
-                        len(dropped))
-            self.dropped.setdefault(group, []).extend(dropped)
-
-    def _group_back(self, group: str) -> None:
-        """The group is reachable again: hand it the sessions closed while it was away that are still ours there
-        (claimed in its name, its session keeper publishes their wills and expires them); let the rest go."""
-        self.groups_away.seen(group)
-        for client_id, epoch in self.dropped.pop(group, ()):
-            self._hand_over(group, client_id, epoch).addErrback(
-                lambda f, c=client_id: log.warning("session_hand_over_failed group=%s client=%s reason=%s", group, c,
-                                                   f.getErrorMessage()))
-
-    @defer.inlineCallbacks
-    def _hand_over(self, group: str, client_id: str, epoch: int):
-        store = self.remotes[group]
-        state = yield store.get_session(client_id)
-        if state is None:
-            yield store.release_session(client_id, epoch)
-        elif (state.holder, state.epoch) == (self.cfg.cluster.node_id, epoch):  # not claimed elsewhere since
-            yield store.claim_session(client_id, group_holder(group))
-
-    def watch_groups(self) -> None:
-        self._group_watch.start(min(self.cfg.discovery.wheel_tick, self.groups_away.lease / 4), now=False)
-
-    def unwatch_groups(self) -> None:
-        if self._group_watch.running:
-            self._group_watch.stop()
+        # a group that loses this proxy for a lease takes over its sessions there: close them here first
+        self.group_watch = GroupWatch(reactor, self.store, self.mqtt.registry, cluster.node_id, cfg.discovery.lease,
+                                      cfg.discovery.wheel_tick)
 
     def _event(self, group: str, topic: str, body: bytes) -> None:
         """A broker's event other than queue news: a session of ours taken over elsewhere."""
@@ -198,7 +157,8 @@ class ProxyParts:
 
     def _listeners(self):
         http = proxy_site(self.mqtt, [(r.peer, r) for r in self.remotes.values()],
-                          lambda: [("native", self.native.stats())], self.lag)
+                          lambda: [("native", self.native.stats()),
+                                 ("group_watch", {"sessions_closed": self.group_watch.closed})], self.lag)
         return client_listeners(self.reactor, self.cfg, self.mqtt, self.native, http)
 
     def reloader(self) -> Reloader:
@@ -220,7 +180,7 @@ def proxy_tree(parts: ProxyParts) -> RoleService:
         Part("auth-executor", start=parts.auth_executor.start, stop=parts.auth_executor.stop),
         Part("rpc-peers", start=parts.connect, stop=parts.disconnect),
         Part("mqtt-sessions", start=parts.mqtt.restore, stop=parts.mqtt.shutdown),
-        Part("group-watch", start=parts.watch_groups, stop=parts.unwatch_groups),
+        Part("group-watch", start=parts.group_watch.start, stop=parts.group_watch.stop),
         Part("native", stop=parts.native.stop),
         *listeners,
         *([parts.agent] if parts.agent is not None else []),  # registers once the listeners are bound

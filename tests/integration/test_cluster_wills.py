@@ -41,6 +41,12 @@ def _virtual_names() -> tuple[str, tuple[str, ...]]:
 
 
 VIRTUAL, REAL = _virtual_names()
+TABLE = SlotTable.build(("g1", "g2"))
+
+
+def named(prefix: str, group: str, of=TABLE.group_of_client) -> str:
+    """The first ``prefix-N`` whose group (by ``of``) is ``group``."""
+    return next(f"{prefix}-{i}" for i in range(1000) if of(f"{prefix}-{i}") == group)
 LEASE = 1.0
 HEARTBEAT = 0.25
 MARGIN = 2.0  # the loss is seen on a keeper tick, the will is appended and pushed to the other proxy
@@ -96,6 +102,9 @@ class Client:
         self.client.on_message = self._message
         self.client.on_connect = self._connack
         self.client.on_subscribe = lambda c, u, mid, codes, p=None: self.subacks.add(mid)
+        self.disconnects: list[int] = []
+        self.client.on_disconnect = lambda c, u, flags, reason, p=None: self.disconnects.append(reason.value)
+        self.client.reconnect_delay_set(3600, 3600)  # a client that is closed stays away (paho would come back)
         if will is not None:
             topic, payload, delay = will
             will_props = Properties(PacketTypes.WILLMESSAGE)
@@ -132,6 +141,10 @@ class Client:
         """Stop without a DISCONNECT (the proxy is gone anyway)."""
         self.client.loop_stop()
         self.client.socket() and self.client.socket().close()
+
+    def received_payloads(self, topic: str) -> list[bytes]:
+        with self.lock:
+            return [p for t, p, _at in self.got if t == topic]
 
 
 def kill(doc, proxy: dict) -> float:
@@ -226,6 +239,44 @@ def test_a_client_back_on_another_proxy_within_its_will_delay_gets_no_will(clust
     finally:
         watcher.stop()
         relaunch(cluster, victim_proxy)
+
+
+def test_a_proxy_cut_off_from_a_group_for_a_lease_closes_the_sessions_living_there(cluster):
+    """SIGSTOP the broker of group g1: after its RPC connections time out and one lease, the proxy closes the
+    session homed in g1 (v5 DISCONNECT 0x89) and publishes its will itself (its topic lives in g2), while a
+    session with nothing in g1 stays connected; after SIGCONT the proxy hands the session to g1, which expires
+    it, and the will was published once."""
+    proxy, other = procs(cluster, "proxy")
+    g1 = next(b for b in procs(cluster, "broker") if b["group"] == "g1")
+    topic_level = named("wt", "g2", TABLE.group_of_topic)
+    watcher = Client(named("cut-watch", "g2"), other["ports"]["mqtt"])
+    watcher.subscribe(f"{topic_level}/#")
+    victim_id = named("cut-victim", "g1")
+    victim = Client(victim_id, proxy["ports"]["mqtt"], expiry=5, will=(f"{topic_level}/v", b"cut", 0))
+    bystander = Client(named("cut-bystander", "g2"), proxy["ports"]["mqtt"])
+    expired = metric_value(g1["ports"]["http"], "twistmq_session_keeper_sessions_expired")
+    os.kill(g1["pid"], signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        wait_until(lambda: victim.disconnects, 20, what="the victim closed by its proxy")
+        assert victim.disconnects == [0x89]
+        took = time.monotonic() - stopped
+        assert took >= LEASE, f"closed {took:.2f} s after the group stopped: before a lease"
+        wait_until(lambda: watcher.received(f"{topic_level}/v"), 10, what="the victim's will")
+        assert bystander.disconnects == [] and watcher.disconnects == []
+    finally:
+        os.kill(g1["pid"], signal.SIGCONT)
+    try:
+        wait_until(lambda: metric_value(g1["ports"]["http"], "twistmq_session_keeper_sessions_expired") > expired,
+                   30, what="g1 expiring the session handed to it")
+        assert watcher.received_payloads(f"{topic_level}/v") == [b"cut"]
+        victim.client.loop_stop()
+        again = Client(victim_id, other["ports"]["mqtt"], expiry=5, clean=False)
+        assert again.acks == [(False, False)], "the session was not expired"
+        again.stop()
+    finally:
+        for c in (watcher, bystander):
+            c.stop()
 
 
 def test_a_virtual_queue_spanning_groups_works_through_either_proxy(cluster):

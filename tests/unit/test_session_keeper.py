@@ -297,3 +297,18 @@ def test_a_lost_proxys_clean_sessions_without_a_will_leave_no_claim(broker):
     broker.advance(2 * TICK)
     assert "bare" not in broker.parts.local().session_claims.claims
     assert broker.keeper.stats() == {"held": 0, "takeovers": 0, "wills_published": 0, "sessions_expired": 0}
+
+
+def test_a_session_of_another_group_is_taken_over_only_for_the_part_kept_here(broker):
+    """Of the sessions living in another group, the lost proxy's claim is taken only where this group keeps a
+    will or a subscription of it; a mere copy of the meta is left to the session's own group (the proxy may be
+    alive, cut off from this group only, and still serving the client)."""
+    broker.keeper.homed = lambda cid: False
+    broker.connect("meta-only", will_delay=None, subscribe=None)
+    broker.connect("with-will", subscribe=None)
+    broker.connect("with-sub", will_delay=None)
+    broker.keeper.take_over("proxy-1", "test")
+    broker.advance(2 * TICK)
+    holders = {cid: h for cid, (h, _e) in broker.parts.local().session_claims.claims.items()}
+    assert holders == {"meta-only": "proxy-1", "with-will": group_holder(GROUP), "with-sub": group_holder(GROUP)}
+    assert broker.wills() == ["with-will"]

@@ -66,14 +66,14 @@ def test_a_delayed_will_stays_stored_until_its_delay_publishes_it(h):
 
 
 def test_the_sessions_of_a_lost_group_are_closed_with_server_busy_and_kept_in_the_group(h):
-    """``drop_homed``: the client is disconnected (v5 0x89), the session forgotten here without a write: its
+    """``close_group_sessions``: the client is disconnected (v5 0x89), the session forgotten here without a write: its
     group keeps what is stored (and takes it over)."""
     c = h.connect("homed", properties=Properties(session_expiry_interval=60))
     c.send(Subscribe(1, (Subscription("exp/#"),)))
     c.received()
     other = h.connect("elsewhere")
     other.received()
-    dropped = h.broker.registry.drop_homed(lambda cid: cid == "homed")
+    dropped = h.broker.registry.close_group_sessions(lambda s: s.client_id == "homed")
     h.tick()
     assert [cid for cid, _epoch in dropped] == ["homed"]
     assert c.received()[-1] == Disconnect(ReasonCode.SERVER_BUSY) and c.transport.disconnecting
