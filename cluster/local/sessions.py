@@ -81,6 +81,7 @@ class LocalSessions:
         self._next_epoch = 0  # the epoch of the next claim
         self._epoch_mark = 0  # the persisted high-water mark: epochs up to it may have been handed out
         self._claim_listeners: list[Callable[[str, str, int], None]] = []
+        self._wills: set[str] = set()  # client ids with a stored will (read with the claims)
 
     # -- claims and fencing ---------------------------------------------------------------------
 
@@ -94,6 +95,7 @@ class LocalSessions:
         if self._claims is None:
             self._claims = self._db.load_claims()
             self._claim_owners = self._db.load_claim_owners()
+            self._wills = set(self._db.load_wills())
             # A store from before the mark has claims but no mark: resume above both.
             self._epoch_mark = max(self._db.load_epoch_mark(), max((e for _, e in self._claims.values()), default=0))
             self._next_epoch = self._epoch_mark + 1
@@ -131,7 +133,8 @@ class LocalSessions:
         else:
             self._claim_owners.pop(client_id, None)
         writes.append(self._db.save_claim(client_id, holder, epoch, owner))
-        if not keep_will and self._db.load_will(client_id) is not None:
+        if not keep_will and client_id in self._wills:
+            self._wills.discard(client_id)
             # A new connection's CONNECT stores its own will: the old connection's is published by its live
             # holder (a takeover) or cancelled by the return (MQTT 5 3.1.2.8), never by this group.
             writes.append(self._db.delete_will(client_id))
@@ -163,7 +166,8 @@ class LocalSessions:
         claim = claims.get(client_id)
         if claim is None or claim[1] != epoch:
             return defer.succeed(None)
-        if self._db.load_will(client_id) is not None:  # the holder that lets go published it or cancelled it
+        if client_id in self._wills:  # the holder that lets go published it or cancelled it
+            self._wills.discard(client_id)
             self._db.delete_will(client_id)
         if self._db.has_session(client_id):
             return defer.succeed(None)
@@ -285,13 +289,15 @@ class LocalSessions:
         m = will.message
         if m.kind != rec.RecordKind.MQTT_PUBLISH or not isinstance(will.delay_s, int) or will.delay_s < 0:
             raise api.InvalidArgument("a will is an MQTT publish with a delay of 0 or more seconds")
+        self._wills.add(client_id)
         return self._db.save_will(client_id, StoredWill(m.topic, bytes(m.body), m.qos, m.retain, m.born_ts,
                                                         dict(m.properties), will.delay_s))
 
     def delete_will(self, client_id: str, epoch: int) -> defer.Deferred:
         self._fence(client_id, epoch)
-        if self._db.load_will(client_id) is None:
+        if client_id not in self._wills:
             return defer.succeed(None)
+        self._wills.discard(client_id)
         return self._db.delete_will(client_id).addCallback(lambda _: None)
 
     def get_share_positions(self, share_group: str, topic_filter: str) -> defer.Deferred:
