@@ -312,3 +312,19 @@ def test_a_session_of_another_group_is_taken_over_only_for_the_part_kept_here(br
     holders = {cid: h for cid, (h, _e) in broker.parts.local().session_claims.claims.items()}
     assert holders == {"meta-only": "proxy-1", "with-will": group_holder(GROUP), "with-sub": group_holder(GROUP)}
     assert broker.wills() == ["with-will"]
+
+
+def test_a_wills_message_expiry_counts_from_its_publish_by_the_group(broker):
+    """A will set with a Message Expiry Interval of 60 s at CONNECT and published by the group an hour later
+    expires 60 s after that publish, not before it."""
+    epoch = broker.claim("c1")
+    born = broker.h.now_ms()
+    message = rec.Message("will/c1", b"gone", rec.RecordKind.MQTT_PUBLISH, 1, False, "c1", born,
+                          {rec.EXPIRES_AT: str(born + 60_000)})
+    broker.h.wait(broker.h.store.put_will("c1", api.WillState(message, 0), epoch))
+    broker.advance(3600)
+    broker.keeper.take_over("proxy-1", "test")
+    broker.advance(2 * TICK)
+    (first,) = broker.h.wait(broker.h.store.first_positions(lmq_name("will/#")))
+    (got,) = broker.h.wait(broker.h.store.read_queue(first, 10)).messages
+    assert int(got.record.properties[rec.EXPIRES_AT]) >= broker.h.now_ms() + 59_000
