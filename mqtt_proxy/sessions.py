@@ -388,6 +388,9 @@ class SessionRegistry:
         if conn is not None:
             self.conn_gone(conn, publish_will=True)  # as a takeover here: the old link's will goes out
             conn.close(ReasonCode.SESSION_TAKEN_OVER)
+        if session.will_call is not None and session.will_call.active():
+            session.will_call.cancel()  # MQTT-3.1.3-9: its client is back, on the new holder
+        session.will_call = None
         if self.sessions.get(session.client_id) is session:
             session.stored = False  # the new holder owns what is stored
             self.end_session(session)

@@ -100,3 +100,30 @@ def test_a_node_restarted_after_a_sessions_expiry_expires_it_at_start(tmp_path):
         assert SessionStore(again.kv).load("short") is None and SessionStore(again.kv).load("long") is not None
     finally:
         again.close()
+
+
+def test_a_delayed_will_is_cancelled_when_its_client_returns_on_another_proxy(h):
+    """MQTT-3.1.3-9 across proxies: the client left with a will delay and came back on another proxy within
+    it; the old holder, told of the new claim, drops the will it was waiting to publish."""
+    from mqtt_proxy.config import LimitsConfig, MQTTConfig
+    from mqtt_proxy.front_end import build_front_end
+    from mqtt_proxy.protocol import MQTTServerFactory
+
+    other = build_front_end(h.local, h.clock, MQTTConfig(sys_interval=0), LimitsConfig(), holder="proxy-2")
+    fronts = {"node": h.broker, "proxy-2": other}
+    h.local.add_claim_listener(lambda cid, old, epoch: fronts[old].registry.taken_over(cid, epoch))
+    watcher = h.connect("watch")
+    watcher.send(Subscribe(1, (Subscription("will/+"),)))
+    watcher.received()
+    persist = Properties(session_expiry_interval=60)
+    c = h.connect("late", properties=persist, will=Will("will/late", b"l", properties=Properties(will_delay_interval=5)))
+    c.lose()
+    h.tick(2)
+    first, h.factory = h.factory, MQTTServerFactory(other, h.clock)
+    try:
+        back = h.connect("late", clean_start=False, properties=persist)
+    finally:
+        h.factory = first
+    assert back.received()[0].session_present
+    h.tick(10)
+    assert published(watcher) == []
