@@ -100,11 +100,15 @@ class SessionDeadlines:
             heapq.heappop(self._heap)
         return self._heap[0][0] if self._heap else None
 
-    def due(self, now_ms: int) -> list[PublishWill | ExpireSession]:
+    def due(self, now_ms: int, limit: int | None = None) -> list[PublishWill | ExpireSession]:
         """What is due at ``now_ms``, in deadline order, each once; a session's end also publishes its will
-        first (the session ends before the delay ran out)."""
+        first (the session ends before the delay ran out). At most ``limit`` session ends (a few KV scans each;
+        wills are cheap): the rest stay due for the next call (a lost proxy's sessions often end together)."""
         out: list[PublishWill | ExpireSession] = []
+        ends = 0
         while self._heap and self._heap[0][0] <= now_ms:
+            if limit is not None and ends >= limit and self._heap[0][1] == 1:
+                break
             entry = heapq.heappop(self._heap)
             if not self._live(entry):
                 continue
@@ -117,4 +121,5 @@ class SessionDeadlines:
                 if self._wills.pop(client_id, None) is not None:
                     out.append(PublishWill(client_id))
                 out.append(ExpireSession(client_id))
+                ends += 1
         return out

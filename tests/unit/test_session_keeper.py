@@ -66,6 +66,19 @@ def test_deadlines_come_due_in_order_each_once_a_will_before_its_sessions_end():
     assert d.next_due() is None and len(d) == 0
 
 
+def test_session_ends_come_due_a_bounded_number_at_a_time_the_rest_on_the_next_call():
+    """With a limit, session ends come in order over several calls, none lost, none twice; wills are not held
+    back by it."""
+    d = SessionDeadlines()
+    for i in range(10):
+        d.hold(f"c{i}", None, 1_000 + i)
+    d.hold("w", 1_005, None)
+    got = [d.due(5_000, 4), d.due(5_000, 4), d.due(5_000, 4), d.due(5_000, 4)]
+    assert [len(g) for g in got] == [4, 5, 2, 0]
+    assert [a.client_id for g in got for a in g if isinstance(a, ExpireSession)] == [f"c{i}" for i in range(10)]
+    assert PublishWill("w") in got[1]
+
+
 def test_forgotten_or_replaced_deadlines_never_come_due():
     """A client back elsewhere cancels its will and expiry; holding again replaces the old times."""
     d = SessionDeadlines()
