@@ -36,8 +36,7 @@ class GroupWatch:
 
     def __init__(self, clock, store: RoutedStore, registry, holder: str, lease: float, tick: float) -> None:
         self.clock = clock
-        self.store = store
-        self.table = store.table
+        self.store = store  # its table and groups are read at each use: routes may change while it runs
         self.registry = registry
         self.holder = holder
         self.tick = min(tick, lease / 4)
@@ -46,8 +45,6 @@ class GroupWatch:
         self.closed = 0  # sessions closed because a group was lost
         self._loop = task.LoopingCall(self._check)
         self._loop.clock = clock
-        for group, remote in store.groups.items():
-            remote.peer.on_connected(lambda g=group: self._back(g))
 
     def start(self) -> None:
         self._loop.start(self.tick, now=False)
@@ -59,14 +56,19 @@ class GroupWatch:
     def has_part_in(self, session, group: str) -> bool:
         """Whether ``group`` keeps a part of ``session``: it lives there, or its will or a subscription does."""
         cid = session.client_id
-        if self.table.group_of_client(cid) == group or self.store.will_group(cid) == group:
+        table = self.store.table
+        if table.group_of_client(cid) == group or self.store.will_group(cid) == group:
             return True
-        return any(group in self.table.groups_of_filter(sub.topic_filter) for sub in session.subs.values())
+        return any(group in table.groups_of_filter(sub.topic_filter) for sub in session.subs.values())
 
     def _check(self) -> None:
         now = self.clock.seconds()
-        for group, remote in self.store.groups.items():
-            if not remote.peer.connected:
+        for group, remote in list(self.store.groups.items()):
+            if remote.peer.connected:
+                self.away.seen(group)
+                if group in self.pending:
+                    self._back(group)
+            else:
                 self.away.gone(group, now)
         for group in self.away.lost(now):
             self._lost(group)
@@ -91,7 +93,6 @@ class GroupWatch:
                     self.hand_over(g, client_id, epoch)
 
     def _back(self, group: str) -> None:
-        self.away.seen(group)
         for client_id, epoch in self.pending.pop(group, ()):
             self.hand_over(group, client_id, epoch)
 

@@ -23,15 +23,9 @@ def named(prefix: str, group: str, of=TABLE.group_of_client) -> str:
 class Peer:
     def __init__(self) -> None:
         self.connected = True
-        self._up = []
-
-    def on_connected(self, listener) -> None:
-        self._up.append(listener)
 
     def up(self) -> None:
         self.connected = True
-        for listener in self._up:
-            listener()
 
 
 class Group:
@@ -98,6 +92,7 @@ def test_a_group_out_of_reach_for_a_lease_closes_the_sessions_with_a_part_there(
     groups["g1"].peer.connected = False
     advance(clock, LEASE / 2)
     groups["g1"].peer.up()
+    advance(clock, TICK)
     groups["g1"].peer.connected = False
     advance(clock, LEASE - 2 * TICK)
     assert registry.closed == []
@@ -120,4 +115,5 @@ def test_the_parts_are_handed_over_where_reachable_at_once_and_in_the_lost_group
     assert groups["g2"].calls == [("claim", a, group_holder("g2"))]
     assert groups["g1"].calls == []
     groups["g1"].peer.up()
+    advance(clock, TICK)
     assert groups["g1"].calls == [("claim", a, group_holder("g1")), ("release", b, 5)]
