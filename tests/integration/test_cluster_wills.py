@@ -279,6 +279,38 @@ def test_a_proxy_cut_off_from_a_group_for_a_lease_closes_the_sessions_living_the
             c.stop()
 
 
+def test_a_taken_over_sessions_will_and_expiry_survive_a_restart_of_its_broker(cluster):
+    """SIGKILL a proxy; once group g1 took its session over (will delay 3 s, expiry 6 s), SIGKILL g1's broker and
+    start it again: the will is still published (from the stored due time) and the session still expires."""
+    proxy, other = procs(cluster, "proxy")
+    g1 = next(b for b in procs(cluster, "broker") if b["group"] == "g1")
+    level = named("rt", "g1", TABLE.group_of_topic)
+    # a persistent watcher: its stored subscription keeps the broker's interest across the broker's restart
+    # homed in g1 too: if its proxy closes it while g1 is down, it is back (with its subscription) once g1 is
+    watcher = Client(named("rt-watch", "g1"), other["ports"]["mqtt"], expiry=300, clean=False)
+    watcher.client.reconnect_delay_set(0.2, 1)
+    watcher.subscribe(f"{level}/#")
+    victim_id = named("rt-victim", "g1")
+    victim = Client(victim_id, proxy["ports"]["mqtt"], expiry=6, will=(f"{level}/v", b"restart", 3))
+    takeovers = metric_value(g1["ports"]["http"], "twistmq_session_keeper_takeovers")
+    kill(cluster, proxy)
+    victim.drop()
+    try:
+        wait_until(lambda: metric_value(g1["ports"]["http"], "twistmq_session_keeper_takeovers") > takeovers, 10,
+                   what="g1 taking the session over")
+        kill(cluster, g1)
+        relaunch(cluster, g1)
+        wait_until(lambda: watcher.received(f"{level}/v"), 20, what="the will, published after the restart")
+        wait_until(lambda: metric_value(g1["ports"]["http"], "twistmq_session_keeper_sessions_expired") >= 1, 20,
+                   what="the session's expiry after the restart")
+        again = Client(victim_id, other["ports"]["mqtt"], expiry=6, clean=False)
+        assert again.acks == [(False, False)], "the session survived its expiry"
+        again.stop()
+    finally:
+        watcher.stop()
+        relaunch(cluster, proxy)
+
+
 def test_a_virtual_queue_spanning_groups_works_through_either_proxy(cluster):
     """A produce to a virtual queue through proxy 1 reaches each real queue in its own group (routed by its
     name), so a consume of every real queue through proxy 2 gets it."""
