@@ -5,7 +5,9 @@ persistent session: the broker groups take its sessions over, the will reaches a
 other proxy within a lease (+ margin), and after the session's expiry it is gone, its filter's
 interest released and the commit-log segments it pinned freed by retention (small segments and a
 retention age under a second make that visible). A client back on the other proxy within its will
-delay gets no will published. The killed proxy is relaunched for the next test. The same cluster
+delay gets no will published; a taken-over session keeps its will and expiry across a restart of its
+broker; a proxy cut off from a SIGSTOPped broker closes the sessions living there (and publishes their
+wills itself). The killed proxy is relaunched for the next test. The same cluster
 serves a virtual queue whose real queues hash to other groups than its name: a produce through one
 proxy reaches every real queue, and a consume through the other finds them.
 """
