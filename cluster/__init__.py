@@ -9,10 +9,12 @@ Rooms (sub-packages), read as the architecture:
   service-tree building blocks, listener descriptions and their exposure check,
   ``SO_REUSEPORT``, the HTTP site (health, metrics), the log, the collector, the version.
 - ``local``: the store interface in-process (``LocalStore`` over the store parts a node
-  or broker builds: commit log, light queues, sessions, native engine, notifier).
+  or broker builds: commit log, light queues, sessions, native engine, notifier), and the
+  broker's session keeper (wills and expiry of the sessions a lost proxy held).
 - ``remote``: the store interface over RPC (``RemoteStore``), its broker-side server
   (``StoreServer``) and codec, the routed store over several groups (kept up with the
-  controllers' metadata by ``rerouting``), and the proxy's native forwarding.
+  controllers' metadata by ``rerouting``), the proxy's native forwarding and its watch on the
+  groups it cannot reach.
 - ``rpc``: frames, connection state machine and Twisted protocol between nodes.
 - ``admin``: the admin HTTP API, the dashboard and ``twistmq-admin``; the cluster-wide routes of the
   ``admin`` role and the calls a proxy answers it (``cluster_handlers``, ``member_calls``).

@@ -28,7 +28,7 @@ from mqtt_proxy.ratelog import RateLimitedLog
 from mqtt_proxy.session_state import PeerError
 from mqtt_proxy.stats import BrokerStats
 from store import record as rec
-from store.api import AppendStatus, QuotaExceeded, Retained, Timers, Unavailable
+from store.api import AppendStatus, QuotaExceeded, Retained, Timers, Unavailable, WillState
 
 log = logging.getLogger("twistmq.mqtt.publish")
 
@@ -233,6 +233,18 @@ class Publisher:
             return
         d.addCallback(self._stored, conn, session, qos, packet_id)
         d.addErrback(self._put_failed, conn, session, qos, packet_id)
+
+    def will_state(self, client_id: str, will, username: str | None) -> WillState | None:
+        """A client's will as the publish decision takes it at CONNECT, to be stored in its session's group (which
+        publishes it if this proxy is lost); None if the decision refuses it (then nobody publishes it)."""
+        now = self.now_ms()
+        verdict = decide(self.rules, Origin.WILL, will.topic, len(will.payload), will.retain, username=username,
+                         client_id=client_id, now_ms=now)
+        if type(verdict) is Refuse:
+            return None
+        message = rec.Message(verdict.topic, will.payload, MQTT_PUBLISH, will.qos, will.retain, client_id, now,
+                              message_props.to_record(will.properties, now))
+        return WillState(message, will.properties.will_delay_interval or 0)
 
     def publish_will(self, client_id: str, will, username: str | None) -> None:
         """Publish a client's will (its connection ended without DISCONNECT, or its will delay ran out), if the

@@ -83,7 +83,8 @@ class Session:
     # Slots: one per client id, connected or not, so its size is the broker's size per client.
     __slots__ = ("ctx", "delivery", "sessions", "client_id", "epoch", "fenced", "on_fenced", "state", "conn",
                  "will_call", "stored", "acl_username", "expiry_call", "_dirty_subs", "_pumping", "_pump_again",
-                 "_pump_scheduled", "owner", "reads", "retained_backlog", "subs")
+                 "_pump_scheduled", "owner", "reads", "retained_backlog", "subs",
+                 "will_stored")
 
     def __init__(self, ctx: "SessionContext", client_id: str, level: int, expiry: int, epoch: int = 0) -> None:
         self.ctx = ctx
@@ -108,6 +109,7 @@ class Session:
         self.retained_backlog = None  # subscribe.RetainedBacklog: retained messages waiting for room
         # key -> Subscription (queue, positions, reads); the machine knows the same keys, with their options.
         self.subs: dict[str, Subscription] = NO_ENTRIES
+        self.will_stored = False  # this connection's will is stored in its group (published there if we are lost)
 
     # The session's protocol state lives in SessionState and changes only through its events; these read it.
     level = _state_attr("level")
@@ -180,6 +182,12 @@ class Session:
 
     def delete_inbound_qos2(self, packet_id: int):
         return self._write(self.sessions.delete_inbound_qos2, self.client_id, packet_id)
+
+    def save_will(self, will):
+        return self._write(self.sessions.put_will, self.client_id, will)
+
+    def delete_will(self):
+        return self._write(self.sessions.delete_will, self.client_id)
 
     def _write(self, operation, *args):
         """Call ``operation`` of the store with ``args`` and the epoch.

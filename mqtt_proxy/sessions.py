@@ -224,6 +224,7 @@ class SessionRegistry:
             session.will_call = None
             session.state.connect_accepted(expiry, packet.will, receive_maximum, max_packet_size, alias_maximum)
             session.acl_username = conn.acl_username
+            yield self._store_will(session, packet.will)
             if session.owner is None:
                 if session_present:
                     log.warning("session_owner_adopted client=%r owner=%r (stored without an owner)",
@@ -270,6 +271,23 @@ class SessionRegistry:
         finally:
             if assigned is None:
                 self._connect_done(client_id, epoch)
+
+    def _store_will(self, session: Session, will):
+        """Store the will this CONNECT set, as the publish decision takes it, in its group before CONNACK, so the
+        group publishes it if this holder is lost (the claim dropped the will of any connection before)."""
+        session.will_stored = False
+        state = (self.publisher.will_state(session.client_id, will, session.acl_username)
+                 if will is not None and self.publisher is not None else None)
+        if state is None:
+            return None
+        session.will_stored = True
+        return session.save_will(state)
+
+    def _will_done(self, session: Session) -> None:
+        """The stored will was published here, or cancelled: its group forgets it."""
+        if session.will_stored:
+            session.will_stored = False
+            session.delete_will()
 
     # -- who a session belongs to ------------------------------------------------------------
 
@@ -371,9 +389,35 @@ class SessionRegistry:
         if conn is not None:
             self.conn_gone(conn, publish_will=True)  # as a takeover here: the old link's will goes out
             conn.close(ReasonCode.SESSION_TAKEN_OVER)
+        if session.will_call is not None and session.will_call.active():
+            session.will_call.cancel()  # MQTT-3.1.3-9: its client is back, on the new holder
+        session.will_call = None
         if self.sessions.get(session.client_id) is session:
             session.stored = False  # the new holder owns what is stored
             self.end_session(session)
+
+    def close_group_sessions(self, has_part) -> list[tuple[str, int]]:
+        """A broker group is lost for a lease: close every session ``has_part(session)`` says has state there.
+
+        Its client is disconnected (v5: 0x89 Server busy) and reconnects where its group can be reached; the
+        session is forgotten here without a write (its group owns what is stored, and takes it over once it
+        sees this holder gone or lets it go), so a will never fires for a client still connected. The will
+        goes out from here if its own group can be reached. Returns the (client id, epoch) dropped.
+        """
+        dropped = []
+        for session in [s for s in self.sessions.values() if has_part(s)]:
+            dropped.append((session.client_id, session.epoch))
+            session.fenced = True  # write nothing more: its group cannot be reached, and owns what is stored
+            conn = session.conn
+            if conn is not None:
+                self.conn_gone(conn, publish_will=True)
+                conn.close(ReasonCode.SERVER_BUSY)
+            if self.sessions.get(session.client_id) is session:
+                session.stored = False
+                self.end_session(session)
+        if dropped:
+            log.warning("sessions_dropped_group_lost sessions=%d", len(dropped))
+        return dropped
 
     # -- leaving ------------------------------------------------------------------------------
 
@@ -410,12 +454,15 @@ class SessionRegistry:
             return
         self.stats.clients_connected -= 1
         will_actions = session.detach(publish_will)
+        delayed = False
         for action in will_actions:
             if isinstance(action, ScheduleWill):
-                session.will_call = self.clock.callLater(action.delay, self._publish_will, session.client_id,
-                                                         action.will, session.acl_username)
+                delayed = True
+                session.will_call = self.clock.callLater(action.delay, self._delayed_will, session, action.will)
             else:
                 self._publish_will(session.client_id, action.will, session.acl_username)
+        if not delayed:  # published now, or cancelled (a normal DISCONNECT)
+            self._will_done(session)
         if not session.persistent:
             self.end_session(session)
         else:
@@ -442,6 +489,7 @@ class SessionRegistry:
             session.will_call.cancel()
             for action in session.state.expired():  # MQTT-3.1.3-9: the will goes out when the session ends first
                 self._publish_will(session.client_id, action.will, session.acl_username)
+            self._will_done(session)
         self.end_session(session)
 
     def end_session(self, session: Session) -> defer.Deferred:
@@ -460,6 +508,11 @@ class SessionRegistry:
         return d
 
     # -- will ---------------------------------------------------------------------------------
+
+    def _delayed_will(self, session: Session, will) -> None:
+        session.will_call = None
+        self._publish_will(session.client_id, will, session.acl_username)
+        self._will_done(session)
 
     def _publish_will(self, client_id: str, will, acl_username: str | None = None) -> None:
         if will is not None:

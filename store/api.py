@@ -39,7 +39,7 @@ __all__ = [
     "NativeQueues", "NotFound", "OutboundState", "Owed",
     "QueuePosition", "Queues", "QuotaExceeded", "ReadResult", "QueuedMessage", "Retained", "RetainedMessage",
     "SessionMeta", "SessionState", "Sessions", "Store", "StoreError", "SubscriptionState", "Timers", "Unavailable",
-    "Watch", "WrongGroup", "native_types",
+    "Watch", "WillState", "WrongGroup", "native_types",
 ]
 
 
@@ -361,6 +361,21 @@ class SessionState:
     """Who made that claim (a proxy's member id; empty: never claimed)."""
 
 
+@dataclass(frozen=True, slots=True)
+class WillState:
+    """A client's will as its proxy decided it at CONNECT: what its group publishes if the holder is lost.
+
+    Only a will the publish decision (``mqtt_proxy.publish_rules.decide``, with the ACL) accepted is
+    stored: ``message`` is the verdict's message (its topic the one it is stored on), and it is
+    published the way the verdict routes it (``put_retained`` for a retained one with a payload, else
+    ``append``).
+    """
+
+    message: Message
+    delay_s: int = 0
+    """The Will Delay Interval (MQTT 5 3.1.3.2.2): counted from the loss of the connection."""
+
+
 @runtime_checkable
 class Sessions(Protocol):
     """Durable MQTT session state: each write fires after the state is durable (survives kill -9).
@@ -395,6 +410,18 @@ class Sessions(Protocol):
         come and go leave nothing behind. A release with an epoch that is not
         the last claim's (a holder taken over since) changes nothing.
         """
+
+    def put_will(self, client_id: str, will: WillState, epoch: int) -> defer.Deferred[None]:
+        """Store the will of the connection that holds ``epoch`` (replacing one stored before).
+
+        Kept in the group of the will's topic (where it is published from). If
+        the holder is lost (its lease ends) that group publishes it after its
+        delay, unless a new claim of the client comes first (MQTT 5 3.1.2.8).
+        """
+
+    def delete_will(self, client_id: str, epoch: int) -> defer.Deferred[None]:
+        """Forget the stored will (published by its holder, or cancelled by a normal DISCONNECT); no error if
+        absent."""
 
     def get_session(self, client_id: str) -> defer.Deferred[SessionState | None]:
         """The stored session of ``client_id`` with everything under it, or None."""

@@ -149,7 +149,7 @@ class NativeConfig:
     max_reconsume: int = 16
     """A popped message handed out more than this many times again (RocketMQ's maxReconsumeTimes) moves to the dead-letter queue ``%DLQ%<group>`` instead of coming back."""
     virtual_queues: dict = field(default_factory=dict)
-    """Virtual queue name -> list of real queue names; a produce to it is stored once, indexed in each."""
+    """Virtual queue name -> list of real queue names; a produce to it is stored once, indexed in each (in a cluster, once in each broker group that holds one of them: a real queue lives in the group of its own name)."""
     token: str = ""
     """Shared secret native clients present: a TCP connection's first request carries ``"token"`` (e.g. ``{"action": "auth", "token": "..."}``), every UDP datagram too; a wrong or missing one gets an error (and TCP is closed). Empty: no token, and a native listener facing other hosts needs ``[mqtt] allow_anonymous = true``."""
     max_reply_buffer_bytes: int = 1_048_576

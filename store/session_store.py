@@ -12,6 +12,8 @@ Key layout (``cid`` is the client id, ``\\x00`` separates it from the rest)::
     e/<cid>                    -> the session's claim: {"holder": member id, "epoch": n}, while a holder
                                   has the session or it is stored (``LocalSessions`` forgets it after)
     c/epoch-mark               -> the claim epochs' high-water mark: no epoch above it was ever handed out
+    w/<cid>                    -> the client's will as its proxy's publish decision accepted it (``StoredWill``),
+                                  with its due time once its group took the session over from a lost holder
 
 The KV handed in is a ``store.session_log.SessionLog`` in a broker: each write
 is a commit-log record (so replicas and a rebuilt KV have it) and its Deferred
@@ -25,6 +27,7 @@ the Deferred a write returns.
 
 from __future__ import annotations
 
+import base64
 import json
 import struct
 from dataclasses import dataclass, field
@@ -66,6 +69,21 @@ class StoredSession:
     outbound: dict[int, tuple[str, int, int]] = field(default_factory=dict)  # pid -> (filter key, qoff, qos)
     released: set[int] = field(default_factory=set)
     inbound_qos2: set[int] = field(default_factory=set)
+
+
+@dataclass
+class StoredWill:
+    """A will as persisted: the message to publish (the accepted verdict's topic), its delay, and when it is due
+    (None while its holder has the connection: the delay runs from the loss)."""
+
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool
+    born_ts: int
+    properties: dict[str, str]
+    delay_s: int
+    due_ms: int | None = None
 
 
 def _cid(client_id: str) -> bytes:
@@ -237,6 +255,38 @@ class SessionStore:
         """The claim epochs' high-water mark (0: none saved, a new store or one from before the mark)."""
         v = self.kv.get(EPOCH_MARK)
         return 0 if v is None else int(v)
+
+    # -- wills ---------------------------------------------------------------------------------
+
+    def save_will(self, client_id: str, will: StoredWill) -> defer.Deferred:
+        value = json.dumps({"t": will.topic, "b": base64.b64encode(will.payload).decode("ascii"), "q": will.qos,
+                            "r": will.retain, "born": will.born_ts, "p": will.properties, "d": will.delay_s,
+                            "due": will.due_ms}).encode()
+        return self.kv.put(b"w/" + _cid(client_id), value)
+
+    def delete_will(self, client_id: str) -> defer.Deferred:
+        return self.kv.delete(b"w/" + _cid(client_id))
+
+    @staticmethod
+    def _will(value: bytes) -> StoredWill:
+        d = json.loads(value)
+        return StoredWill(d["t"], base64.b64decode(d["b"]), d["q"], d["r"], d["born"], d["p"], d["d"], d.get("due"))
+
+    def load_will(self, client_id: str) -> StoredWill | None:
+        value = self.kv.get(b"w/" + _cid(client_id))
+        return None if value is None else self._will(value)
+
+    def load_wills(self) -> dict[str, StoredWill]:
+        """Client id -> its stored will, for every will stored."""
+        return {key[2:].decode("utf-8"): self._will(value) for key, value in self.kv.scan(b"w/")}
+
+    def load_meta(self, client_id: str) -> StoredSession | None:
+        """A stored session's meta only (no scan of what is under it), or None."""
+        value = self.kv.get(b"s/" + _cid(client_id))
+        if value is None:
+            return None
+        meta = json.loads(value)
+        return StoredSession(client_id, meta["expiry"], meta["level"], meta.get("disc"), meta.get("owner"))
 
     # -- shared groups ------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ class DiscoveryConfig:
     heartbeat_interval: float = 1.0
     """Seconds between a member's heartbeats to the controllers' leader."""
     lease: float = 3.0
-    """Seconds a member's lease lasts without a heartbeat; then it is evicted (listed with joined false, sent no notify events). A new controller leader gives every member one lease before evicting any."""
+    """Seconds a member's lease lasts without a heartbeat; then it is evicted (listed with joined false, sent no notify events). A new controller leader gives every member one lease before evicting any. Also how long a broker waits for a proxy whose RPC connection is gone before its group takes over the proxy's sessions (wills, expiry), and how long a proxy waits for a broker group it cannot reach before it closes the sessions with a part there."""
     wheel_tick: float = 0.1
     """Seconds per tick of the hashed wheel that runs the evict checks: an eviction is at most one tick late."""
     wheel_slots: int = 512

@@ -31,6 +31,7 @@ class SessionInterest:
         self._inner = inner
         self._sessions = sessions
         self._held: dict[tuple[str, str], str] = {}  # (client id, subscription key) -> topic filter
+        self._keys: dict[str, set[str]] = {}  # client id -> its subscription keys in ``_held``
 
     def __getattr__(self, name: str):
         return getattr(self._inner, name)  # every operation not written out below
@@ -53,11 +54,17 @@ class SessionInterest:
         if (cid, key) in self._held:
             return defer.succeed(None)
         self._held[(cid, key)] = topic_filter
+        self._keys.setdefault(cid, set()).add(key)
         # Subscriptions a proxy stored were accepted already: their interest is never refused for the shape bound.
         return self._inner.add_filter(topic_filter, restoring=True).addErrback(self._failed, "add", topic_filter)
 
     def _drop(self, cid: str, key: str) -> None:
         topic_filter = self._held.pop((cid, key), None)
+        keys = self._keys.get(cid)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._keys[cid]
         if topic_filter is not None:
             self._inner.remove_filter(topic_filter).addErrback(self._failed, "remove", topic_filter)
 
@@ -84,8 +91,8 @@ class SessionInterest:
     def delete_session(self, client_id: str, epoch: int) -> defer.Deferred:
         """As ``Sessions.delete_session``; the broker's interest in all its filters goes too."""
         def deleted(result):
-            for cid, key in [k for k in self._held if k[0] == client_id]:
-                self._drop(cid, key)
+            for key in list(self._keys.get(client_id, ())):  # its own keys, not a scan of every session's
+                self._drop(client_id, key)
             return result
 
         return self._inner.delete_session(client_id, epoch).addCallback(deleted)

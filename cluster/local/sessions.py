@@ -33,7 +33,8 @@ from twisted.internet import defer
 from lightqueue.names import QueueNameError, lmq_name
 from lightqueue.topic import filter_of
 from store import api
-from store.session_store import SessionStore, StoredSession, StoredSubscription
+from store import record as rec
+from store.session_store import SessionStore, StoredSession, StoredSubscription, StoredWill
 
 MAX_PACKET_ID = 0xFFFF
 EPOCH_BLOCK = 1024
@@ -80,6 +81,7 @@ class LocalSessions:
         self._next_epoch = 0  # the epoch of the next claim
         self._epoch_mark = 0  # the persisted high-water mark: epochs up to it may have been handed out
         self._claim_listeners: list[Callable[[str, str, int], None]] = []
+        self._wills: set[str] = set()  # client ids with a stored will (read with the claims)
 
     # -- claims and fencing ---------------------------------------------------------------------
 
@@ -93,12 +95,22 @@ class LocalSessions:
         if self._claims is None:
             self._claims = self._db.load_claims()
             self._claim_owners = self._db.load_claim_owners()
+            self._wills = set(self._db.load_wills())
             # A store from before the mark has claims but no mark: resume above both.
             self._epoch_mark = max(self._db.load_epoch_mark(), max((e for _, e in self._claims.values()), default=0))
             self._next_epoch = self._epoch_mark + 1
         return self._claims
 
     def claim_session(self, client_id: str, holder: str, owner: str = "") -> defer.Deferred:
+        return self._claim(client_id, holder, owner, keep_will=False)
+
+    def adopt(self, client_id: str, holder: str) -> defer.Deferred:
+        """Claim ``client_id`` for ``holder`` (the group itself, taking over from a lost holder), keeping the
+        claim's owner and the stored will; fires with the new epoch."""
+        self.claims  # noqa: B018 - read the claims (and their owners) first
+        return self._claim(client_id, holder, self._claim_owners.get(client_id, ""), keep_will=True)
+
+    def _claim(self, client_id: str, holder: str, owner: str, keep_will: bool) -> defer.Deferred:
         if not isinstance(client_id, str) or not isinstance(holder, str) or not holder or not isinstance(owner, str):
             raise api.InvalidArgument(f"claim_session needs a client id and a holder, got {client_id!r}, {holder!r}")
         claims = self.claims
@@ -121,6 +133,11 @@ class LocalSessions:
         else:
             self._claim_owners.pop(client_id, None)
         writes.append(self._db.save_claim(client_id, holder, epoch, owner))
+        if not keep_will and client_id in self._wills:
+            self._wills.discard(client_id)
+            # A new connection's CONNECT stores its own will: the old connection's is published by its live
+            # holder (a takeover) or cancelled by the return (MQTT 5 3.1.2.8), never by this group.
+            writes.append(self._db.delete_will(client_id))
         if old_holder and old_holder != holder:
             for listener in list(self._claim_listeners):
                 try:
@@ -139,14 +156,20 @@ class LocalSessions:
     def release_session(self, client_id: str, epoch: int) -> defer.Deferred:
         """The holder of ``epoch`` let the session go: forget the claim unless a session is stored.
 
-        A release with any other epoch (a holder taken over since) changes nothing.
+        Its stored will goes (the holder published it or cancelled it). A release with any other epoch (a holder taken over
+        since) changes nothing.
         """
         if not isinstance(client_id, str) or not isinstance(epoch, int) or isinstance(epoch, bool):
             raise api.InvalidArgument(f"release_session needs a client id and an epoch, got {client_id!r}, "
                                       f"{epoch!r}")
         claims = self.claims
         claim = claims.get(client_id)
-        if claim is None or claim[1] != epoch or self._db.has_session(client_id):
+        if claim is None or claim[1] != epoch:
+            return defer.succeed(None)
+        if client_id in self._wills:  # the holder that lets go published it or cancelled it
+            self._wills.discard(client_id)
+            self._db.delete_will(client_id)
+        if self._db.has_session(client_id):
             return defer.succeed(None)
         del claims[client_id]
         self._claim_owners.pop(client_id, None)
@@ -258,6 +281,24 @@ class LocalSessions:
     def delete_inbound_qos2(self, client_id: str, packet_id: int, epoch: int) -> defer.Deferred:
         self._fence(client_id, epoch)
         return self._db.delete_inbound_qos2(client_id, check_packet_id(packet_id))
+
+    def put_will(self, client_id: str, will: api.WillState, epoch: int) -> defer.Deferred:
+        self._fence(client_id, epoch)
+        if not isinstance(will, api.WillState) or not isinstance(will.message, rec.Message):
+            raise api.InvalidArgument(f"expected a WillState with a Message, got {type(will).__name__}")
+        m = will.message
+        if m.kind != rec.RecordKind.MQTT_PUBLISH or not isinstance(will.delay_s, int) or will.delay_s < 0:
+            raise api.InvalidArgument("a will is an MQTT publish with a delay of 0 or more seconds")
+        self._wills.add(client_id)
+        return self._db.save_will(client_id, StoredWill(m.topic, bytes(m.body), m.qos, m.retain, m.born_ts,
+                                                        dict(m.properties), will.delay_s))
+
+    def delete_will(self, client_id: str, epoch: int) -> defer.Deferred:
+        self._fence(client_id, epoch)
+        if client_id not in self._wills:
+            return defer.succeed(None)
+        self._wills.discard(client_id)
+        return self._db.delete_will(client_id).addCallback(lambda _: None)
 
     def get_share_positions(self, share_group: str, topic_filter: str) -> defer.Deferred:
         offset = self._db.load_group_offset(share_group, topic_filter)

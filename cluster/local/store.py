@@ -196,6 +196,12 @@ class LocalStore:
         self._sessions.add_claim_listener(listener)
 
     @property
+    def session_claims(self) -> LocalSessions:
+        """The claims and session state behind the interface (the group's session keeper takes over with it).
+        Not part of the interface."""
+        return self._sessions
+
+    @property
     def claims(self) -> int:
         """Session claims on record (ids held by a proxy, or stored). Not part of the interface."""
         return len(self._sessions.claims)
@@ -255,6 +261,14 @@ class LocalStore:
     @_typed
     def delete_inbound_qos2(self, client_id: str, packet_id: int, epoch: int) -> defer.Deferred:
         return self._sessions.delete_inbound_qos2(client_id, packet_id, epoch)
+
+    @_typed
+    def put_will(self, client_id: str, will: api.WillState, epoch: int) -> defer.Deferred:
+        return self._sessions.put_will(client_id, will, epoch)
+
+    @_typed
+    def delete_will(self, client_id: str, epoch: int) -> defer.Deferred:
+        return self._sessions.delete_will(client_id, epoch)
 
     @_typed
     def get_share_positions(self, share_group: str, topic_filter: str) -> defer.Deferred:

@@ -11,7 +11,8 @@ of them, so the MQTT front end and the native server see a single store:
   each position names, retained messages to their topic's group (a filter's
   retained messages are merged from every group it spans);
 - native requests go to the queue's group (or the topic's), or to the group a ``msg_id`` they carry
-  names: the ids in replies are ``cluster.remote.msg_ids``'s (group number above the offset), so
+  names (a produce to a virtual queue whose real queues live in other groups than its own goes to
+  each real queue's group, so a consume of any of them finds it): the ids in replies are ``cluster.remote.msg_ids``'s (group number above the offset), so
   they are unique across groups and a confirm, ack or timer cancel finds its group;
 - a timer id is a msg_id too: cancelling goes to the group it names (a plain offset, as ids were
   before groups were numbered, asks each group in turn).
@@ -22,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from twisted.internet import defer
 
@@ -61,7 +62,8 @@ class RoutedStore:
     """``store.api.Store`` over ``{group: Store}`` (see the module doc)."""
 
     def __init__(self, table: SlotTable, groups: dict[str, api.Store],
-                 group_numbers: Mapping[str, int] | None = None) -> None:
+                 group_numbers: Mapping[str, int] | None = None,
+                 virtual_queues: Mapping[str, Sequence[str]] | None = None) -> None:
         missing = set(table.groups) - set(groups)
         if missing:
             raise ValueError(f"no store for broker groups {sorted(missing)}")
@@ -70,10 +72,13 @@ class RoutedStore:
         self._group_numbers = dict(group_numbers or {})
         self._ids = GroupIds(groups, self._group_numbers)
         self.native_unavailable = 0  # native requests answered for a group that could not be reached
+        # ``[native] virtual_queues``: a virtual queue -> its real queues (the brokers know them too)
+        self.virtual_queues = {name: tuple(dict.fromkeys(targets)) for name, targets in (virtual_queues or {}).items()}
         self._watch_ids = itertools.count(1)
         self._watches: dict[int, tuple[str, list[tuple[api.Store, api.Watch]]]] = {}
         self._claims: dict[str, tuple[int, dict[str, int]]] = {}  # client id -> (home epoch, group -> epoch)
         self._outbound_group: dict[tuple[str, int], str] = {}  # (client id, packet id) -> group of its position
+        self._will_group: dict[str, str] = {}  # client id -> the group its stored will is in (its topic's)
 
     @property
     def ids(self) -> GroupIds:
@@ -271,6 +276,7 @@ class RoutedStore:
             epochs = {home: epoch}
         for key in [k for k in self._outbound_group if k[0] == client_id]:
             del self._outbound_group[key]
+        self._will_group.pop(client_id, None)  # each group drops the will of a released claim
         return _gathered([defer.maybeDeferred(self.groups[g].release_session, client_id, e)
                           for g, e in epochs.items()]).addCallback(lambda _: None)
 
@@ -418,6 +424,34 @@ class RoutedStore:
     def delete_inbound_qos2(self, client_id: str, packet_id: int, epoch: int) -> defer.Deferred:
         return self._home_write("delete_inbound_qos2", client_id, packet_id, epoch)
 
+    def claim_epochs(self, client_id: str) -> dict[str, int]:
+        """Group -> the epoch of this store's last claim of ``client_id`` there (empty: none held)."""
+        claims = self._claims.get(client_id)
+        return dict(claims[1]) if claims is not None else {}
+
+    def will_group(self, client_id: str) -> str | None:
+        """The group this store put ``client_id``'s will in (None: none stored through it)."""
+        return self._will_group.get(client_id)
+
+    def put_will(self, client_id: str, will: api.WillState, epoch: int) -> defer.Deferred:
+        """In the group of the will's topic: the one that publishes it if this holder is lost."""
+        if not isinstance(will, api.WillState) or not isinstance(will.message, Message):
+            return defer.fail(api.InvalidArgument(f"expected a WillState, got {type(will).__name__}"))
+        group = self.table.group_of_topic(will.message.topic)
+        old = self._will_group.get(client_id)
+        self._will_group[client_id] = group
+        d = self._write(client_id, (group,), "put_will", will, epoch=epoch)
+        if old is not None and old != group:  # a will on another topic's group replaces it
+            self._write(client_id, (old,), "delete_will", epoch=epoch).addErrback(
+                self._write_missed, old, client_id, "delete_will")
+        return d
+
+    def delete_will(self, client_id: str, epoch: int) -> defer.Deferred:
+        group = self._will_group.pop(client_id, None)
+        if group is None:
+            return defer.succeed(None)  # none stored through this store (a claim drops an older holder's)
+        return self._write(client_id, (group,), "delete_will", epoch=epoch)
+
     def get_share_positions(self, share_group: str, topic_filter: str) -> defer.Deferred:
         return self._each(self.table.groups_of_filter(topic_filter),
                           lambda s: s.get_share_positions(share_group, topic_filter)).addCallback(_concat)
@@ -488,6 +522,10 @@ class RoutedStore:
         if not isinstance(request, dict):
             return defer.fail(api.InvalidArgument(f"a native request is a JSON object, not {type(request).__name__}"))
         queue, topic = request.get("queue"), request.get("topic")
+        if isinstance(queue, str) and queue in self.virtual_queues and _is_produce(request):
+            spread = self._virtual_produce(queue, request, max_data_bytes)
+            if spread is not None:
+                return spread
         try:
             if isinstance(queue, str):
                 groups = (self.table.group_of_queue(queue),)
@@ -524,6 +562,33 @@ class RoutedStore:
             return self._native_in(rest[0], request, max_data_bytes).addCallback(answered, rest[1:], first)
         return ask(groups)
 
+    def _virtual_produce(self, queue: str, request: dict, max_data_bytes: int | None) -> defer.Deferred | None:
+        """A produce to virtual queue ``queue`` whose real queues are not all in its own group: one produce per
+        real queue, each to that queue's group (the engine there stores it once for that queue); one reply, the
+        first error, else the first real queue's reply naming the virtual queue (its ``msg_id`` is that queue's:
+        a consume of each real queue answers with the id it confirms). None when every real queue lives in the virtual queue's group (its engine stores one record
+        for them all)."""
+        targets = self.virtual_queues[queue]
+        try:
+            home = self.table.group_of_queue(queue)
+            groups = [self.table.group_of_queue(t) for t in targets]
+        except Exception:  # noqa: BLE001 - a name routing cannot read: the broker names the problem
+            return None
+        if all(g == home for g in groups):
+            return None
+
+        def merged(replies: list[dict]) -> dict:
+            for reply in replies:
+                if reply.get("code", 0) != 0:
+                    return dict(reply, queue=queue) if "queue" in reply else reply
+            out = dict(replies[0])
+            if "queue" in out:
+                out["queue"] = queue
+            return out
+
+        ds = [self._native_in(g, dict(request, queue=t), max_data_bytes) for g, t in zip(groups, targets)]
+        return defer.gatherResults(ds).addCallback(merged)
+
     def _native_in(self, group: str, request: dict, max_data_bytes: int | None) -> defer.Deferred:
         def failed(failure):
             failure.trap(api.StoreError)
@@ -536,6 +601,11 @@ class RoutedStore:
         d = self.groups[group].native_request(request, max_data_bytes)
         return d.addCallback(lambda reply: self.ids.reply(group, reply, queue_request)
                              if isinstance(reply, dict) else reply).addErrback(failed)
+
+
+def _is_produce(request: dict) -> bool:
+    action = request.get("action")
+    return (action == native_types.PRODUCE and not isinstance(action, bool)) or action == native_types.ACTIONS[native_types.PRODUCE]
 
 
 def merged_native_replies(replies: list[dict]) -> dict:

@@ -222,6 +222,12 @@ class RemoteStore:
     def delete_inbound_qos2(self, client_id: str, packet_id: int, epoch: int) -> defer.Deferred[None]:
         return self._call("delete_inbound_qos2", (client_id, packet_id, epoch), {})
 
+    def put_will(self, client_id: str, will: api.WillState, epoch: int) -> defer.Deferred[None]:
+        return self._call("put_will", (client_id, will, epoch), {})
+
+    def delete_will(self, client_id: str, epoch: int) -> defer.Deferred[None]:
+        return self._call("delete_will", (client_id, epoch), {})
+
     def get_share_positions(self, share_group: str,
                             topic_filter: str) -> defer.Deferred[tuple[api.QueuePosition, ...]]:
         return self._call("get_share_positions", (share_group, topic_filter), {})

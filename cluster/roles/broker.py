@@ -36,7 +36,9 @@ from cluster.local.parts import StoreParts
 from cluster.local.session_interest import SessionInterest
 from cluster.replication.role import ReplicaRole
 from cluster.replication.settings import HASettings
+from cluster.local.session_keeper import SessionKeeper
 from cluster.remote.server import StoreServer
+from cluster.routing import RoutingError, SlotTable
 from cluster.roles.common import (
     bridge_parts,
     default_node_id,
@@ -49,6 +51,7 @@ from cluster.roles.common import (
 from cluster.rpc.dispatch import Dispatcher
 from cluster.rpc.frames import RPC_VERSION, Hello
 from cluster.rpc.metrics import RpcMetrics
+from cluster.rpc.peer import MAX_RETRY_DELAY
 from cluster.rpc.protocol import RpcSettings
 from cluster.rpc.server import RpcServerFactory
 from cluster.runtime import node_log
@@ -151,6 +154,19 @@ def _check_ha_exposure(ha, ha_master: str, secret: str) -> None:
                               "prove it to each other on the replication channel)")
 
 
+def homed_here(cluster):
+    """Whether a client id's session lives in this broker's group, by the slot table the proxies build from the
+    same config (every client id, when the config lists no broker groups)."""
+    groups = tuple(dict.fromkeys(m.group for m in cluster.members if m.role == "broker"))
+    if cluster.group not in groups:
+        return lambda _client_id: True
+    try:
+        table = SlotTable.build(groups, cluster.slot_assignment(), dict(cluster.routes))
+    except RoutingError:
+        return lambda _client_id: True
+    return lambda client_id: table.group_of_client(client_id) == cluster.group
+
+
 class BrokerParts:
     """The broker's parts: the store half, the store interface over it, and the RPC server in front."""
 
@@ -183,6 +199,12 @@ class BrokerParts:
         health = health_probe(cfg)
         self.rpc = RpcServerFactory(hello, settings, reactor, self.dispatcher, health=health)
         self.rpc.on_lost(self.server.connection_lost)
+        # the sessions of a proxy lost for a lease (or evicted) are this group's: wills, expiry, claims
+        self.keeper = SessionKeeper(self.local, local_store.session_claims, SessionStore(self.state.session_log),
+                                    cluster.group, reactor, cfg.discovery.lease, cfg.discovery.wheel_tick, homed_here(cluster),
+                                    start_grace=MAX_RETRY_DELAY)
+        self.rpc.on_opened(lambda p: p.peer.role == "proxy" and self.keeper.member_up(p.peer.node_id))
+        self.rpc.on_closed(lambda p: p.peer.role == "proxy" and self.keeper.member_down(p.peer.node_id))
         collectors = [self.metrics] + ([BridgeCollector(self.bridges.rows)] if self.bridges is not None else [])
         site = store_site(self.state.store, collectors, self._extra_stats)
         self.listeners = []
@@ -191,12 +213,15 @@ class BrokerParts:
             self.listeners.append(ListenerService(listener, endpoints.serverFromString(reactor, listener.description),
                                                   factory))
         self.agent = member_agent(reactor, cfg, "broker", self.listeners, health)  # None: static membership
+        if self.agent is not None:
+            self.agent.on_metadata(self.keeper.metadata)  # an evicted proxy is lost
 
     def _extra_stats(self):
         native = self.state.native
         return [("ha", self._ha_stats()), ("native", native.stats()), ("timer", self.state.timers.stats()),
                 ("rpc", {"watches": self.server.watches, "filters": self.server.filters,
                          "session_filters": self.local.held}),
+                ("session_keeper", self.keeper.stats()),
                 *([("mongodb", self.mongodb.stats())] if self.mongodb is not None else [])]
 
     def _ha_stats(self) -> dict[str, float]:
@@ -245,6 +270,7 @@ def broker_tree(parts: BrokerParts) -> RoleService:
         *parts.state.tree_parts(),
         Part("session-interest", start=parts.local.restore),
         *bridge_parts(parts.bridges),
+        Part("session-keeper", start=parts.keeper.start, stop=parts.keeper.stop),  # before proxies connect
         *parts.listeners,
         # After the listeners: an ha listener refuses slaves until this broker serves as master; a slave's store
         # refuses writes from the start. Pauses the timers on a slave, which its master delivers.

@@ -37,6 +37,7 @@ from twisted.internet import defer, endpoints
 from cluster.admin.member_calls import MemberCalls
 from cluster.admin.view import NodeView
 from cluster.local.native_service import topic_limits
+from cluster.remote.group_watch import GroupWatch
 from cluster.remote.proxy_native import ForwardingEngine, ProxyNativeService
 from cluster.remote.rerouting import Rerouter
 from cluster.remote.routed_store import RoutedStore
@@ -119,19 +120,23 @@ class ProxyParts:
                 continue
             self.remotes[member.group] = self._remote(member.id, member.group, member.rpc, health)
             addresses[member.group] = member.rpc
+        native_config = from_mapping(NativeConfig, "native", cfg.native)
         self.store = RoutedStore(SlotTable.build(tuple(self.remotes), cluster.slot_assignment(), dict(cluster.routes)),
-                                 self.remotes, cluster.group_numbers)
+                                 self.remotes, cluster.group_numbers,
+                                 native_config.virtual_queues)
         mqtt = cfg.mqtt
         self.mongodb = mongodb_pool(reactor, cfg)  # None unless the config uses MongoDB
         self.auth_executor, auth, acl = client_security(reactor, cfg, self.mongodb)
         self.mqtt = build_front_end(self.store, reactor, mqtt, cfg.limits, auth, acl, holder=cluster.node_id)
-        self.native = ProxyNativeService(ForwardingEngine(self.store),
-                                         from_mapping(NativeConfig, "native", cfg.native), topic_limits(cfg.limits))
+        self.native = ProxyNativeService(ForwardingEngine(self.store), native_config, topic_limits(cfg.limits))
         self.lag = ReactorLagProbe(reactor)
         self.streams, self.datagrams = self._listeners()
         self.streams += rpc_server_listeners(reactor, cfg, rpc, "proxy", health,
                                              MemberCalls(NodeView(self.mqtt, self.store, cluster.node_id)).register)
         self.agent = member_agent(reactor, cfg, "proxy", self.streams, health)  # None: static membership
+        # a group that loses this proxy for a lease takes over its sessions there: close them here first
+        self.group_watch = GroupWatch(reactor, self.store, self.mqtt.registry, cluster.node_id, cfg.discovery.lease,
+                                      cfg.discovery.wheel_tick)
         if self.agent is not None:  # the controllers' groups, slots and routes win over the config's
             self.rerouter = Rerouter(self.store, addresses, self._added_group, self._moved)
             self.agent.on_metadata(self.rerouter.apply)
@@ -193,6 +198,7 @@ class ProxyParts:
     def _listeners(self):
         http = proxy_site(self.mqtt, [(r.peer, r) for r in self.remotes.values()],
                           lambda: [("native", self.native.stats()),
+                                   ("group_watch", {"sessions_closed": self.group_watch.closed}),
                                    *([("mongodb", self.mongodb.stats())] if self.mongodb is not None else [])],
                           self.lag)
         return client_listeners(self.reactor, self.cfg, self.mqtt, self.native, http)
@@ -217,6 +223,7 @@ def proxy_tree(parts: ProxyParts) -> RoleService:
         Part("auth-executor", start=parts.auth_executor.start, stop=parts.auth_executor.stop),
         Part("rpc-peers", start=parts.connect, stop=parts.disconnect),
         Part("mqtt-sessions", start=parts.mqtt.restore, stop=parts.mqtt.shutdown),
+        Part("group-watch", start=parts.group_watch.start, stop=parts.group_watch.stop),
         Part("native", stop=parts.native.stop),
         *listeners,
         *([parts.agent] if parts.agent is not None else []),  # registers once the listeners are bound

@@ -49,8 +49,8 @@ RPC_VERSION = 5
 """The RPC protocol version (frames and the store codec's schema): peers must speak the same. 2: ``add_filter``
 takes ``restoring``; a native request is the store operation ``native_request`` (no ``native.request`` type).
 3: ``read_queue``'s result is packed compactly (queue and group once). 4: the handshake proves ``[cluster] secret``
-both ways (HELLO carries a nonce; CHALLENGE and PROOF). 5: wills are stored in their group (``put_will``,
-``delete_will``) and the group's session keeper's operations."""
+both ways (HELLO carries a nonce; CHALLENGE and PROOF). 5: the store operations ``put_will`` and
+``delete_will`` (wills stored in their group)."""
 
 NONCE_SIZE = 16
 """Bytes of each side's handshake nonce."""

@@ -61,6 +61,8 @@ class RpcServerFactory(protocol.Factory):
         self.health = health
         self.connections: set[RpcProtocol] = set()
         self._lost_listeners: list[Callable[[RpcProtocol], None]] = []
+        self._opened_listeners: list[Callable[[RpcProtocol], None]] = []
+        self._closed_listeners: list[Callable[[RpcProtocol], None]] = []
 
     def buildProtocol(self, addr):
         p = _ServerProtocol(self.local, False, self.settings, self.clock, self.dispatcher, health=self.health)
@@ -71,15 +73,27 @@ class RpcServerFactory(protocol.Factory):
         """Call ``listener(protocol)`` whenever an accepted connection goes."""
         self._lost_listeners.append(listener)
 
+    def on_opened(self, listener: Callable[[RpcProtocol], None]) -> None:
+        """Call ``listener(protocol)`` when a connection's handshake is done (``protocol.peer`` is known)."""
+        self._opened_listeners.append(listener)
+
+    def on_closed(self, listener: Callable[[RpcProtocol], None]) -> None:
+        """Call ``listener(protocol)`` when a connection that ``on_opened`` announced goes."""
+        self._closed_listeners.append(listener)
+
     def opened(self, p: RpcProtocol) -> None:
         self.connections.add(p)
         self.metrics.connections = len(self.connections)
         self.metrics.connections_total += 1
+        for listener in self._opened_listeners:
+            listener(p)
 
     def lost(self, p: RpcProtocol) -> None:
         if p in self.connections:
             self.connections.discard(p)
             self.metrics.connections = len(self.connections)
+            for listener in self._closed_listeners:
+                listener(p)
         for listener in self._lost_listeners:
             listener(p)
 

@@ -306,6 +306,23 @@ def test_a_release_keeps_a_stored_sessions_claim_and_ignores_an_old_epoch(store)
     assert store.wait(store.store.get_session("kept")).epoch == new
 
 
+def test_a_will_is_written_with_the_claims_epoch_and_an_older_holders_is_fenced(store):
+    """put_will/delete_will carry the epoch like every session write: the holder's pass (a delete of no will
+    too), a holder taken over is Fenced, and a will that is not an MQTT publish is InvalidArgument."""
+    will = api.WillState(Message("will/w", b"bye", RecordKind.MQTT_PUBLISH, 1, True, "w"), 5)
+    old = _claim(store, "w", "proxy-1")
+    store.wait(store.store.put_will("w", will, old))
+    store.wait(store.store.delete_will("w", old))
+    store.wait(store.store.delete_will("w", old))
+    new = _claim(store, "w", "proxy-2")
+    assert isinstance(store.error(store.store.put_will("w", will, old)), api.Fenced)
+    assert isinstance(store.error(store.store.delete_will("w", old)), api.Fenced)
+    store.wait(store.store.put_will("w", will, new))
+    native = api.WillState(Message("q", b"x", RecordKind.NATIVE_MESSAGE), 0)
+    assert isinstance(store.error(store.store.put_will("w", native, new)), api.InvalidArgument)
+    store.wait(store.store.release_session("w", new))
+
+
 def test_a_claim_by_another_identity_is_refused_and_fences_nobody(store):
     """A session claimed, or stored, by one identity is not claimed by another: NotAuthorized, the holder kept."""
     epoch = store.wait(store.store.claim_session("owned", "proxy-1", "user:alice"))

@@ -238,3 +238,30 @@ def test_group_numbers_pin_and_fill_in_name_order():
     assert msg_ids.pack(0, 752) == 752 and msg_ids.unpack(msg_ids.pack(3, 752)) == (3, 752)
     with pytest.raises(ValueError):
         msg_ids.numbering(("g1", "g2"), {"g1": 1, "g2": 1})
+
+
+def virtual_names(table) -> tuple[str, tuple[str, str]]:
+    """A virtual queue name and two real queues: one in the other group than the virtual's, one in its own."""
+    names = [f"q{i}" for i in range(64)]
+    vq = names[0]
+    home = table.group_of_queue(vq)
+    other = next(n for n in names[1:] if table.group_of_queue(n) != home)
+    same = next(n for n in names[1:] if table.group_of_queue(n) == home)
+    return vq, (other, same)
+
+
+def test_a_virtual_queues_produce_reaches_real_queues_in_other_groups(cluster):
+    """A produce to a virtual queue whose real queues hash to other groups than its name goes to each real
+    queue's group, so a consume of every real queue (routed by its own name) finds the message."""
+    vq, targets = virtual_names(cluster.table)
+    routed = RoutedStore(cluster.table, cluster.store.groups, virtual_queues={vq: list(targets)})
+    reply = cluster.wait(routed.native_request({"action": "produce", "queue": vq, "data": "job", "seq": 7}))
+    assert reply["code"] == 0 and reply["queue"] == vq and reply["seq"] == 7 and isinstance(reply["msg_id"], int)
+    for t in targets:
+        got = cluster.wait(routed.native_request({"action": "consume", "queue": t}))
+        assert got["code"] == 0 and got["data"] == "job", (t, got)
+    batch = cluster.wait(routed.native_request({"action": 1, "queue": vq, "batch": ["a", "b"]}))
+    assert batch["code"] == 0 and batch["count"] == 2
+    for t in targets:
+        got = [cluster.wait(routed.native_request({"action": "consume", "queue": t})).get("data") for _ in range(3)]
+        assert got == ["a", "b", None], (t, got)
