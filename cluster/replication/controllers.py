@@ -7,7 +7,8 @@ master becomes master of the answer's master epoch, with the controllers' SyncSt
 other broker replicates from the master's advertised ``ha`` address. Then it heartbeats the controllers'
 leader every ``heartbeat_interval`` (its max offset with each beat) and follows every answer, so a master
 elected while it was away (or a lost notification) switches it at the next beat: a killed master relaunched
-with its old argv comes back as a slave.
+with its old argv comes back as a slave. The member agent's pushed metadata (``follow_metadata``) switches it
+sooner: a master deposed by hand stops taking writes as soon as it hears.
 
 ``alter(members, new_set_epoch)`` is ``HAMaster``'s hook: the master proposes the new SyncStateSet to the
 controllers' leader at its master epoch and current set epoch; it fires True once they accepted it, False
@@ -138,6 +139,12 @@ class ReplicaAgent(service.Service):
         self.info = info
         self.follow(info)
 
+    def follow_metadata(self, metadata: dict) -> None:
+        """A ``MemberAgent.on_metadata`` listener: the controllers' push reaches the role before the next beat."""
+        info = (metadata.get("replicas") or {}).get(self.group)
+        if isinstance(info, dict) and self.info is not None and self.running:
+            self.follow(info)
+
     def poll(self) -> None:
         """Read the replica info now (a refused proposal: the set or the master moved)."""
         self._beat()
@@ -150,6 +157,8 @@ class ReplicaAgent(service.Service):
             self._pending = info
             return
         master, epoch = info.get("master"), info.get("master_epoch", 0)
+        if self.following is not None and epoch < self.following[1]:
+            return  # an older view (a lagging controller's metadata): never back to a deposed master
         if not master:
             log.info("replica_no_master group=%s: waiting for the controllers to elect one", self.group)
             return

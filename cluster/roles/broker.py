@@ -200,6 +200,8 @@ class BrokerParts:
                                                   factory))
         self.agent = member_agent(reactor, cfg, "broker", self.listeners, health)  # None: static membership
         self.replica_agent = self._replica_agent(settings)  # None: the config decides the role
+        if self.replica_agent is not None and self.agent is not None:  # pushed role changes, besides the beat's
+            self.agent.on_metadata(self.replica_agent.follow_metadata)
 
     def _replica_agent(self, settings: RpcSettings) -> ReplicaAgent | None:
         """With controllers and an ha listener, the controllers decide this broker's role (RIP-44)."""
