@@ -86,11 +86,12 @@ class Load:
         self._stop = threading.Event()
         self.sub = self._client(f"fo-sub-{topic}", clean=False)
         self.sub.on_message = self._message
+        subscribed = threading.Event()
         self.sub.on_connect = lambda c, *_: c.subscribe(f"{topic}/#", qos=1)
+        self.sub.on_subscribe = lambda *_: subscribed.set()
         self.sub.connect("127.0.0.1", port, keepalive=10)
         self.sub.loop_start()
-        wait_until(self.sub.is_connected, 10, what="the subscriber to connect")
-        time.sleep(0.3)  # SUBACK comes with the connect's callback; let it land before the first publish
+        wait_until(subscribed.is_set, 10, what="the subscriber's SUBACK")
         self.thread = threading.Thread(target=self._publish, daemon=True)
         self.thread.start()
 
