@@ -11,7 +11,11 @@ there) and is applied only once ``alter`` succeeds.
 
 The confirm offset's plug for the acknowledgement policy is ``wait_confirmed``:
 a Deferred that fires once every member of the SyncStateSet holds the log up
-to an offset.
+to an offset. While it serves, the master holds its store's gate
+(``store.ha_gate``): readers and notifies stop at the confirm offset, and a
+put is acknowledged once ``SyncStateSet.ack_offset`` (all of the set, or
+``min_in_sync_replicas`` copies) passes its end, or answered
+``FLUSH_SLAVE_TIMEOUT`` after ``ack_timeout_s``.
 """
 
 from __future__ import annotations
@@ -165,6 +169,7 @@ class HAMaster(service.Service):
         self.clock = clock
         self.sync = SyncStateSet(node_id, members, set_epoch, settings.max_time_not_caught_up_s)
         self.waiters = ConfirmWaiters()
+        self.acks = ConfirmWaiters()  # the acknowledgement policy's offset (ack_offset), not the confirm offset
         self.connections: set[HAServerProtocol] = set()
         self.by_slave: dict[str, HAServerProtocol] = {}  # the current connection of each slave id
         self.factory = HAServerFactory(self)
@@ -187,8 +192,21 @@ class HAMaster(service.Service):
 
     def update_confirm(self) -> int:
         """Recompute the confirm offset and fire the waiters it passed."""
-        self.waiters.advance(self.sync.confirm_offset(self.store.commit_log.max_offset))
+        master_max = self.store.commit_log.max_offset
+        self.waiters.advance(self.sync.confirm_offset(master_max))
+        s = self.settings
+        ack = self.sync.ack_offset(master_max, s.all_ack, s.min_in_sync_replicas)
+        if ack is not None:
+            self.acks.advance(ack)
+        if self.running:
+            self.store.set_confirm_offset(self.waiters.confirm_offset)
         return self.waiters.confirm_offset
+
+    def _ack_wait(self, log_end: int) -> defer.Deferred | None:
+        """The store's acknowledgement wait (``store.ha_gate.AckWait``): None once the policy's offset passed."""
+        if log_end <= self.acks.confirm_offset:
+            return None
+        return self.acks.wait(log_end).addTimeout(self.settings.ack_timeout_s, self.clock)
 
     def wait_confirmed(self, offset: int) -> defer.Deferred:
         """Fires with the confirm offset once it reaches ``offset`` (the end of a record to acknowledge)."""
@@ -264,6 +282,10 @@ class HAMaster(service.Service):
 
     def startService(self) -> None:
         service.Service.startService(self)
+        # A new mastership counts from its own set: what an earlier one confirmed may have been truncated since.
+        self.waiters, self.acks = ConfirmWaiters(), ConfirmWaiters()
+        self.store.gate.ack_wait = self._ack_wait
+        self.update_confirm()
         self._loop = task.LoopingCall(self._check)
         self._loop.clock = self.clock
         self._loop.start(self.settings.check_interval_s, now=False)
@@ -280,4 +302,6 @@ class HAMaster(service.Service):
         for c in list(self.connections):
             c.transport.loseConnection()
         self.waiters.fail_all(defer.CancelledError("this broker stopped being master"))
+        self.acks.fail_all(defer.CancelledError("this broker stopped being master"))
+        self.store.open_gate()
         return defer.succeed(None)
