@@ -246,13 +246,7 @@ class HAMaster(service.Service):
     def _check(self) -> None:
         for c in list(self.connections):
             c.tick()
-        confirm = self.update_confirm()
-        if self._keep_file or len(self.sync.members) > 1:
-            self._keep_file = True
-            try:
-                self.confirm_file.write(confirm)
-            except OSError as exc:
-                log.error("ha_confirm_file_failed path=%s error=%s", self.confirm_file.path, exc)
+        self._write_confirm_file(self.update_confirm())
         if self._altering:
             return
         proposal = self.sync.proposal(self.clock.seconds(), self.store.commit_log.max_offset)
@@ -268,13 +262,22 @@ class HAMaster(service.Service):
                 old = self.sync.members
                 self.sync.apply(proposal, epoch)
                 log.info("ha_sync_state_set epoch=%d members=%s was=%s", epoch, sorted(proposal), sorted(old))
-                self.update_confirm()
+                # At once: a Spark reader must not read past the confirm offset of a set that has just grown.
+                self._write_confirm_file(self.update_confirm())
 
         def failed(f):
             self._altering = False
             log.warning("ha_sync_state_set_alter_failed members=%s error=%s", sorted(proposal), f.getErrorMessage())
 
         d.addCallbacks(done, failed)
+
+    def _write_confirm_file(self, confirm: int) -> None:
+        if self._keep_file or len(self.sync.members) > 1:
+            self._keep_file = True
+            try:
+                self.confirm_file.write(confirm)
+            except OSError as exc:
+                log.error("ha_confirm_file_failed path=%s error=%s", self.confirm_file.path, exc)
 
     @staticmethod
     def _apply_here(members: frozenset, epoch: int) -> bool:
