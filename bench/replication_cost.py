@@ -137,7 +137,7 @@ def main(argv=None) -> int:
           "PUBACK p99 ms |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['replicas']} | {_fmt(r['rate'])}{' (partial)' if r['partial'] else ''} | "
+        print(f"| {int(r['replicas'])} | {_fmt(r['rate'])}{' (partial)' if r['partial'] else ''} | "
               f"{_fmt(r['accept_rate'])} | {_fmt(r['loss'], 2)} | {_fmt(r['cpu_us'], 1)} | {_fmt(r['p50_ms'], 2)} | "
               f"{_fmt(r['p99_ms'], 2)} |" + (f" error: {r['error']}" if r['error'] else ""))
     return 0
