@@ -303,8 +303,7 @@ class Publisher:
         if result.status is not PUT_OK:
             log.error("put_failed client=%s status=%s reason=%s", session.client_id, result.status.name,
                       result.reason)
-            _refuse_after_store(conn, session, qos, packet_id,
-                                result.status is AppendStatus.SERVICE_NOT_AVAILABLE)
+            _refuse_after_store(conn, session, qos, packet_id, result.status in _UNAVAILABLE)
             return
         if qos == 1:
             if conn.session is session:  # else the link is gone, and its in-flight count with it
@@ -355,6 +354,11 @@ class Publisher:
             answer()
         else:
             d.addCallback(answer)
+
+
+# The group cannot take it now (unreachable, or its master could not replicate it in time): the client goes and
+# sends it again.
+_UNAVAILABLE = (AppendStatus.SERVICE_NOT_AVAILABLE, AppendStatus.FLUSH_SLAVE_TIMEOUT)
 
 
 def _refuse_after_store(conn, session, qos: int, packet_id, unavailable: bool = False) -> None:

@@ -9,6 +9,11 @@ compared with decoding. A header that is not plausible (corruption) is stepped
 over by searching for the next header whose record decodes with a good CRC; a
 record that is not complete yet (the tail a live broker is writing) ends the hop.
 
+A broker group's master (and its slaves) keep ``DATA_DIR/confirm_offset``
+(``store.ha_sync.ConfirmOffsetFile``): records past it may be truncated by a
+failover, so every plan stops there (``confirm_limit``). Without that file (a
+node, a group of one) the whole log is read, as always.
+
 Pure functions over files: no Spark, no lock, no writer state.
 """
 
@@ -22,6 +27,7 @@ import numpy as np
 
 from store import reader
 from store import record as rec
+from store.ha_sync import ConfirmOffsetFile
 
 MARKER = bytes([rec.VERSION]) + rec.MAGIC.to_bytes(4, "big")
 _MARKER_BYTES = np.frombuffer(MARKER, np.uint8)
@@ -220,15 +226,25 @@ def first_offset(directory: str) -> int:
     return segments[0].base if segments else 0
 
 
+def confirm_limit(directory: str) -> int | None:
+    """The confirm offset of the broker whose commit log is ``directory`` (a record boundary), or None (no file)."""
+    return ConfirmOffsetFile(os.path.dirname(os.path.normpath(directory))).read()
+
+
+def _capped(end: int | None, limit: int | None) -> int | None:
+    return end if limit is None else (limit if end is None else min(end, limit))
+
+
 def physical_end(directory: str) -> int:
-    """Offset just past the last byte written (not necessarily a record boundary)."""
+    """Offset just past the last byte written (not necessarily a record boundary), at most the confirm offset."""
     segments = reader.list_segments(directory)
     if not segments:
         return 0
     try:
-        return segments[-1].base + segments[-1].size
+        end = segments[-1].base + segments[-1].size
     except FileNotFoundError:
-        return segments[-1].base
+        end = segments[-1].base
+    return _capped(end, confirm_limit(directory))
 
 
 def last_segment_base(directory: str) -> int:
@@ -243,8 +259,9 @@ def latest_boundary(directory: str, start: int, max_records: int | None = None,
 
     Walks into later segments as the writer rolls. With ``max_records`` the hop
     stops after that many records; with ``stop_at`` before the first record
-    that starts at or after that offset. Returns ``(end, records)``.
+    that starts at or after that offset; never past the confirm offset. Returns ``(end, records)``.
     """
+    stop_at = _capped(stop_at, confirm_limit(directory))
     segments = reader.list_segments(directory)
     if not segments:
         return start, 0
@@ -292,8 +309,9 @@ def plan_ranges(directory: str, start: int | None = None, end: int | None = None
     ``end=None`` snapshots the log: the last segment ends at its last complete
     record now, so every task reads the same records even while a broker appends.
     Segments bigger than ``max_bytes`` are split at record boundaries into
-    chunks of about equal size.
+    chunks of about equal size. Nothing past the confirm offset is planned.
     """
+    end = _capped(end, confirm_limit(directory))
     segments = reader.list_segments(directory)
     ranges: list[ScanRange] = []
     if not segments:

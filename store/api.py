@@ -122,6 +122,9 @@ class AppendStatus(enum.Enum):
     OS_ERROR = "OS_ERROR"  # the write failed (disk full, I/O error): nothing kept
     FLUSH_DISK_FAILED = "FLUSH_DISK_FAILED"  # sync flush: written, but the fsync failed
     SERVICE_NOT_AVAILABLE = "SERVICE_NOT_AVAILABLE"  # the store is not open
+    # A master: written, but its group did not replicate it per the acknowledgement policy within call_timeout
+    # (the client is answered as when the group is unreachable, and sends it again).
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
 
 
 class AppendResult(NamedTuple):

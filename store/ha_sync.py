@@ -19,7 +19,7 @@ has accepted it, never before: a set that is applied locally but not stored
 could elect a master that misses confirmed records.
 
 ``ConfirmWaiters`` is the plug for the acknowledgement policy: a Deferred that
-fires once the confirm offset passes an offset.
+fires once the confirm offset (or ``ack_offset``, the policy's offset) passes an offset.
 """
 
 from __future__ import annotations
@@ -113,6 +113,22 @@ class SyncStateSet:
         new_set = frozenset(new)
         return None if new_set == self.members else new_set
 
+    def ack_offset(self, master_max: int, all_ack: bool, min_replicas: int) -> int | None:
+        """The offset below which a publish may be acknowledged; None: hold every acknowledgement (the set has
+        fewer than ``min_replicas`` members).
+
+        ``all_ack`` (``all_ack_in_sync_state_set``): the confirm offset, every member holds it; else the offset
+        ``min_replicas`` members (the master counted) hold.
+        """
+        if len(self.members) < min_replicas:
+            return None
+        confirm = self.confirm_offset(master_max)
+        if all_ack:
+            return confirm
+        copies = sorted([master_max] + [self.replicas[m].acked_offset if m in self.replicas else 0
+                                        for m in self.members if m != self.master_id], reverse=True)
+        return max(confirm, copies[min_replicas - 1])
+
     def apply(self, members: frozenset[str], epoch: int) -> None:
         """The keeper of the set accepted ``members`` as set epoch ``epoch``."""
         self.members = frozenset(members) | {self.master_id}
@@ -180,13 +196,16 @@ class ConfirmWaiters:
         self.confirm_offset = confirm_offset
         heap = self._heap
         while heap and heap[0][0] <= confirm_offset:
-            heapq.heappop(heap)[2].callback(confirm_offset)
+            d = heapq.heappop(heap)[2]
+            if not d.called:  # else it timed out meanwhile
+                d.callback(confirm_offset)
 
     def fail_all(self, reason: Exception) -> None:
         """Errback every waiter (the store closes, the broker stops being master)."""
         heap, self._heap = self._heap, []
         for _off, _seq, d in heap:
-            d.errback(reason)
+            if not d.called:
+                d.errback(reason)
 
     def __len__(self) -> int:
         return len(self._heap)

@@ -26,6 +26,7 @@ from store.commit_log import CommitLog, CommitLogError
 from store.config import StoreConfig
 from store.flush import make_flush_policy
 from store.ha_epochs import EpochFile
+from store.ha_gate import ReplicationGate
 from store.retention import Retention
 
 log = logging.getLogger("twistmq.store")
@@ -217,6 +218,8 @@ class MessageStore:
         self.visible_offset = 0
         """Commit-log offset below which records are durable under the flush policy: reads stop there."""
         self._truncations = 0  # cuts so far: a write acknowledged after a later cut must not move visible_offset
+        self.gate = ReplicationGate()
+        """A master's hold on reads, notifies and acks until its group has the records (``store.ha_gate``)."""
         self.replica_of = ""
         """Set on a slave (its master's address): the log takes only its master's records, every put is refused."""
 
@@ -508,10 +511,24 @@ class MessageStore:
             if log_end > self.visible_offset:
                 self.visible_offset = log_end
             self._observer.appended(self._clock.seconds() - started)
+            wait = self.gate.ack_wait(log_end) if self.gate.ack_wait is not None else None
+            if wait is None:
+                answer_ok()
+            else:  # a master: its group must hold the records too (the acknowledgement policy)
+                wait.addCallbacks(answer_ok, not_replicated)
+
+        def answer_ok(_=None):
             new, ok = tuple.__new__, PutStatus.PUT_OK  # one result per message: built in one call each
             results = [new(PutResult, (ok, offset, queues, "")) for offset, queues in zip(offsets, targets)]
             for waiter, first, end, refused in waiters:
                 _answer(waiter, results[first:end], refused)
+
+        def not_replicated(f):
+            reason = f"not replicated to the broker group in time: {f.getErrorMessage() or f.type.__name__}"
+            log.warning("put_not_replicated log_end=%d messages=%d reason=%s", log_end, len(offsets), reason)
+            for waiter, first, end, refused in waiters:
+                _answer(waiter, [PutResult(PutStatus.FLUSH_SLAVE_TIMEOUT, off, q, reason)
+                                 for off, q in zip(offsets[first:end], targets[first:end])], refused)
 
         def fsync_failed(f):
             if log_end > self.visible_offset:  # refused, but written: the records after it are read past them
@@ -523,11 +540,31 @@ class MessageStore:
 
         def notify(_=None):
             if touched:
-                for listener in self._listeners:
-                    listener(touched)
+                self._notify(log_end, touched)
 
         flushed.addCallbacks(acknowledge, fsync_failed)
         flushed.addBoth(notify)  # watchers hear of new entries once they are visible
+
+    def _notify(self, log_end: int, touched: set[str]) -> None:
+        if not self.gate.shows(log_end):
+            self.gate.hold(log_end, touched)  # past the confirm offset: heard of once the group holds it
+            return
+        for listener in self._listeners:
+            listener(touched)
+
+    def set_confirm_offset(self, offset: int) -> None:
+        """A master's confirm offset: readers see records below it only; the notifies it passed are sent."""
+        released = self.gate.advance(offset)
+        if released:
+            for listener in self._listeners:
+                listener(released)
+
+    def open_gate(self) -> None:
+        """No confirm offset any more (this broker stopped being a master): the held notifies are sent."""
+        released = self.gate.open()
+        if released:
+            for listener in self._listeners:
+                listener(released)
 
     def _trim_recent(self) -> None:
         """Drop the oldest kept appends until both bounds hold again.
@@ -580,6 +617,9 @@ class MessageStore:
         out: list[QueueMessage] = []
         budget = MAX_GET_BYTES
         log_min, visible = self.commit_log.min_offset, self.visible_offset
+        limit = self.gate.read_limit
+        if limit is not None and limit < visible:
+            visible = limit  # a master: past its confirm offset, a failover could take it back
         todo: list = []  # entries whose records are not in memory: read in contiguous runs
         new = tuple.__new__
         recent = self._recent
@@ -587,7 +627,7 @@ class MessageStore:
             if cl_offset < log_min:
                 continue
             if cl_offset >= visible:
-                break  # not durable yet under flush = sync: its notify comes after the fsync
+                break  # not durable yet under flush = sync, or not confirmed: its notify comes after
             record = recent.get(cl_offset)
             if record is None:
                 todo.append((len(out), new(QueueEntry, (queue_offset, cl_offset, size, store_ts))))
@@ -672,6 +712,7 @@ class MessageStore:
             self._recent_bytes -= _size(self._recent.pop(cl_offset))
         self._recent_order = deque(o for o in self._recent_order if o < offset)
         self.visible_offset = min(self.visible_offset, offset)
+        self.gate.truncated(offset)
         # Offsets past the cut will hold other bytes: none of them is fsynced yet.
         self.flush_policy.truncated(offset)
         self._truncations += 1

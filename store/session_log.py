@@ -75,6 +75,7 @@ WHERE = b"\x01w/"  # + key -> (offset, size) of the record holding the key's liv
 CHECKPOINT = b"\x01checkpoint"  # commit-log offset applied up to (u64)
 _POS = struct.Struct(">QI")
 _U64 = struct.Struct(">Q")
+_WRITTEN = (PutStatus.FLUSH_DISK_FAILED, PutStatus.FLUSH_SLAVE_TIMEOUT)  # refused, yet written and dispatched
 CHECKPOINT_EVERY = 16 << 20  # bytes of log without session records after which the checkpoint moves anyway
 
 
@@ -215,7 +216,7 @@ class SessionLog(DispatcherBase):
         if result.status is PutStatus.PUT_OK:
             d.callback(None)
         else:
-            if result.status is not PutStatus.FLUSH_DISK_FAILED:  # never written, so never dispatched
+            if result.status not in _WRITTEN:  # never written, so never dispatched
                 self._undo(key)
             log.error("session_log_append_failed key=%r status=%s reason=%s", key[:64], result.status.name,
                       result.reason)

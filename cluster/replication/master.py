@@ -12,7 +12,11 @@ and is applied only once ``alter`` succeeds.
 
 The confirm offset's plug for the acknowledgement policy is ``wait_confirmed``:
 a Deferred that fires once every member of the SyncStateSet holds the log up
-to an offset.
+to an offset. While it serves, the master holds its store's gate
+(``store.ha_gate``): readers and notifies stop at the confirm offset, and a
+put is acknowledged once ``SyncStateSet.ack_offset`` (all of the set, or
+``min_in_sync_replicas`` copies) passes its end, or answered
+``FLUSH_SLAVE_TIMEOUT`` after ``ack_timeout_s``.
 """
 
 from __future__ import annotations
@@ -166,6 +170,7 @@ class HAMaster(service.Service):
         self.clock = clock
         self.sync = SyncStateSet(node_id, members, set_epoch, settings.max_time_not_caught_up_s)
         self.waiters = ConfirmWaiters()
+        self.acks = ConfirmWaiters()  # the acknowledgement policy's offset (ack_offset), not the confirm offset
         self.connections: set[HAServerProtocol] = set()
         self.by_slave: dict[str, HAServerProtocol] = {}  # the current connection of each slave id
         self.factory = HAServerFactory(self)
@@ -188,8 +193,21 @@ class HAMaster(service.Service):
 
     def update_confirm(self) -> int:
         """Recompute the confirm offset and fire the waiters it passed."""
-        self.waiters.advance(self.sync.confirm_offset(self.store.commit_log.max_offset))
+        master_max = self.store.commit_log.max_offset
+        self.waiters.advance(self.sync.confirm_offset(master_max))
+        s = self.settings
+        ack = self.sync.ack_offset(master_max, s.all_ack, s.min_in_sync_replicas)
+        if ack is not None:
+            self.acks.advance(ack)
+        if self.running:
+            self.store.set_confirm_offset(self.waiters.confirm_offset)
         return self.waiters.confirm_offset
+
+    def _ack_wait(self, log_end: int) -> defer.Deferred | None:
+        """The store's acknowledgement wait (``store.ha_gate.AckWait``): None once the policy's offset passed."""
+        if log_end <= self.acks.confirm_offset:
+            return None
+        return self.acks.wait(log_end).addTimeout(self.settings.ack_timeout_s, self.clock)
 
     def wait_confirmed(self, offset: int) -> defer.Deferred:
         """Fires with the confirm offset once it reaches ``offset`` (the end of a record to acknowledge)."""
@@ -229,13 +247,7 @@ class HAMaster(service.Service):
     def _check(self) -> None:
         for c in list(self.connections):
             c.tick()
-        confirm = self.update_confirm()
-        if self._keep_file or len(self.sync.members) > 1:
-            self._keep_file = True
-            try:
-                self.confirm_file.write(confirm)
-            except OSError as exc:
-                log.error("ha_confirm_file_failed path=%s error=%s", self.confirm_file.path, exc)
+        self._write_confirm_file(self.update_confirm())
         if self._altering:
             return
         proposal = self.sync.proposal(self.clock.seconds(), self.store.commit_log.max_offset)
@@ -251,13 +263,22 @@ class HAMaster(service.Service):
                 old = self.sync.members
                 self.sync.apply(proposal, epoch)
                 log.info("ha_sync_state_set epoch=%d members=%s was=%s", epoch, sorted(proposal), sorted(old))
-                self.update_confirm()
+                # At once: a Spark reader must not read past the confirm offset of a set that has just grown.
+                self._write_confirm_file(self.update_confirm())
 
         def failed(f):
             self._altering = False
             log.warning("ha_sync_state_set_alter_failed members=%s error=%s", sorted(proposal), f.getErrorMessage())
 
         d.addCallbacks(done, failed)
+
+    def _write_confirm_file(self, confirm: int) -> None:
+        if self._keep_file or len(self.sync.members) > 1:
+            self._keep_file = True
+            try:
+                self.confirm_file.write(confirm)
+            except OSError as exc:
+                log.error("ha_confirm_file_failed path=%s error=%s", self.confirm_file.path, exc)
 
     @staticmethod
     def _apply_here(members: frozenset, epoch: int) -> bool:
@@ -274,6 +295,10 @@ class HAMaster(service.Service):
 
     def startService(self) -> None:
         service.Service.startService(self)
+        # A new mastership counts from its own set: what an earlier one confirmed may have been truncated since.
+        self.waiters, self.acks = ConfirmWaiters(), ConfirmWaiters()
+        self.store.gate.ack_wait = self._ack_wait
+        self.update_confirm()
         self._loop = task.LoopingCall(self._check)
         self._loop.clock = self.clock
         self._loop.start(self.settings.check_interval_s, now=False)
@@ -290,4 +315,6 @@ class HAMaster(service.Service):
         for c in list(self.connections):
             c.transport.loseConnection()
         self.waiters.fail_all(defer.CancelledError("this broker stopped being master"))
+        self.acks.fail_all(defer.CancelledError("this broker stopped being master"))
+        self.store.open_gate()
         return defer.succeed(None)

@@ -22,3 +22,10 @@ class HASettings:
     """``ha_max_time_slave_not_catchup``: a slave behind the master this long leaves the SyncStateSet."""
     check_interval_s: float = 0.5
     """How often timeouts, heartbeats and the SyncStateSet are checked."""
+    all_ack: bool = True
+    """``all_ack_in_sync_state_set``: acknowledge once every SyncStateSet member holds a record, else once
+    ``min_in_sync_replicas`` copies do."""
+    min_in_sync_replicas: int = 1
+    """Copies a record needs before it is acknowledged, and the smallest set a master acknowledges with."""
+    ack_timeout_s: float = 5.0
+    """``call_timeout``: an acknowledgement held this long is answered as by an unreachable group."""

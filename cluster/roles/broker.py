@@ -180,7 +180,9 @@ class BrokerParts:
         self.cfg = cfg
         cluster = cfg.cluster
         self.state = StoreParts(reactor, cfg)
-        ha_settings = HASettings(secret=cluster.secret, max_time_not_caught_up_s=cluster.ha_max_time_slave_not_catchup)
+        ha_settings = HASettings(secret=cluster.secret, max_time_not_caught_up_s=cluster.ha_max_time_slave_not_catchup,
+                                 all_ack=cluster.all_ack_in_sync_state_set,
+                                 min_in_sync_replicas=cluster.min_in_sync_replicas, ack_timeout_s=cluster.call_timeout)
         self.replication = ReplicaRole(self.state.store, cluster.node_id, ha_settings, reactor,
                                        cluster.ha_async_learner, on_role=self._role_changed)
         if cluster.ha_master:  # from the start: nothing may write before replication begins

@@ -170,6 +170,10 @@ class ClusterConfig:
     """Seconds a slave may stay behind its master before the master drops it from the SyncStateSet (RocketMQ's haMaxTimeSlaveNotCatchup); a disconnected slave is dropped at once."""
     ha_async_learner: bool = False
     """A slave that replicates but never joins the SyncStateSet (RocketMQ's asyncLearner): the confirm offset never waits for it and it is never elected master (a copy in another data centre)."""
+    all_ack_in_sync_state_set: bool = True
+    """A master acknowledges a publish (PUBACK/PUBREC, native produce confirm, a stored session change) only once every member of its SyncStateSet holds the record (the confirm offset passed it); false: once min_in_sync_replicas copies hold it. Either way, a master whose SyncStateSet has fewer than min_in_sync_replicas members holds the acknowledgement up to call_timeout, then answers as an unreachable group does (MQTT DISCONNECT 0x89, no PUBACK; native code -1). A node, and a broker that serves no slaves, never wait."""
+    min_in_sync_replicas: int = 1
+    """Copies (the master's included) a publish needs before it is acknowledged, and the smallest SyncStateSet a master acknowledges with. 1: a group of one acknowledges alone (and so does a group whose set shrank to its master); set 2 in groups of three or more, so a master cut off from every slave stops acknowledging (durability over availability)."""
     members: tuple = ()
     """The static membership, as ``[[cluster.members]]`` tables with ``id``, ``role`` (broker or proxy), ``group`` (brokers) and ``rpc`` (a client endpoint string like tcp:127.0.0.1:7800)."""
 
@@ -192,6 +196,8 @@ class ClusterConfig:
         if self.ha_max_time_slave_not_catchup <= 0:
             raise ConfigError("ha_max_time_slave_not_catchup must be positive, not "
                               f"{self.ha_max_time_slave_not_catchup!r}")
+        if self.min_in_sync_replicas < 1:
+            raise ConfigError(f"min_in_sync_replicas must be at least 1, not {self.min_in_sync_replicas!r}")
         if self.ha_master and (not self.ha_master.startswith(("tcp:", "tcp6:", "ssl:", "tls:", "unix:"))
                                or ":" not in self.ha_master[4:]):
             raise ConfigError(f"ha_master must be a client endpoint like tcp:127.0.0.1:7850, not {self.ha_master!r}")

@@ -123,12 +123,14 @@ def plan(root: str, groups: int, proxies: int, shared_port: bool, cluster_id: st
     return procs
 
 
-def membership_toml(cluster_id: str, procs: list[dict], base: str = "") -> str:
-    """The config every process reads: ``base`` (an operator's file, if any) plus the ``[cluster]`` section."""
+def membership_toml(cluster_id: str, procs: list[dict], base: str = "", cluster_settings: dict | None = None) -> str:
+    """The config every process reads: ``base`` (an operator's file, if any) plus the ``[cluster]`` section, with
+    ``cluster_settings`` (more ``[cluster]`` keys: numbers, booleans, strings) in it."""
     if re.search(r"^\s*\[cluster\]", base, re.M):
         raise LaunchError("the base config has a [cluster] section: the launcher writes that one itself")
     lines = [base.rstrip(), "", "[cluster]", f'cluster_id = "{cluster_id}"', ""] if base.strip() else \
         ["[cluster]", f'cluster_id = "{cluster_id}"', ""]
+    lines[-1:-1] = [f"{key} = {json.dumps(value)}" for key, value in (cluster_settings or {}).items()]
     controllers = [f'"tcp:127.0.0.1:{p["ports"]["rpc"]}"' for p in procs if p["role"] == "controller"]
     if controllers:
         lines[-1:-1] = [f"controllers = [{', '.join(controllers)}]"]
@@ -216,8 +218,10 @@ def alive(pid: int) -> bool:
 
 
 def up(root: str, groups: int = 1, proxies: int = 2, replicas: int = 1, controllers: int = 3,
-       shared_port: bool = False, base_config: str | None = None, admin: bool = True) -> dict:
-    """Start the cluster under ``root``; returns what ``cluster.json`` holds."""
+       shared_port: bool = False, base_config: str | None = None, admin: bool = True,
+       cluster_settings: dict | None = None) -> dict:
+    """Start the cluster under ``root``; returns what ``cluster.json`` holds (``cluster_settings``: more
+    ``[cluster]`` keys for every process, such as ``min_in_sync_replicas``)."""
     if controllers < 0:
         raise LaunchError("--controllers must be at least 0 (3 or 5 for a majority that survives a loss)")
     if replicas < 1:
@@ -235,7 +239,9 @@ def up(root: str, groups: int = 1, proxies: int = 2, replicas: int = 1, controll
         with open(base_config, encoding="utf-8") as f:
             base = f.read()
     with open(os.path.join(root, "cluster.toml"), "w", encoding="utf-8") as f:
-        f.write(membership_toml(cluster_id, procs, base))
+        if replicas >= 3:  # DESIGN's default for groups of three: a master cut off from both slaves stops acknowledging
+            cluster_settings = {"min_in_sync_replicas": 2, **(cluster_settings or {})}
+        f.write(membership_toml(cluster_id, procs, base, cluster_settings))
     started: list[dict] = []
     try:
         for proc in procs:

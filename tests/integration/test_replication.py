@@ -138,7 +138,8 @@ class ReplicationTest(unittest.TestCase):
         self.assertEqual(len(got), 250)
 
     async def test_confirm_offset_waits_for_a_member_that_is_behind(self):
-        """With a member of the SyncStateSet gone, the confirm offset stays at what it acked until it is shrunk."""
+        """With a member of the SyncStateSet gone, the confirm offset stays at what it acked until it is shrunk, and
+        a put waits for it (all_ack_in_sync_state_set): it is answered once the set has shrunk."""
         m_store, s_store = self._store("m"), self._store("s")
         settings = HASettings(**{**SETTINGS.__dict__, "max_time_not_caught_up_s": 1.0})
         master, port = await self._master(m_store, settings=settings)
@@ -146,10 +147,14 @@ class ReplicationTest(unittest.TestCase):
         await _until(lambda: master.sync.members == {"b1", "b2"}, "the slave to join the SyncStateSet")
         await slave.stopService()
         await _until(lambda: not master.connections, "the master to see the slave go")
-        await self._put(m_store, [Message(topic="t", body=b"x")])
+        before = m_store.commit_log.max_offset
+        answered = m_store.put(Message(topic="t", body=b"x"))
+        await _until(lambda: m_store.commit_log.max_offset > before, "the record to be written")
         self.assertLess(master.confirm_offset, m_store.commit_log.max_offset)
+        self.assertFalse(answered.called)
         await _until(lambda: master.sync.members == {"b1"}, "the SyncStateSet to shrink")
         self.assertEqual(master.confirm_offset, m_store.commit_log.max_offset)
+        self.assertTrue((await answered).ok)
 
     async def test_old_master_rejoins_as_slave_and_is_truncated(self):
         """A master's records its slave never got are cut when it rejoins the slave it was, now master of a

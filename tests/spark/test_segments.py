@@ -10,6 +10,7 @@ from store import reader
 from store import record as rec
 
 from spark import segments
+from store.ha_sync import ConfirmOffsetFile
 from tests.spark.dataset import publish_dataset
 
 
@@ -140,3 +141,20 @@ def test_plan_ranges_cuts_a_segment_into_about_equal_parts(tmp_path):
     ranges = segments.plan_ranges(directory, max_bytes=int(seg.size * 0.6))
     assert len(ranges) == 2
     assert abs((ranges[0].end - ranges[0].start) - (ranges[1].end - ranges[1].start)) <= 2 * record
+
+
+def test_the_reader_stops_at_the_brokers_confirm_offset(tmp_path):
+    """With DATA_DIR/confirm_offset, plans, boundaries and the stream's end stop there; without it, the whole log."""
+    pub = publish_dataset(str(tmp_path), _items(10), segment_bytes=300)
+    directory = _commitlog(tmp_path)
+    whole = segments.latest_boundary(directory, 0)
+    assert whole[1] == 10
+    ConfirmOffsetFile(str(tmp_path)).write(pub[6].offset)
+    assert segments.latest_boundary(directory, 0) == (pub[6].offset, 6)
+    assert segments.physical_end(directory) == pub[6].offset
+    planned = segments.plan_ranges(directory)
+    assert planned[-1].end == pub[6].offset
+    assert segments.plan_ranges(directory, pub[2].offset, whole[0])[-1].end == pub[6].offset
+    os.remove(os.path.join(str(tmp_path), "confirm_offset"))
+    assert segments.latest_boundary(directory, 0) == whole
+    assert segments.plan_ranges(directory)[-1].end == whole[0]

@@ -48,11 +48,26 @@ def test_ha_master_off_loopback_needs_the_secret(tmp_path):
 @pytest.mark.parametrize("config, message", [
     ('[cluster]\nha_master = "7850"\n', "ha_master must be a client endpoint"),
     ("[cluster]\nha_max_time_slave_not_catchup = 0\n", "ha_max_time_slave_not_catchup must be positive"),
+    ("[cluster]\nmin_in_sync_replicas = 0\n", "min_in_sync_replicas must be at least 1"),
 ])
 def test_bad_replication_keys_are_named(tmp_path, config, message):
     """A bad [cluster] replication key is refused with its name."""
     with pytest.raises(ConfigError, match=message):
         _cfg(tmp_path, *RPC, config=config)
+
+
+def test_the_acknowledgement_policy_reaches_the_replication_settings(tmp_path):
+    """[cluster] all_ack_in_sync_state_set, min_in_sync_replicas and call_timeout are what the master acks by."""
+    from cluster.roles.broker import BrokerParts
+
+    cfg = _cfg(tmp_path, *RPC, "--ha", "tcp:0:interface=127.0.0.1",
+               config="[cluster]\nall_ack_in_sync_state_set = false\nmin_in_sync_replicas = 2\ncall_timeout = 3.0\n")
+    parts = BrokerParts(task.Clock(), cfg)
+    try:
+        s = parts.replication.master.settings
+        assert (s.all_ack, s.min_in_sync_replicas, s.ack_timeout_s) == (False, 2, 3.0)
+    finally:
+        parts.state.store.close()
 
 
 def test_a_slave_store_refuses_every_put(tmp_path):
