@@ -224,3 +224,44 @@ def test_a_compact_read_off_its_shape_is_refused(fields, why):
         codec.unpack_result("read_queue", _compact(fields))
     with pytest.raises(codec.CodecError):
         codec.unpack_result("read_queue", _compact(_GOOD, offsets=(7, 8)))
+
+
+def test_append_results_name_each_queue_set_once():
+    """append_batch's result sends each distinct tuple of queues once, then flat rows, and comes back equal."""
+    ok = api.AppendStatus.PUT_OK
+    results = tuple(api.AppendResult(ok, 100 + i, ("t/a", "%LMQ%t/+")) for i in range(3)) + \
+        (api.AppendResult(api.AppendStatus.MESSAGE_ILLEGAL, -1, (), "too big"),)
+    assert codec.encode(results, tuple[api.AppendResult, ...]) == [
+        [["t/a", "%LMQ%t/+"], []],
+        ["PUT_OK", 100, 0, "", "PUT_OK", 101, 0, "", "PUT_OK", 102, 0, "", "MESSAGE_ILLEGAL", -1, 1, "too big"]]
+    back = codec.unpack_result("append_batch", codec.pack_result("append_batch", results))
+    assert back == results and all(type(r) is api.AppendResult and type(r.queues) is tuple for r in back)
+
+
+@pytest.mark.parametrize("frame, why", [
+    ([[["q"]], ["PUT_OK", 1, 1, ""]], "a queue set index past the sets"),
+    ([[["q"]], ["PUT_OK", 1, 0]], "a row cut short"),
+    ([[["q"]], ["NO_SUCH", 1, 0, ""]], "an unknown status"),
+    ([[["q"]], ["PUT_OK", True, 0, ""]], "offset as a bool"),
+    ([[[1]], ["PUT_OK", 1, 0, ""]], "a queue name not a string"),
+    ([["PUT_OK", 1, ["q"], ""]], "the generic form"),
+])
+def test_compact_append_results_off_their_shape_are_refused(frame, why):
+    """Each row and queue set of a compact append_batch result is checked: anything off the shape is a CodecError."""
+    assert codec.unpack_result("append_batch", msgpack.packb([[["q"]], ["PUT_OK", 1, 0, ""]])) == \
+        (api.AppendResult(api.AppendStatus.PUT_OK, 1, ("q",), ""),)
+    with pytest.raises(codec.CodecError):
+        codec.unpack_result("append_batch", msgpack.packb(frame))
+
+
+def test_a_message_batch_off_its_types_is_converted_or_refused():
+    """append_batch's messages take the checked fast path; a bytearray body is converted, a bool qos refused."""
+    m = Message("t/a", b"x", RecordKind.MQTT_PUBLISH, 1, False, "c", 5, {"k": "v"})
+    assert codec.unpack_call(codec.pack_call("append_batch", ((m,),))) == ("append_batch", ((m,),))
+    loose = Message("t/a", bytearray(b"x"), RecordKind.MQTT_PUBLISH, 1, False, "c", 5, {"k": "v"})
+    assert codec.unpack_call(codec.pack_call("append_batch", ((loose,),)))[1][0][0].body == b"x"
+    with pytest.raises(codec.CodecError):
+        codec.pack_call("append_batch", ((Message("t/a", b"x", qos=True),),))
+    with pytest.raises(codec.CodecError):
+        codec.unpack_call(msgpack.packb(["append_batch", [[["t/a", b"x", 1, True, False, "c", 5, {}]]]],
+                                        use_bin_type=True))
