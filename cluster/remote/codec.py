@@ -243,7 +243,6 @@ def _named_tuple(cls: type) -> tuple[Callable, Callable]:
     return enc, dec
 
 
-_RECORD_FIELDS = 11
 _RECORD_TYPES = (int, int, int, int, bool, int, int, str, str, dict, bytes)  # Record's fields, kind as its value
 
 
@@ -288,8 +287,7 @@ def _read_result() -> tuple[Callable, Callable]:
         messages = []
         position, message = api.QueuePosition, api.QueuedMessage
         for offset, r in zip(offsets, records):
-            if type(offset) is not int or type(r) is not list or len(r) != _RECORD_FIELDS \
-                    or any(type(v) is not t for v, t in zip(r, _RECORD_TYPES)):
+            if type(offset) is not int or type(r) is not list or tuple(map(type, r)) != _RECORD_TYPES:
                 raise CodecError(f"a record is [{', '.join(t.__name__ for t in _RECORD_TYPES)}], got {r!r:.200}")
             kind = kinds.get(r[2])
             if kind is None:
@@ -302,6 +300,9 @@ def _read_result() -> tuple[Callable, Callable]:
         return api.ReadResult(tuple(messages), position(queue, group, next_offset), lost)
 
     return enc, dec
+
+
+_MESSAGE_TYPES = (str, bytes, int, int, bool, str, int, dict)  # Message's fields on the wire, kind as its value
 
 
 def _messages() -> tuple[Callable, Callable]:
@@ -337,9 +338,7 @@ def _messages() -> tuple[Callable, Callable]:
             raise _fail(hint, value)
         out = []
         for r in value:
-            if type(r) is not list or len(r) != 8 or type(r[0]) is not str or type(r[1]) is not bytes \
-                    or type(r[2]) is not int or type(r[3]) is not int or type(r[4]) is not bool \
-                    or type(r[5]) is not str or type(r[6]) is not int or type(r[7]) is not dict:
+            if type(r) is not list or tuple(map(type, r)) != _MESSAGE_TYPES:
                 raise CodecError(f"a message is [str, bytes, int, int, bool, str, int, dict], got {r!r:.200}")
             kind = kinds.get(r[2])
             if kind is None:
