@@ -35,6 +35,9 @@ import signal
 from twisted.internet import defer, endpoints
 from twisted.python import usage
 
+from cluster.admin.api import AdminAPI
+from cluster.admin.broker_handlers import BrokerHandlers
+from cluster.admin.routes import routes, served_by
 from cluster.bridges.metrics import BridgeCollector
 from cluster.local.parts import StoreParts
 from cluster.local.session_interest import SessionInterest
@@ -215,7 +218,8 @@ class BrokerParts:
         self.rpc.on_opened(lambda p: p.peer.role == "proxy" and self.keeper.member_up(p.peer.node_id))
         self.rpc.on_closed(lambda p: p.peer.role == "proxy" and self.keeper.member_down(p.peer.node_id))
         collectors = [self.metrics] + ([BridgeCollector(self.bridges.rows)] if self.bridges is not None else [])
-        site = store_site(self.state.store, collectors, self._extra_stats)
+        api = AdminAPI(served_by(routes(), "broker"), BrokerHandlers(cluster.node_id, self._epoch), cfg.admin.token)
+        site = store_site(self.state.store, collectors, self._extra_stats, api)
         self.listeners = []
         for listener in cfg.listeners:
             factory = {"rpc": self.rpc, "ha": self.replication.master.factory}.get(listener.key, site)
@@ -271,6 +275,16 @@ class BrokerParts:
             stats.update(slave=0, confirm_offset=master.update_confirm(), sync_state_set=len(master.sync.members),
                          sync_state_set_epoch=master.sync.epoch, slaves=len(master.connections))
         return stats
+
+    def _epoch(self) -> dict:
+        """``GET cluster/brokers/{this}/epoch``: the epoch file's entries, the role, the log end, the confirm offset."""
+        store = self.state.store
+        slave, master = self.replication.slave, self.replication.master
+        role, confirm = ("slave", slave.confirm_offset) if slave is not None else \
+            ("master", master.update_confirm()) if master.running else ("none", None)
+        return {"broker": self.cfg.cluster.node_id, "group": self.cfg.cluster.group, "role": role,
+                "max_offset": store.commit_log.max_offset, "confirm_offset": confirm,
+                "epochs": [{"epoch": e.epoch, "start_offset": e.start_offset} for e in store.epochs.entries]}
 
     def _role_changed(self, role: str) -> None:
         # A slave runs no timers: its master delivers them, and a record of its own would fork its log.

@@ -215,8 +215,9 @@ class _StoreCollector:
         yield from _extra_gauges(self.extra)
 
 
-def store_site(store, collectors=(), extra=lambda: ()) -> BoundedSite:
-    """A Site with /health (the store is open) and /metrics: the store's counters plus ``collectors``."""
+def store_site(store, collectors=(), extra=lambda: (), api=None) -> BoundedSite:
+    """A Site with /health (the store is open) and /metrics: the store's counters plus ``collectors``; ``/api``
+    when given (a broker's few admin routes)."""
     registry = CollectorRegistry()
     registry.register(_StoreCollector(store, extra))
     for collector in collectors:
@@ -224,6 +225,8 @@ def store_site(store, collectors=(), extra=lambda: ()) -> BoundedSite:
     root = resource.Resource()
     root.putChild(b"health", Health(store))
     root.putChild(b"metrics", Metrics(registry))
+    if api is not None:
+        root.putChild(b"api", api)
     return BoundedSite(root, max_body=MAX_BODY, request_timeout=REQUEST_TIMEOUT_S)
 
 
@@ -286,6 +289,8 @@ def proxy_site(front, remotes, extra=lambda: (), lag=None) -> BoundedSite:
     root = resource.Resource()
     root.putChild(b"health", _PeersHealth([peer for peer, _ in remotes]))
     root.putChild(b"metrics", Metrics(registry))
+    if api is not None:
+        root.putChild(b"api", api)
     return BoundedSite(root, max_body=MAX_BODY, request_timeout=REQUEST_TIMEOUT_S)
 
 

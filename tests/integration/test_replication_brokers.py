@@ -78,6 +78,33 @@ def test_records_reach_the_slave_byte_identical(group):
         assert f.read().splitlines()[1:] == ["1 0"]
 
 
+def test_brokers_epoch_answers_each_brokers_epochs_and_role(group):
+    """GET cluster/brokers/{id}/epoch on a broker's http listener (twistmq-admin brokers epoch ID): the same epoch
+    entries on master and slave, each its role; another broker's id is a 404 naming this one."""
+    import json
+    import urllib.error
+    import urllib.request
+    from tests.integration.admin_support import validate
+
+    def epoch(node, broker):
+        url = f"http://127.0.0.1:{node.port('http')}/api/v1/cluster/brokers/{broker}/epoch"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    master, slave = group
+    status, answer = epoch(master, "b1")
+    assert status == 200, answer
+    validate("BrokerEpoch", answer)
+    assert answer["role"] == "master" and answer["epochs"] == [{"epoch": 1, "start_offset": 0}]
+    status, answer = epoch(slave, "b2")
+    assert status == 200 and answer["role"] == "slave" and answer["epochs"] == [{"epoch": 1, "start_offset": 0}]
+    status, answer = epoch(slave, "b1")
+    assert status == 404 and "b2" in answer["message"]
+
+
 def test_the_slave_refuses_writes(group):
     """A produce sent to the slave is refused and its log does not grow."""
     _master, slave = group

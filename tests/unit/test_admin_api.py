@@ -11,6 +11,7 @@ from twisted.internet import defer, task
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.web.test.requesthelper import DummyRequest
 
+from cluster.admin.broker_handlers import BrokerHandlers
 from cluster.admin import commands
 from cluster.admin.api import AdminAPI, ApiError, page
 from cluster.admin.cluster_handlers import ClusterHandlers
@@ -36,6 +37,8 @@ def test_every_operation_has_a_handler_and_every_handler_an_operation():
     assert controller_ops == _public_methods(ControllerHandlers)
     assert controller_ops == {"list_members", "elect_leader", "get_controller_metadata", "get_sync_state_set",
                               "elect_master"}
+    broker_ops = {r.operation_id for r in served_by(routes(), "broker") if r.segments}
+    assert broker_ops == _public_methods(BrokerHandlers) == {"get_broker_epoch"}
     admin_ops = {r.operation_id for r in served_by(routes(), "admin") if r.segments}
     assert admin_ops == _public_methods(ClusterHandlers)
     assert admin_ops == {"list_members", "list_clients", "get_client", "kick_client", "list_sessions", "get_session",
