@@ -289,8 +289,6 @@ def proxy_site(front, remotes, extra=lambda: (), lag=None) -> BoundedSite:
     root = resource.Resource()
     root.putChild(b"health", _PeersHealth([peer for peer, _ in remotes]))
     root.putChild(b"metrics", Metrics(registry))
-    if api is not None:
-        root.putChild(b"api", api)
     return BoundedSite(root, max_body=MAX_BODY, request_timeout=REQUEST_TIMEOUT_S)
 
 

@@ -226,8 +226,43 @@ def test_a_killed_master_is_replaced_within_3s_and_nothing_acknowledged_is_lost(
                           interval=0.1, what="the old master back in the SyncStateSet")
         assert back["master"] == new and back["master_epoch"] == info["master_epoch"], back
         assert "ha_role role=slave" in open(f"{cluster['root']}/{old}.log").read().split("ha_role role=master")[-1]
+        load.close()
+        _session_survives_on_the_new_master(cluster, proxy, "fo1")
     finally:
         load.close()
+
+
+def _session_survives_on_the_new_master(cluster, proxy, topic: str) -> None:
+    """The subscriber's persistent session, subscription included, read back from the new master: SIGKILL the
+    proxy that held it in memory, relaunch it (it restores sessions from the groups), reconnect without
+    subscribing: session present, and a message published now arrives."""
+    os.kill(proxy["pid"], signal.SIGKILL)
+    wait_until(lambda: not launcher.alive(proxy["pid"]), 10, interval=0.05, what="the proxy gone")
+    launcher.relaunch(cluster["root"], proxy["id"])
+    cluster["processes"] = json.load(open(os.path.join(cluster["root"], "cluster.json")))["processes"]
+    port = _procs(cluster, "proxy")[0]["ports"]["mqtt"]
+    present, got = [], []
+    sub = Load._client(f"fo-sub-{topic}", clean=False)
+    sub.on_connect = lambda c, u, flags, rc, *_: present.append(flags.session_present)
+    sub.on_message = lambda c, u, m: got.append(m.payload)
+    wait_until(lambda: sub.connect("127.0.0.1", port, keepalive=10) == 0, 20, interval=0.2,
+               what="the relaunched proxy")
+    sub.loop_start()
+    try:
+        wait_until(lambda: present, 10, what="the CONNACK")
+        assert present == [True], present
+        pub = Load._client(f"fo-after-{topic}", clean=True)
+        pub.connect("127.0.0.1", port, keepalive=10)
+        pub.loop_start()
+        try:
+            pub.publish(f"{topic}/x", b"after-failover", qos=1).wait_for_publish(10)
+            wait_until(lambda: b"after-failover" in got, 15, what="a message on the restored subscription")
+        finally:
+            pub.disconnect()
+            pub.loop_stop()
+    finally:
+        sub.disconnect()
+        sub.loop_stop()
 
 
 def _leader_log(cluster, after: float) -> str:
