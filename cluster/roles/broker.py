@@ -227,7 +227,8 @@ class BrokerParts:
                                                   factory))
         self.agent = member_agent(reactor, cfg, "broker", self.listeners, health)  # None: static membership
         if self.agent is not None:
-            self.agent.on_metadata(self.keeper.metadata)  # an evicted proxy is lost
+            # an evicted proxy is lost; only a writable broker (not a slave) takes its sessions over
+            self.agent.on_metadata(lambda m: None if self.state.store.replica_of else self.keeper.metadata(m))
         self.replica_agent = self._replica_agent(settings)  # None: the config decides the role
         if self.replica_agent is not None and self.agent is not None:  # pushed role changes, besides the beat's
             self.agent.on_metadata(self.replica_agent.follow_metadata)
