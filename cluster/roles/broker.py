@@ -331,10 +331,13 @@ def broker_tree(parts: BrokerParts) -> RoleService:
         Part("session-interest", start=parts.local.restore),
         *bridge_parts(parts.bridges),
         Part("session-keeper", start=parts.keeper.start, stop=parts.keeper.stop),  # before proxies connect
-        *parts.listeners,
-        # After the listeners: an ha listener refuses slaves until this broker serves as master; a slave's store
-        # refuses writes from the start. Pauses the timers on a slave, which its master delivers.
+        *[svc for svc in parts.listeners if svc.listener.key == "ha"],
+        # After the ha listeners: one refuses slaves until this broker serves as master; a slave's store refuses
+        # writes from the start. Pauses the timers on a slave, which its master delivers. With controllers it
+        # fires once they named the role: only then do the RPC and HTTP listeners open, so a proxy that dials a
+        # restarted broker never re-takes its watches and filters while the broker does not know what it is.
         Part("replication", start=parts.start_replication, stop=parts.stop_replication),
+        *[svc for svc in parts.listeners if svc.listener.key != "ha"],
         Part("rpc-goodbye", stop=parts.rpc.stop),  # stops before the listeners close: peers hear why
         *([parts.agent] if parts.agent is not None else []),  # registers once the listeners are bound
         Part("collector", start=parts.state.collector.start, stop=parts.state.collector.stop),  # after recovery

@@ -288,7 +288,8 @@ retry_max = 0.5
         dropped = metric_value(http, "twistmq_retention_dropped_messages_total", "%LMQ%q/#")
         assert row["lost"] <= dropped <= row["lost"] + 500
         assert len(seqs) == len(set(seqs)) and len(seqs) + row["lost"] == count
-        assert set(seqs) == set(range(count - len(seqs), count))  # the oldest went, the rest arrived
+        # the oldest went, the rest arrived (but for that one batch read before its segment went)
+        assert set(range(count - len(seqs) + 500, count)) <= set(seqs)
         with open(node.data_dir.rstrip("/") + ".stderr.log") as f:
             log = f.read()
         assert "retention_dropped_owed queue=%LMQ%q/# owner='bridge quota'" in log
