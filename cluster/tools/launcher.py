@@ -123,13 +123,20 @@ def plan(root: str, groups: int, proxies: int, shared_port: bool, cluster_id: st
     return procs
 
 
-def membership_toml(cluster_id: str, procs: list[dict], base: str = "") -> str:
-    """The config every process reads: ``base`` (an operator's file, if any) plus the ``[cluster]`` section."""
+def membership_toml(cluster_id: str, procs: list[dict], base: str = "", dial=None, own: str = "") -> str:
+    """The config every process reads: ``base`` (an operator's file, if any) plus the ``[cluster]`` section.
+
+    ``own`` (a broker's id, with ``dial``): that broker's own copy, dialling each controller at
+    ``dial(f"{own}>{controller}", port)`` and advertising its ``ha`` listener at ``dial(f"{own}:ha", port)``."""
     if re.search(r"^\s*\[cluster\]", base, re.M):
         raise LaunchError("the base config has a [cluster] section: the launcher writes that one itself")
     lines = [base.rstrip(), "", "[cluster]", f'cluster_id = "{cluster_id}"', ""] if base.strip() else \
         ["[cluster]", f'cluster_id = "{cluster_id}"', ""]
     controllers = [f'"tcp:127.0.0.1:{p["ports"]["rpc"]}"' for p in procs if p["role"] == "controller"]
+    if own:
+        me = next(p for p in procs if p["id"] == own)
+        controllers = [f'"{dial(own + ">" + p["id"], p["ports"]["rpc"])}"' for p in procs if p["role"] == "controller"]
+        lines[-1:-1] = [f'advertise = {{ ha = "{dial(own + ":ha", me["ports"]["ha"])}" }}']
     if controllers:
         lines[-1:-1] = [f"controllers = [{', '.join(controllers)}]"]
     for p in procs:
@@ -215,9 +222,31 @@ def alive(pid: int) -> bool:
         return True
 
 
+def _dial_through(root: str, cluster_id: str, procs: list[dict], base: str, dial) -> None:
+    """Each broker reads its own config (``DIR/ID.toml``) dialling the controllers where ``dial`` says and
+    advertising its ``ha`` listener there; a slave dials its master's ``ha`` there too."""
+    masters = {}
+    for p in procs:
+        if p["role"] != "broker":
+            continue
+        path = os.path.join(root, p["id"] + ".toml")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(membership_toml(cluster_id, procs, base, dial, own=p["id"]))
+        p["argv"][p["argv"].index("--config") + 1] = path
+        masters.setdefault(p["group"], p)
+        if "--ha-master" in p["argv"]:
+            master = masters[p["group"]]
+            p["argv"][p["argv"].index("--ha-master") + 1] = dial(master["id"] + ":ha", master["ports"]["ha"])
+
+
 def up(root: str, groups: int = 1, proxies: int = 2, replicas: int = 1, controllers: int = 3,
-       shared_port: bool = False, base_config: str | None = None, admin: bool = True) -> dict:
-    """Start the cluster under ``root``; returns what ``cluster.json`` holds."""
+       shared_port: bool = False, base_config: str | None = None, admin: bool = True, dial=None) -> dict:
+    """Start the cluster under ``root``; returns what ``cluster.json`` holds.
+
+    ``dial(link, port) -> "tcp:HOST:PORT"`` (optional): where a broker dials a link instead of
+    ``127.0.0.1:port``, for a relay the caller runs in front of it (to cut that link alone): links
+    ``"BROKER>CONTROLLER"`` (its RPC to each controller) and ``"BROKER:ha"`` (its ``ha`` listener, as
+    its slaves dial it and as it advertises it)."""
     if controllers < 0:
         raise LaunchError("--controllers must be at least 0 (3 or 5 for a majority that survives a loss)")
     if replicas < 1:
@@ -236,6 +265,8 @@ def up(root: str, groups: int = 1, proxies: int = 2, replicas: int = 1, controll
             base = f.read()
     with open(os.path.join(root, "cluster.toml"), "w", encoding="utf-8") as f:
         f.write(membership_toml(cluster_id, procs, base))
+    if dial is not None:
+        _dial_through(root, cluster_id, procs, base, dial)
     started: list[dict] = []
     try:
         for proc in procs:
