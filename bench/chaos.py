@@ -25,7 +25,8 @@ summary; a table per fault type on stderr):
   ``detect_s`` (a controller's ``broker_dead``), ``elect_s`` (``master_elected``), ``role_s`` (a
   broker's ``ha_role role=master``), ``route_s`` (a proxy's ``group_moved``), ``first_ack_s`` (the
   first PUBACK after that pause, or after the fault when there was none); null where the log says nothing;
-- ``lost`` / ``duplicates``: among the messages acknowledged between this fault and the next;
+- ``lost`` / ``duplicates``: among the messages acknowledged between this fault and the next
+  (``lost_sample``: up to five, as ``PUBLISHER:SEQ@`` seconds from the fault to their PUBACK);
 - ``sss_full_s``: seconds from the fault until the SyncStateSet is full again (0: it never shrank);
 - ``elections``: ``master_elected`` lines in that time.
 
@@ -312,6 +313,7 @@ def attribute(records: list[dict], pubs: list[Publisher], subs: list[Subscriber]
     starts = [r["t0"] for r in records]
     for r in records:
         r["lost"] = r["duplicates"] = 0
+        r["lost_sample"] = []
     for pub, sub in zip(pubs, subs):
         for at, seq in pub.acks:
             i = _index(starts, at)
@@ -320,6 +322,8 @@ def attribute(records: list[dict], pubs: list[Publisher], subs: list[Subscriber]
             got = sub.counts.get(seq, 0)
             if got == 0:
                 records[i]["lost"] += 1
+                if len(records[i]["lost_sample"]) < 5:  # publisher:seq, acknowledged that long after the fault
+                    records[i]["lost_sample"].append(f"{pub.index}:{seq}@{at - records[i]['t0']:+.3f}s")
             elif got > 1:
                 records[i]["duplicates"] += got - 1
 
@@ -463,7 +467,7 @@ def drain(pubs: list[Publisher], subs: list[Subscriber], args) -> dict:
     audits = [audit(p, s) for p, s in zip(pubs, subs)]
     return {"sent": sum(p.sent for p in pubs), "acked": sum(a["acked"] for a in audits),
             "received": sum(a["received"] for a in audits), "lost": sum(len(a["lost"]) for a in audits),
-            "lost_sample": [s for a in audits for s in a["lost"][:5]],
+            "lost_sample": [f"{p.index}:{seq}" for p, a in zip(pubs, audits) for seq in a["lost"][:5]],
             "duplicates": sum(a["duplicates"] for a in audits), "unacked": sum(p.unacked for p in pubs),
             "publisher_reconnects": sum(p.reconnects for p in pubs),
             "subscriber_reconnects": sum(s.reconnects for s in subs),

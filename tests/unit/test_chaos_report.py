@@ -7,6 +7,8 @@ from bench.chaos_load import audit
 
 
 class _Pub:
+    index = 0
+
     def __init__(self, acks):
         self.acks = acks
 
@@ -49,7 +51,8 @@ def test_losses_and_duplicates_go_to_the_injection_whose_window_holds_the_acknow
     sub = _Sub({1: 1, 4: 2})
     records = [{"t0": 10.0}, {"t0": 20.0}]
     attribute(records, [pub], [sub])
-    assert [(r["lost"], r["duplicates"]) for r in records] == [(1, 1), (1, 0)]
+    assert [(r["lost"], r["duplicates"], r["lost_sample"]) for r in records] == [(1, 1, ["0:3@+0.500s"]),
+                                                                                  (1, 0, ["0:5@+0.500s"])]
     assert audit(pub, sub) == {"acked": 5, "received": 2, "lost": [2, 3, 5], "duplicates": 1}
 
 
