@@ -30,8 +30,9 @@ summary; a table per fault type on stderr):
 - ``sss_full_s``: seconds from the fault until the SyncStateSet is full again (0: it never shrank);
 - ``elections``: ``master_elected`` lines in that time.
 
-It exits 1 when a message was lost (and, with ``--no-faults``, when there was an election or a
-duplicate), 2 when the cluster could not be started or an injection could not be verified.
+It exits 1 when a message was lost (and, with ``--no-faults``, when there was an election, a
+duplicate or a pause of ``NO_FAULT_GAP`` between acknowledgements after the warm-up), 2 when the
+cluster could not be started or an injection could not be verified.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 VERIFY_TIMEOUT = 5.0
 OUTAGE_MIN = 0.2
 """A pause between acknowledgements shorter than this is not an outage (at 1,000/s they come every ms)."""
+NO_FAULT_GAP = 1.0
+"""With --no-faults, a pause between acknowledgements this long fails the run (the service stopped by itself)."""
 
 
 class ChaosError(Exception):
@@ -428,13 +431,16 @@ def run(args) -> int:
             measure(record, end, acks, events, sampler.samples, args.replicas)
         attribute(records, pubs, subs)
         summary["elections"] = sum(1 for _, _, line in events if "master_elected" in line)
-        summary["max_ack_gap_s"] = round(max((b - a for a, b in itertools.pairwise(acks)), default=0.0), 3)
+        # from the first publish to the end of the load: acknowledgements that stop for good are a gap too
+        span = [started + args.warmup, *(at for at in acks if started + args.warmup < at < ended), ended]
+        summary["max_ack_gap_s"] = round(max(b - a for a, b in itertools.pairwise(span)), 3)
         for record in records:
             record["t0"] = round(record["t0"], 3)
             print(json.dumps(record), flush=True)
         summary.update(type="summary", seed=args.seed, rate=args.rate, injections=len(records),
                        no_faults=args.no_faults, dir=root)
-        failed = summary["lost"] > 0 or (args.no_faults and (summary["elections"] or summary["duplicates"]))
+        failed = summary["lost"] > 0 or (args.no_faults and (summary["elections"] or summary["duplicates"]
+                                                             or summary["max_ack_gap_s"] >= NO_FAULT_GAP))
         summary["ok"] = not failed
         print(json.dumps(summary), flush=True)
         print(table(records, summary), file=sys.stderr, flush=True)
