@@ -115,7 +115,8 @@ def test_dial_gives_each_broker_a_config_of_its_own_dialling_and_advertising_the
     for broker in (master, slave):
         path = broker["argv"][broker["argv"].index("--config") + 1]
         assert path == str(tmp_path / f"{broker['id']}.toml")
-        cluster = tomllib.loads(open(path).read())["cluster"]
+        with open(path, "rb") as f:
+            cluster = tomllib.load(f)["cluster"]
         assert cluster["controllers"] == [f"tcp:127.0.0.1:{by_id[f'controller-{n}']['ports']['rpc'] + 1}"
                                           for n in (1, 2, 3)]
         assert cluster["advertise"] == {"ha": f"tcp:127.0.0.1:{broker['ports']['ha'] + 1}"}
