@@ -123,20 +123,13 @@ def plan(root: str, groups: int, proxies: int, shared_port: bool, cluster_id: st
     return procs
 
 
-def membership_toml(cluster_id: str, procs: list[dict], base: str = "", dial=None, own: str = "") -> str:
-    """The config every process reads: ``base`` (an operator's file, if any) plus the ``[cluster]`` section.
-
-    ``own`` (a broker's id, with ``dial``): that broker's own copy, dialling each controller at
-    ``dial(f"{own}>{controller}", port)`` and advertising its ``ha`` listener at ``dial(f"{own}:ha", port)``."""
+def membership_toml(cluster_id: str, procs: list[dict], base: str = "") -> str:
+    """The config every process reads: ``base`` (an operator's file, if any) plus the ``[cluster]`` section."""
     if re.search(r"^\s*\[cluster\]", base, re.M):
         raise LaunchError("the base config has a [cluster] section: the launcher writes that one itself")
     lines = [base.rstrip(), "", "[cluster]", f'cluster_id = "{cluster_id}"', ""] if base.strip() else \
         ["[cluster]", f'cluster_id = "{cluster_id}"', ""]
     controllers = [f'"tcp:127.0.0.1:{p["ports"]["rpc"]}"' for p in procs if p["role"] == "controller"]
-    if own:
-        me = next(p for p in procs if p["id"] == own)
-        controllers = [f'"{dial(own + ">" + p["id"], p["ports"]["rpc"])}"' for p in procs if p["role"] == "controller"]
-        lines[-1:-1] = [f'advertise = {{ ha = "{dial(own + ":ha", me["ports"]["ha"])}" }}']
     if controllers:
         lines[-1:-1] = [f"controllers = [{', '.join(controllers)}]"]
     for p in procs:
@@ -222,20 +215,28 @@ def alive(pid: int) -> bool:
         return True
 
 
-def _dial_through(root: str, cluster_id: str, procs: list[dict], base: str, dial) -> None:
-    """Each broker reads its own config (``DIR/ID.toml``) dialling the controllers where ``dial`` says and
-    advertising its ``ha`` listener there; a slave dials its master's ``ha`` there too."""
-    masters = {}
+def _dial_through(root: str, procs: list[dict], dial) -> None:
+    """Each broker reads its own copy of ``DIR/cluster.toml`` (``DIR/ID.toml``) dialling each controller at
+    ``dial(f"{ID}>{CONTROLLER}", port)`` and advertising its ``ha`` listener at ``dial(f"{ID}:ha", port)``,
+    where a slave dials its master's too."""
+    with open(os.path.join(root, "cluster.toml"), encoding="utf-8") as f:
+        shared = f.read()
+    controllers = [p for p in procs if p["role"] == "controller"]
+    masters: dict[str, dict] = {}
     for p in procs:
         if p["role"] != "broker":
             continue
+        dialled = ", ".join(f'"{dial(p["id"] + ">" + c["id"], c["ports"]["rpc"])}"' for c in controllers)
+        text = re.sub(r"^controllers = \[.*\]$", f"controllers = [{dialled}]", shared, count=1, flags=re.MULTILINE)
+        ha = dial(p["id"] + ":ha", p["ports"]["ha"])
+        text = re.sub(r"^(cluster_id = .*)$", rf'\g<1>\nadvertise = {{ ha = "{ha}" }}', text, count=1,
+                      flags=re.MULTILINE)
         path = os.path.join(root, p["id"] + ".toml")
         with open(path, "w", encoding="utf-8") as f:
-            f.write(membership_toml(cluster_id, procs, base, dial, own=p["id"]))
+            f.write(text)
         p["argv"][p["argv"].index("--config") + 1] = path
-        masters.setdefault(p["group"], p)
+        master = masters.setdefault(p["group"], p)
         if "--ha-master" in p["argv"]:
-            master = masters[p["group"]]
             p["argv"][p["argv"].index("--ha-master") + 1] = dial(master["id"] + ":ha", master["ports"]["ha"])
 
 
@@ -266,7 +267,7 @@ def up(root: str, groups: int = 1, proxies: int = 2, replicas: int = 1, controll
     with open(os.path.join(root, "cluster.toml"), "w", encoding="utf-8") as f:
         f.write(membership_toml(cluster_id, procs, base))
     if dial is not None:
-        _dial_through(root, cluster_id, procs, base, dial)
+        _dial_through(root, procs, dial)
     started: list[dict] = []
     try:
         for proc in procs:

@@ -109,7 +109,8 @@ def test_dial_gives_each_broker_a_config_of_its_own_dialling_and_advertising_the
     def dial(link, port):
         asked.append(link)
         return f"tcp:127.0.0.1:{port + 1}"
-    launcher._dial_through(str(tmp_path), "c", procs, "", dial)
+    (tmp_path / "cluster.toml").write_text(launcher.membership_toml("c", procs))
+    launcher._dial_through(str(tmp_path), procs, dial)
     by_id = {p["id"]: p for p in procs}
     master, slave = by_id["broker-g1-1"], by_id["broker-g1-2"]
     for broker in (master, slave):
@@ -120,6 +121,7 @@ def test_dial_gives_each_broker_a_config_of_its_own_dialling_and_advertising_the
         assert cluster["controllers"] == [f"tcp:127.0.0.1:{by_id[f'controller-{n}']['ports']['rpc'] + 1}"
                                           for n in (1, 2, 3)]
         assert cluster["advertise"] == {"ha": f"tcp:127.0.0.1:{broker['ports']['ha'] + 1}"}
+        assert cluster["cluster_id"] == "c" and len(cluster["members"]) == 3
     assert slave["argv"][slave["argv"].index("--ha-master") + 1] == f"tcp:127.0.0.1:{master['ports']['ha'] + 1}"
     assert "broker-g1-1>controller-2" in asked and "broker-g1-2:ha" in asked
     assert all(p["argv"][p["argv"].index("--config") + 1] == str(tmp_path / "cluster.toml")
