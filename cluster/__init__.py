@@ -32,7 +32,8 @@ Rooms (sub-packages), read as the architecture:
 
 And ``replication``: broker-group replication, the Twisted adapters of the store's sans-IO HA
 logic (``store.ha_*``): the master's ``ha`` listener with the SyncStateSet and confirm offset, the
-slave's client that truncates, appends and acks, and the switch between the two. It imports only
+slave's client that truncates, appends and acks, the switch between the two, and the replica agent that takes
+the role from the controllers (RegisterBroker, BrokerHeartbeat, AlterSyncStateSet, over ``PeerClient``s handed in). It imports only
 ``rpc`` and ``runtime`` (roles wire it to a store); ``runtime``, ``local``, ``remote`` and ``rpc``
 never import it.
 

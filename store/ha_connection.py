@@ -426,6 +426,10 @@ class SlaveConnection(_Peer):
             point, keep = self.max_offset, None
         else:
             found = truncation_point(self.epochs, self.max_offset, frame.entries, frame.max_offset)
+            if found is None and self.max_offset == self.min_offset:
+                # It holds nothing, so none of its epochs can conflict: a master elected before any record of the
+                # last epoch reached it lists none of it (an old master relaunched over an empty log).
+                found = (self.max_offset, None)
             if found is None:
                 return self._refuse(f"no common epoch with the master (local {self.epochs[-3:]}, "
                                     f"master {list(frame.entries[-3:])})")

@@ -2,8 +2,9 @@
 
 ``Rerouter.apply(metadata)`` is a ``MemberAgent.on_metadata`` listener (pushed, and polled through the
 heartbeat's version). From the metadata it takes the slot table and explicit routes
-(``SlotTable.from_metadata``) and each group's broker address (``broker_addresses``: the brokers'
-advertised RPC addresses); a group whose broker moved is dialled at its new address (the same
+(``SlotTable.from_metadata``) and each group's broker address (``master_addresses``: the advertised RPC
+address of the master the controllers name in ``replicas``, else ``broker_addresses``); a group whose
+broker moved or whose master changed is dialled at its new address (the same
 ``RemoteStore``, so its watches and filter interest are taken again there as after any reconnect),
 a group new to this proxy gets a store of its own, and the routed store routes by the new table.
 A metadata version that names a group no broker address is known for is not applied (logged): the
@@ -15,12 +16,26 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from cluster.discovery.members import broker_addresses
+from cluster.discovery.members import broker_addresses, dialable
 from cluster.remote.routed_store import RoutedStore
 from cluster.routing import RoutingError, SlotTable
 from store import api
 
 log = logging.getLogger("twistmq.cluster.remote.rerouting")
+
+
+def master_addresses(metadata: dict) -> dict[str, str]:
+    """Broker group -> the RPC address to dial for it: its master's (``replicas[group]["master"]``, RIP-44), else
+    what ``broker_addresses`` picks among its brokers (a group without replication, or no master yet)."""
+    members = metadata.get("members") or ()
+    out = broker_addresses(members)
+    records = {r.get("node_id"): r for r in members if isinstance(r, dict) and r.get("node_type") == "broker"}
+    for group, info in (metadata.get("replicas") or {}).items():
+        master = info.get("master") if isinstance(info, dict) else None
+        record = records.get(master)
+        if record is not None and record.get("group") == group and dialable(record.get("rpc_address")):
+            out[group] = record["rpc_address"]
+    return out
 
 
 class Rerouter:
@@ -50,7 +65,7 @@ class Rerouter:
         except RoutingError as exc:
             log.warning("routes_not_applied version=%s reason=%s", version, exc)
             return False
-        wanted = broker_addresses(metadata.get("members") or ())
+        wanted = master_addresses(metadata)
         unknown = [g for g in table.groups if g not in self.routed.groups and g not in wanted]
         if unknown:
             log.warning("routes_not_applied version=%s reason=no broker address for groups %s", version,

@@ -11,6 +11,11 @@ Filter interest and watches live with the connection on the broker's side
 (``cluster.remote.server``), so this store remembers what it holds and, after a
 reconnect, takes the interest again first, then the watches.
 
+A broker that is not its group's master (a slave, on a route the metadata has not moved yet) answers a
+write with its not-master reason (``NOT_MASTER``, naming its master): the call is made once more after the
+proxy moved this store to the master's address (``moved``), or after ``wait_connected`` at the latest, so
+native and MQTT clients never see that answer.
+
 ``watch_queue``'s callback stays here: the broker sends an event frame naming
 the queue, and every local callback watching that queue is called. After a
 reconnect the watches are registered again (the broker dropped them with the
@@ -25,6 +30,7 @@ import logging
 from typing import Callable
 
 from twisted.internet import defer
+from twisted.python.failure import Failure as failure_type
 
 from cluster.remote import codec as store_codec
 from cluster.remote.server import QUEUE_EVENT, request_type
@@ -33,6 +39,23 @@ from cluster.rpc.protocol import RemoteError
 from store import api
 
 log = logging.getLogger("twistmq.cluster.remote.store")
+
+
+NOT_MASTER = "is a slave of"
+"""What a slave's answer to a write says (``store.message_store``: "this broker is a slave of MASTER: ...")."""
+
+
+def not_master(result) -> bool:
+    """Whether an answer (a result, a tuple of results, a native reply or a failure) is a slave's refusal."""
+    if isinstance(result, failure_type):
+        return NOT_MASTER in result.getErrorMessage()
+    if isinstance(result, api.AppendResult):
+        return not result.ok and NOT_MASTER in result.reason
+    if isinstance(result, tuple) and result and isinstance(result[0], api.AppendResult):
+        return any(not_master(r) for r in result)
+    if isinstance(result, dict):
+        return result.get("code") == -1 and NOT_MASTER in str(result.get("reason", ""))
+    return False
 
 
 def _as_store_error(failure):
@@ -53,6 +76,11 @@ class RemoteStore:
         self._ids = itertools.count(1)
         self._watches: dict[int, tuple[str, Callable[[str], None], api.Watch]] = {}  # local id -> (queue, cb, remote)
         self._filters: dict[str, int] = {}  # topic filter -> add_filter references held
+        self.moves = 0
+        """Times the proxy pointed this store at another broker of its group (``moved``)."""
+        self.redirects = 0
+        """Calls made again after a slave's not-master answer (for metrics and tests)."""
+        self._move_waiters: list[defer.Deferred] = []
         peer.on_event(self._event)
         peer.on_connected(self._reconnected)
 
@@ -66,7 +94,40 @@ class RemoteStore:
         else:
             d = self.peer.call(request_type(name), frame)
         d.addCallbacks(lambda body: store_codec.unpack_result(name, body), _as_store_error)
-        return d
+        return d.addBoth(self._redirect, name, frame, self.moves)
+
+    def _redirect(self, result, name: str, frame: bytes, moves: int):
+        """A slave answered (a stale route): once this store points at the master, make the call there."""
+        if not not_master(result):
+            return result
+        self.redirects += 1
+        log.info("remote_store_not_master call=%s broker=%s reason=%s", name, self.peer.peer_id,
+                 result.getErrorMessage() if isinstance(result, failure_type) else "slave's answer")
+
+        def again(_=None):
+            d = self.peer.call(request_type(name), frame) if self.peer.connected or self.wait_connected <= 0 else \
+                self._when_connected().addCallback(lambda _: self.peer.call(request_type(name), frame))
+            return d.addCallbacks(lambda body: store_codec.unpack_result(name, body), _as_store_error)
+
+        if self.moves != moves:  # already moved while the answer was on its way
+            return again()
+        waiter = defer.Deferred()
+        self._move_waiters.append(waiter)
+        timer = self.peer.clock.callLater(max(self.wait_connected, 1.0), self._moved_or_late, waiter)
+        waiter.addBoth(lambda r: (timer.cancel() if timer.active() else None, r)[1])
+        return waiter.addCallback(again)
+
+    def _moved_or_late(self, waiter: defer.Deferred) -> None:
+        if waiter in self._move_waiters:
+            self._move_waiters.remove(waiter)
+            waiter.callback(None)
+
+    def moved(self) -> None:
+        """The proxy pointed this store at its group's new master: calls a slave refused are made there."""
+        self.moves += 1
+        waiters, self._move_waiters = self._move_waiters, []
+        for waiter in waiters:
+            waiter.callback(None)
 
     def _when_connected(self) -> defer.Deferred:
         def late(failure):

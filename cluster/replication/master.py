@@ -5,9 +5,10 @@
 every append (``MessageStore.add_append_listener``) and pumps the new bytes to
 each slave, recomputes the confirm offset on every ack, and every
 ``check_interval_s`` runs the connections' timers and asks the SyncStateSet
-whether it should shrink or expand. A change goes through ``alter`` (today it
-is applied here at once; the controllers, with their epoch checks, plug in
-there) and is applied only once ``alter`` succeeds.
+whether it should shrink or expand. A change goes through ``alter`` (without
+controllers it is applied here at once; with them ``set_alter`` plugs in the
+replica agent, which proposes it to the controllers with their epoch checks)
+and is applied only once ``alter`` succeeds.
 
 The confirm offset's plug for the acknowledgement policy is ``wait_confirmed``:
 a Deferred that fires once every member of the SyncStateSet holds the log up
@@ -261,6 +262,15 @@ class HAMaster(service.Service):
     @staticmethod
     def _apply_here(members: frozenset, epoch: int) -> bool:
         return True
+
+    def set_alter(self, alter: Alter) -> None:
+        """Store SyncStateSet changes through ``alter`` from now on (the controllers, once they decide roles)."""
+        self._alter = alter
+
+    @property
+    def altering(self) -> bool:
+        """A proposed SyncStateSet change is waiting for its answer."""
+        return self._altering
 
     def startService(self) -> None:
         service.Service.startService(self)

@@ -47,16 +47,24 @@ class ReplicaRole:
     def is_master(self) -> bool:
         return self.master.running
 
-    def become_master(self, epoch: int | None = None) -> defer.Deferred:
-        """Serve as master of ``epoch`` (None: one past the newest epoch this broker has seen); fires with its entry."""
+    def become_master(self, epoch: int | None = None, members: frozenset[str] = frozenset(),
+                      set_epoch: int = 0) -> defer.Deferred:
+        """Serve as master of ``epoch`` (None: one past the newest epoch this broker has seen) with the SyncStateSet
+        ``members`` at ``set_epoch`` (the controllers'; none: this broker alone); fires with its epoch entry."""
         d = self._stop_slave()
 
         def switch(_) -> EpochEntry:
-            entry = self.master.begin_epoch(self.master.next_epoch() if epoch is None else epoch)
+            last = self.store.epochs.last
+            if epoch is not None and last is not None and last.epoch == epoch:
+                entry = last  # its own epoch still (the whole group restarted): its writes go on in it
+            else:
+                entry = self.master.begin_epoch(self.master.next_epoch() if epoch is None else epoch)
             self.store.replica_of = ""
             if not self.master.running:
-                self.master.reset_sync_state_set()
+                self.master.reset_sync_state_set(members, set_epoch)
                 self.master.startService()
+            elif epoch is not None:
+                self.master.reset_sync_state_set(members, set_epoch)
             self.on_role("master")
             log.info("ha_role role=master epoch=%d start_offset=%d", entry.epoch, entry.start_offset)
             return entry

@@ -18,7 +18,11 @@ Replication (``--ha LISTENER``, ``--ha-master ENDPOINT``; ``[cluster]`` ha,
 ha_master): a broker without ``ha_master`` is its group's master, begins a new
 epoch at each start and serves its log to slaves on its ``ha`` listeners; one
 with ``ha_master`` is a slave of it: it replicates the master's log, refuses
-client writes and runs no timers (its master delivers them).
+client writes and runs no timers (its master delivers them). With ``[cluster]
+controllers`` and an ``ha`` listener the controllers decide instead
+(``cluster.replication.controllers``): the broker registers before it serves
+(the config's master may master only an empty group, on its first start),
+heartbeats, and switches role whenever they elect another master.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from twisted.python import usage
 from cluster.bridges.metrics import BridgeCollector
 from cluster.local.parts import StoreParts
 from cluster.local.session_interest import SessionInterest
+from cluster.replication.controllers import ReplicaAgent
 from cluster.replication.role import ReplicaRole
 from cluster.replication.settings import HASettings
 from cluster.remote.server import StoreServer
@@ -49,13 +54,14 @@ from cluster.roles.common import (
 from cluster.rpc.dispatch import Dispatcher
 from cluster.rpc.frames import RPC_VERSION, Hello
 from cluster.rpc.metrics import RpcMetrics
+from cluster.rpc.peer import PeerClient
 from cluster.rpc.protocol import RpcSettings
 from cluster.rpc.server import RpcServerFactory
 from cluster.runtime import node_log
 from cluster.runtime.config import CONFIG_HELP, find_config, load_config, with_data_dir, with_flags
 from cluster.runtime.http import store_site
 from cluster.runtime.listeners import parse_listener
-from cluster.runtime.services import ListenerService, Part, ReadyLine, RoleService, SignalService
+from cluster.runtime.services import ListenerService, Part, ReadyLine, RoleService, SignalService, address
 from cluster.runtime.version import print_version, twistmq_version
 from store.config import ConfigError
 from store.message_store import StoreLockedError
@@ -164,6 +170,8 @@ class BrokerParts:
                                        cluster.ha_async_learner, on_role=self._role_changed)
         if cluster.ha_master:  # from the start: nothing may write before replication begins
             self.state.store.replica_of = cluster.ha_master
+        # First start only (no epoch yet): the config's master may master an empty group.
+        self._may_master = not cluster.ha_master and self.state.store.epochs.last is None
         self.state.hold_stored_sessions()
         # the broker's own interest in stored sessions' filters: they miss nothing while their proxy is gone
         local_store = self.state.local_store(cluster.group)
@@ -191,6 +199,31 @@ class BrokerParts:
             self.listeners.append(ListenerService(listener, endpoints.serverFromString(reactor, listener.description),
                                                   factory))
         self.agent = member_agent(reactor, cfg, "broker", self.listeners, health)  # None: static membership
+        self.replica_agent = self._replica_agent(settings)  # None: the config decides the role
+        if self.replica_agent is not None and self.agent is not None:  # pushed role changes, besides the beat's
+            self.agent.on_metadata(self.replica_agent.follow_metadata)
+
+    def _replica_agent(self, settings: RpcSettings) -> ReplicaAgent | None:
+        """With controllers and an ha listener, the controllers decide this broker's role (RIP-44)."""
+        cluster = self.cfg.cluster
+        ha = [svc for svc in self.listeners if svc.listener.key == "ha"]
+        if not cluster.controllers or not ha:
+            return None
+        # Nothing writes before the controllers named the master: a relaunched old master may be a slave now.
+        self.state.store.replica_of = cluster.ha_master or "the master the controllers name"
+        hello = Hello(cluster.cluster_id, cluster.node_id, "broker", RPC_VERSION)
+        peers = [PeerClient(f"controller-{i + 1}", endpoints.clientFromString(self.reactor, endpoint), hello,
+                            settings, self.reactor) for i, endpoint in enumerate(cluster.controllers)]
+
+        def ha_address() -> str:
+            advertised = cluster.advertise.get("ha")
+            if advertised:
+                return advertised
+            bound = next((address(svc.port) for svc in ha if getattr(svc, "port", None)), "")
+            return f"tcp:{bound}" if bound and not bound.startswith("/") else (f"unix:{bound}" if bound else "")
+
+        return ReplicaAgent(self.replication, self.reactor, peers, cluster.group, cluster.node_id, ha_address,
+                            lambda: self._may_master)
 
     def _extra_stats(self):
         native = self.state.native
@@ -203,6 +236,8 @@ class BrokerParts:
         cl = self.state.store.commit_log
         last = self.state.store.epochs.last
         stats = {"max_offset": cl.max_offset, "epoch": last.epoch if last else 0}
+        if self.replica_agent is not None:
+            stats["role_switches"] = self.replica_agent.switches
         slave, master = self.replication.slave, self.replication.master
         if slave is not None:
             stats.update(slave=1, confirm_offset=slave.confirm_offset, transferring=int(slave.transferring))
@@ -221,11 +256,20 @@ class BrokerParts:
     def start_replication(self) -> defer.Deferred | None:
         """After recovery: a slave starts replicating; a master with ha listeners begins its next epoch."""
         cluster = self.cfg.cluster
+        if self.replica_agent is not None:  # registers and takes the role the controllers answer
+            return self.replica_agent.start()
         if cluster.ha_master:
             return self.replication.become_slave(cluster.ha_master)
         if any(listener.key == "ha" for listener in self.cfg.listeners):
             return self.replication.become_master()
         return None
+
+
+    def stop_replication(self) -> defer.Deferred:
+        stops = [self.replication.stop()]
+        if self.replica_agent is not None:
+            stops.append(self.replica_agent.stop())
+        return defer.gatherResults(stops)
 
 
 def broker_tree(parts: BrokerParts) -> RoleService:
@@ -248,7 +292,7 @@ def broker_tree(parts: BrokerParts) -> RoleService:
         *parts.listeners,
         # After the listeners: an ha listener refuses slaves until this broker serves as master; a slave's store
         # refuses writes from the start. Pauses the timers on a slave, which its master delivers.
-        Part("replication", start=parts.start_replication, stop=parts.replication.stop),
+        Part("replication", start=parts.start_replication, stop=parts.stop_replication),
         Part("rpc-goodbye", stop=parts.rpc.stop),  # stops before the listeners close: peers hear why
         *([parts.agent] if parts.agent is not None else []),  # registers once the listeners are bound
         Part("collector", start=parts.state.collector.start, stop=parts.state.collector.stop),  # after recovery

@@ -158,6 +158,7 @@ class ProxyParts:
 
     def _moved(self, remote: RemoteStore, address: str) -> None:
         remote.peer.retarget(endpoints.clientFromString(self.reactor, address))
+        remote.moved()
 
     def _event(self, group: str, topic: str, body: bytes) -> None:
         """A broker's event other than queue news: a session of ours taken over elsewhere."""

@@ -165,7 +165,7 @@ class ClusterConfig:
     ha: tuple[str, ...] = ()
     """A broker's replication listeners (``--ha``), as Twisted endpoint descriptions (``ssl:`` works): while it is its group's master, the group's slaves connect here and both ends prove ``secret`` to each other (HMAC-SHA256). Empty: no replication. A listener off loopback needs ``secret``."""
     ha_master: str = ""
-    """The master a broker replicates from (``--ha-master``), as a client endpoint string (``tcp:127.0.0.1:7850``, or ``tls:HOST:PORT:trustRoots=DIR`` for an ``ssl:`` listener). Empty: the broker is its group's master and begins a new epoch at each start. A slave refuses client writes."""
+    """The master a broker replicates from (``--ha-master``), as a client endpoint string (``tcp:127.0.0.1:7850``, or ``tls:HOST:PORT:trustRoots=DIR`` for an ``ssl:`` listener). Empty: the broker is its group's master and begins a new epoch at each start. A slave refuses client writes. With ``controllers`` (and an ``ha`` listener) the controllers decide the role instead: the broker registers before it serves, and this key only says, on its first start (no epoch yet), that it may not master an empty group; a killed master relaunched with it empty comes back as a slave of the master elected meanwhile."""
     ha_max_time_slave_not_catchup: float = 15.0
     """Seconds a slave may stay behind its master before the master drops it from the SyncStateSet (RocketMQ's haMaxTimeSlaveNotCatchup); a disconnected slave is dropped at once."""
     ha_async_learner: bool = False

@@ -251,6 +251,16 @@ def test_no_common_epoch_is_refused_not_guessed():
     assert any(isinstance(e, Close) and "no common epoch" in e.reason for e in out)
 
 
+def test_an_empty_slave_drops_epochs_the_master_never_saw():
+    """An old master relaunched over an empty log whose epoch the new master never heard of (none of its records
+    reached it) drops that epoch and replicates: it holds nothing to lose."""
+    slave = _handshaking_slave(0, [E(1, 0)])
+    out = slave.receive(codec.encode(codec.Epochs(0, 0, (E(2, 0),))), 0.0)
+    assert not any(isinstance(e, Close) for e in out)
+    assert [e for e in out if isinstance(e, Truncate)] == [Truncate(0, None)]
+    assert slave.state == HAState.TRANSFER and slave.epochs == []
+
+
 def _handshaking_slave(max_offset, epochs):
     slave = SlaveConnection("b2", SECRET, nonce=_nonces())
     hello = codec.FrameDecoder().feed(_sends(slave.connection_made(0.0, max_offset, 0, epochs)))[0]

@@ -122,3 +122,21 @@ def test_dialable_addresses():
         assert dialable(good), good
     for bad in ("", None, "tcp:0.0.0.0:7800", "tcp:::7800", "tcp:host=0.0.0.0:port=1", "udp:1.2.3.4:7800", "unix:"):
         assert not dialable(bad), bad
+
+
+def test_a_replicated_group_is_routed_to_the_master_the_controllers_name(proxy):
+    """Three brokers of g1: the proxy dials the one ``replicas`` names master (not the newest registration), and
+    moves to the new master when an election names another."""
+    routed, rerouter, done = proxy
+    members = [_broker("b1-1", "g1", "tcp:127.0.0.1:7001", generation=1),
+               _broker("b1-2", "g1", "tcp:127.0.0.1:7011", generation=2),
+               _broker("b1-3", "g1", "tcp:127.0.0.1:7021", generation=3),
+               _broker("b2", "g2", "tcp:127.0.0.1:7002")]
+    metadata = _metadata(7, members)
+    metadata["replicas"] = {"g1": {"master": "b1-1", "master_epoch": 1}}
+    assert rerouter.apply(metadata)
+    assert done == []  # b1-1 is where it dials already
+    metadata = _metadata(8, members)
+    metadata["replicas"] = {"g1": {"master": "b1-2", "master_epoch": 2}}
+    assert rerouter.apply(metadata)
+    assert done == [("move", "g1", "tcp:127.0.0.1:7011")]
