@@ -217,11 +217,41 @@ def alive(pid: int) -> bool:
         return True
 
 
+def _dial_through(root: str, procs: list[dict], dial) -> None:
+    """Each broker reads its own copy of ``DIR/cluster.toml`` (``DIR/ID.toml``) dialling each controller at
+    ``dial(f"{ID}>{CONTROLLER}", port)`` and advertising its ``ha`` listener at ``dial(f"{ID}:ha", port)``,
+    where a slave dials its master's too."""
+    with open(os.path.join(root, "cluster.toml"), encoding="utf-8") as f:
+        shared = f.read()
+    controllers = [p for p in procs if p["role"] == "controller"]
+    masters: dict[str, dict] = {}
+    for p in procs:
+        if p["role"] != "broker":
+            continue
+        dialled = ", ".join(f'"{dial(p["id"] + ">" + c["id"], c["ports"]["rpc"])}"' for c in controllers)
+        text = re.sub(r"^controllers = \[.*\]$", f"controllers = [{dialled}]", shared, count=1, flags=re.MULTILINE)
+        ha = dial(p["id"] + ":ha", p["ports"]["ha"])
+        text = re.sub(r"^(cluster_id = .*)$", rf'\g<1>\nadvertise = {{ ha = "{ha}" }}', text, count=1,
+                      flags=re.MULTILINE)
+        path = os.path.join(root, p["id"] + ".toml")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        p["argv"][p["argv"].index("--config") + 1] = path
+        master = masters.setdefault(p["group"], p)
+        if "--ha-master" in p["argv"]:
+            p["argv"][p["argv"].index("--ha-master") + 1] = dial(master["id"] + ":ha", master["ports"]["ha"])
+
+
 def up(root: str, groups: int = 1, proxies: int = 2, replicas: int = 1, controllers: int = 3,
        shared_port: bool = False, base_config: str | None = None, admin: bool = True,
-       cluster_settings: dict | None = None) -> dict:
+       cluster_settings: dict | None = None, dial=None) -> dict:
     """Start the cluster under ``root``; returns what ``cluster.json`` holds (``cluster_settings``: more
-    ``[cluster]`` keys for every process, such as ``min_in_sync_replicas``)."""
+    ``[cluster]`` keys for every process, such as ``min_in_sync_replicas``).
+
+    ``dial(link, port) -> "tcp:HOST:PORT"`` (optional): where a broker dials a link instead of
+    ``127.0.0.1:port``, for a relay the caller runs in front of it (to cut that link alone): links
+    ``"BROKER>CONTROLLER"`` (its RPC to each controller) and ``"BROKER:ha"`` (its ``ha`` listener, as
+    its slaves dial it and as it advertises it)."""
     if controllers < 0:
         raise LaunchError("--controllers must be at least 0 (3 or 5 for a majority that survives a loss)")
     if replicas < 1:
@@ -242,6 +272,8 @@ def up(root: str, groups: int = 1, proxies: int = 2, replicas: int = 1, controll
         if replicas >= 3:  # DESIGN's default for groups of three: a master cut off from both slaves stops acknowledging
             cluster_settings = {"min_in_sync_replicas": 2, **(cluster_settings or {})}
         f.write(membership_toml(cluster_id, procs, base, cluster_settings))
+    if dial is not None:
+        _dial_through(root, procs, dial)
     started: list[dict] = []
     try:
         for proc in procs:

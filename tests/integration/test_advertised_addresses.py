@@ -19,7 +19,7 @@ import pytest
 
 from mqtt_proxy.native.client import BlockingClient
 from tests.integration.node import NodeProcess
-from tests.integration.relay import Relay
+from bench.relay import Relay
 from tests.integration.waiting import wait_until
 
 pytestmark = pytest.mark.slow

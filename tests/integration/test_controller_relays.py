@@ -16,7 +16,7 @@ import urllib.request
 import pytest
 
 from tests.integration.node import NodeProcess
-from tests.integration.relay import Relay
+from bench.relay import Relay
 from tests.integration.waiting import wait_until
 
 pytestmark = pytest.mark.slow

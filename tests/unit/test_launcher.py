@@ -98,3 +98,31 @@ def test_replicas_make_a_master_and_its_slaves_per_group_each_with_an_ha_port(tm
     doc = tomllib.loads(launcher.membership_toml("c", procs))
     assert [m["id"] for m in doc["cluster"]["members"] if m.get("group") == "g1"] == [
         "broker-g1-1", "broker-g1-2", "broker-g1-3"]
+
+
+def test_dial_gives_each_broker_a_config_of_its_own_dialling_and_advertising_the_links_it_names(tmp_path):
+    """up(dial=): a broker's own config dials each controller where dial says and advertises its ha there; its
+    slaves dial that ha address; proxies and controllers keep the shared config."""
+    procs = launcher.plan(str(tmp_path), 1, 1, False, "c", controllers=3, replicas=2)
+    asked = []
+
+    def dial(link, port):
+        asked.append(link)
+        return f"tcp:127.0.0.1:{port + 1}"
+    (tmp_path / "cluster.toml").write_text(launcher.membership_toml("c", procs))
+    launcher._dial_through(str(tmp_path), procs, dial)
+    by_id = {p["id"]: p for p in procs}
+    master, slave = by_id["broker-g1-1"], by_id["broker-g1-2"]
+    for broker in (master, slave):
+        path = broker["argv"][broker["argv"].index("--config") + 1]
+        assert path == str(tmp_path / f"{broker['id']}.toml")
+        with open(path, "rb") as f:
+            cluster = tomllib.load(f)["cluster"]
+        assert cluster["controllers"] == [f"tcp:127.0.0.1:{by_id[f'controller-{n}']['ports']['rpc'] + 1}"
+                                          for n in (1, 2, 3)]
+        assert cluster["advertise"] == {"ha": f"tcp:127.0.0.1:{broker['ports']['ha'] + 1}"}
+        assert cluster["cluster_id"] == "c" and len(cluster["members"]) == 3
+    assert slave["argv"][slave["argv"].index("--ha-master") + 1] == f"tcp:127.0.0.1:{master['ports']['ha'] + 1}"
+    assert "broker-g1-1>controller-2" in asked and "broker-g1-2:ha" in asked
+    assert all(p["argv"][p["argv"].index("--config") + 1] == str(tmp_path / "cluster.toml")
+               for p in procs if p["role"] != "broker")

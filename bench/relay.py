@@ -1,4 +1,5 @@
-"""A TCP relay for tests: listens on 127.0.0.1, forwards each connection to a target, can be cut and restored.
+"""A TCP relay for tests and the chaos benchmark: listens on 127.0.0.1, forwards each connection to a target,
+can be cut and restored.
 
 Put it between two members (advertise its address instead of the real one) to break the link
 between them on purpose::
