@@ -24,6 +24,7 @@ from cluster.rpc.frames import RPC_VERSION, Error, Event, Hello, Result
 from tests.integration.admin_support import validate
 from tests.integration.node import NodeProcess
 from tests.integration.waiting import wait_until
+from cluster.tools.launcher import free_ports
 
 pytestmark = pytest.mark.slow
 
@@ -32,15 +33,6 @@ CLUSTER = "c-ctl"
 LEASE = 1.0
 SECRET = "raft-secret-1"
 
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 class Cluster:
@@ -54,7 +46,7 @@ class Cluster:
                         f"[discovery]\nheartbeat_interval = 0.3\nlease = {LEASE}\nwheel_tick = 0.05\n"
                         f"forget_after = 60.0\n")
         self.conf = conf
-        raft = [f"127.0.0.1:{p}" for p in _free_ports(3)]
+        raft = [f"127.0.0.1:{p}" for p in free_ports(3)]
         self.raft = raft
         self.nodes = []
         for i, address in enumerate(raft):

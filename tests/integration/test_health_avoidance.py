@@ -9,7 +9,6 @@ unhealthy leader serves no ``controller.metadata`` call, and says it is unhealth
 from __future__ import annotations
 
 import json
-import socket
 import urllib.error
 import urllib.request
 
@@ -17,21 +16,13 @@ import pytest
 
 from tests.integration.node import NodeProcess
 from tests.integration.waiting import wait_until
+from cluster.tools.launcher import free_ports
 
 pytestmark = pytest.mark.slow
 
 WAIT = 20.0
 CLUSTER = "c-avoid"
 
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def _http(node, method, path, body=None):
@@ -59,7 +50,7 @@ def _metadata_calls(node) -> float:
 def cluster(tmp_path_factory):
     """Controllers c0 (unhealthy, the leader), c1, c2; brokers registered with all three (c0 listed first)."""
     path = tmp_path_factory.mktemp("avoid")
-    raft = [f"127.0.0.1:{p}" for p in _free_ports(3)]
+    raft = [f"127.0.0.1:{p}" for p in free_ports(3)]
     started = []
     try:
         controllers = []
