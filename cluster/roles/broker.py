@@ -40,6 +40,7 @@ from cluster.admin.broker_handlers import BrokerHandlers
 from cluster.admin.routes import routes, served_by
 from cluster.bridges.metrics import BridgeCollector
 from cluster.local.parts import StoreParts
+from cluster.local.logged_interest import LoggedInterest
 from cluster.local.session_interest import SessionInterest
 from cluster.replication.controllers import ReplicaAgent
 from cluster.replication.role import ReplicaRole
@@ -195,7 +196,11 @@ class BrokerParts:
         self.state.hold_stored_sessions()
         # the broker's own interest in stored sessions' filters: they miss nothing while their proxy is gone
         local_store = self.state.local_store(cluster.group)
-        self.local = SessionInterest(local_store, SessionStore(self.state.session_log))
+        # the filters anyone holds interest in, in the group's log: a new master indexes for them from its first
+        # write, before the proxies took their interest again
+        self.interest = LoggedInterest(local_store, self.state.session_log, lambda: not self.state.store.replica_of,
+                                       reactor, cfg.discovery.lease)
+        self.local = SessionInterest(self.interest, SessionStore(self.state.session_log))
         # [[bridge.mongodb]]: each reads this group's light queue of its filter (a filter whose topics span
         # groups is read by the bridge of every group, each with its own position).
         self.mongodb = mongodb_pool(reactor, cfg)  # None unless the config uses MongoDB
@@ -290,6 +295,10 @@ class BrokerParts:
     def _role_changed(self, role: str) -> None:
         # A slave runs no timers: its master delivers them, and a record of its own would fork its log.
         if role == "master":
+            # Before the first write it accepts: subscriptions stored while it was a slave came as records, and the
+            # filters the old master indexed for are held until the proxies take their interest again.
+            self.interest.became_master()
+            self.local.resync()
             self.state.timers.start()
         else:
             self.state.timers.pause()
@@ -303,6 +312,7 @@ class BrokerParts:
             return self.replication.become_slave(cluster.ha_master)
         if any(listener.key == "ha" for listener in self.cfg.listeners):
             return self.replication.become_master()
+        self.interest.became_master()  # no replication: restarted, it waits for the proxies' interest the same way
         return None
 
 
@@ -328,7 +338,7 @@ def broker_tree(parts: BrokerParts) -> RoleService:
         SignalService("reload", signal.SIGHUP, lambda: log.info("reload_ok role=broker files=none"), parts.reactor),
         *([parts.mongodb] if parts.mongodb is not None else []),
         *parts.state.tree_parts(),
-        Part("session-interest", start=parts.local.restore),
+        Part("session-interest", start=parts.local.restore, stop=parts.interest.stop),
         *bridge_parts(parts.bridges),
         Part("session-keeper", start=parts.keeper.start, stop=parts.keeper.stop),  # before proxies connect
         *[svc for svc in parts.listeners if svc.listener.key == "ha"],

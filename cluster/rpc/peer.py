@@ -131,11 +131,13 @@ class PeerClient(service.Service):
             log.warning("rpc_peer_id_mismatch expected=%s got=%s", self.peer_id, p.peer.node_id)
         self.protocol = p
         log.info("rpc_peer_connected peer=%s role=%s", self.peer_id, p.peer.role)
+        # What was held is taken again first (a proxy's filter interest, its watches), then the calls that waited
+        # go: the broker serves one connection's frames in order, so no append is resolved before the interest.
+        for listener in self._up_listeners:
+            listener()
         ready, self._ready = self._ready, []
         for d in ready:
             d.callback(None)
-        for listener in self._up_listeners:
-            listener()
 
     def _down(self, p: RpcProtocol) -> None:
         if self.protocol is p:

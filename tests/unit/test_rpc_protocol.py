@@ -292,3 +292,17 @@ def test_retarget_closes_the_old_connection_and_calls_go_to_the_new_address():
     assert outcome(d) == b"new"
     pc.stopService()
     at_new.flush()
+
+
+def test_a_new_connection_re_registers_before_the_calls_that_waited_for_it():
+    """On a (re)connect the on_connected listeners (interest and watches taken again) send before the calls that
+    waited for the connection: a broker must see a proxy's filters again before its appends, in order."""
+    clock = task.Clock()
+    order: list[str] = []
+    pc = PeerClient("b1", None, Hello("twistmq", "p1", "proxy", 1), SETTINGS, clock)
+    pc.when_connected().addCallback(lambda _: order.append("waiting call"))
+    pc.on_connected(lambda: order.append("re-register"))
+    p = RpcProtocol(pc.local, True, SETTINGS, clock)
+    _server, _pump = Broker(clock).connect(p)
+    pc._up(p)
+    assert order == ["re-register", "waiting call"]
