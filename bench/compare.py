@@ -40,7 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import cluster_bench, engine_rows, report
+from bench import chaos_report, cluster_bench, engine_rows, report
 from bench.brokers import BROKERS, REPO, BrokerStartError
 from bench.loadgen import params_for
 
@@ -471,7 +471,10 @@ def main(argv=None):
     clusters = cluster_section(args)
     if not args.no_write:
         DOC.parent.mkdir(parents=True, exist_ok=True)
+        chaos = chaos_report.kept_section(DOC)  # bench/chaos.py's figures: not rerun here, kept
         DOC.write_text(doc)
+        if chaos is not None:
+            engine_rows.write_section(DOC, chaos, chaos_report.SECTION_START, chaos_report.SECTION_END)
         if section is not None:
             engine_rows.write_section(DOC, section)
         if clusters is not None:

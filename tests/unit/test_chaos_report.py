@@ -1,65 +1,37 @@
-"""The chaos benchmark's figures from recorded times: RTO and stages per injection, losses and duplicates per window."""
+"""bench.chaos_report: the chaos harness's JSON lines become the docs section that bench.compare keeps."""
 
-from __future__ import annotations
+import json
 
-from bench.chaos import attribute, measure, schedule
-from bench.chaos_load import audit
+from bench import chaos_report, engine_rows
 
-
-class _Pub:
-    index = 0
-
-    def __init__(self, acks):
-        self.acks = acks
+RECORD = {"n": 1, "type": "master-kill", "rto_s": 2.3, "detect_s": 1.6, "elect_s": 1.7, "role_s": 1.72,
+          "route_s": 1.71, "first_ack_s": 2.3, "sss_full_s": 6.0, "elections": 1, "lost": 0, "duplicates": 2}
+SUMMARY = {"type": "summary", "seed": 1, "rate": 1000.0, "acked": 900, "lost": 0, "duplicates": 2, "elections": 1,
+           "max_ack_gap_s": 2.3, "run_s": 20.0}
 
 
-class _Sub:
-    def __init__(self, counts):
-        self.counts = counts
+def test_a_run_renders_one_row_per_fault_type_with_its_losses(tmp_path):
+    """Injection lines and the summary (with the harness's text lines between) give a row per type and the total."""
+    run = tmp_path / "run.txt"
+    run.write_text("chaos: 1 master-kill ...\n" + json.dumps(RECORD) + "\n" + json.dumps(dict(RECORD, n=2, rto_s=2.9))
+                   + "\n" + json.dumps(SUMMARY) + "\nfault n rto\n")
+    records, summary = chaos_report.read_run(run)
+    assert len(records) == 2 and summary["acked"] == 900
+    section = chaos_report.render(records, summary, {"acked": 50, "lost": 0, "duplicates": 0, "elections": 0,
+                                                     "run_s": 60}, "today")
+    assert "| master-kill | 2 | 2.60 / 2.90 |" in section
+    assert "**0 lost**" in section and "Fault-free run" in section
+    assert section.startswith(chaos_report.SECTION_START) and chaos_report.SECTION_END in section
 
 
-def test_rto_is_the_longest_pause_between_acknowledgements_and_stages_come_from_the_log_lines():
-    """Acks every 10 ms up to 99.99, none until 102.5: RTO 1.51 s from just before the fault; stages from the logs."""
-    acks = [100 + i / 100 for i in range(100)] + [102.5 + i / 100 for i in range(50)]
-    events = [(101.5, "controller", "x WARNING twistmq.controller broker_dead group=g1 broker=b1"),
-              (101.7, "controller", "x WARNING twistmq.controller master_elected group=g1 master=b2"),
-              (101.9, "broker", "x INFO twistmq.ha ha_role role=master epoch=2 start_offset=9"),
-              (102.2, "proxy", "x INFO twistmq.cluster.remote.rerouting group_moved group=g1 from=a to=b"),
-              (110.0, "controller", "x WARNING twistmq.controller master_elected group=g1 master=b3")]
-    samples = [(100.5, 3), (101.0, 2), (103.0, None), (104.0, 3), (105.0, 3)]
-    record = {"t0": 100.995}
-    measure(record, 106.0, acks, events, samples, replicas=3)
-    assert record["rto_s"] == 1.51 and record["outage_from_s"] == -0.005 and record["first_ack_s"] == 1.505
-    assert (record["detect_s"], record["elect_s"], record["role_s"], record["route_s"]) == (0.505, 0.705, 0.905, 1.205)
-    assert record["elections"] == 1  # the one at 110 is after this injection's window
-    assert record["sss_full_s"] == 3.005
-
-
-def test_no_pause_and_a_full_sync_state_set_report_no_outage():
-    """Acks every 10 ms through the fault: no outage, the first ack after it, SyncStateSet never short (0)."""
-    acks = [100 + i / 100 for i in range(300)]
-    record = {"t0": 101.005}
-    measure(record, 103.0, acks, [], [(101.5, 3), (102.5, 3)], replicas=3)
-    assert record["rto_s"] == 0.01 and record["outage_from_s"] is None and record["first_ack_s"] == 0.005
-    assert record["detect_s"] is None and record["elections"] == 0 and record["sss_full_s"] == 0.0
-
-
-def test_losses_and_duplicates_go_to_the_injection_whose_window_holds_the_acknowledgement():
-    """Seq 2 (acked before the first fault) is not any injection's; 3 lost and 4 twice in the first; 5 lost in the
-    second; the audit sees both losses and the duplicate."""
-    pub = _Pub([(1.0, 1), (2.0, 2), (10.5, 3), (11.0, 4), (20.5, 5)])
-    sub = _Sub({1: 1, 4: 2})
-    records = [{"t0": 10.0}, {"t0": 20.0}]
-    attribute(records, [pub], [sub])
-    assert [(r["lost"], r["duplicates"], r["lost_sample"]) for r in records] == [(1, 1, ["0:3@+0.500s"]),
-                                                                                  (1, 0, ["0:5@+0.500s"])]
-    assert audit(pub, sub) == {"acked": 5, "received": 2, "lost": [2, 3, 5], "duplicates": 1}
-
-
-def test_the_schedule_holds_each_type_equally_and_depends_only_on_the_seed():
-    """20 injections of 10 types: each twice; the same seed gives the same order, another seed another."""
-    import random
-    types = [f"t{i}" for i in range(10)]
-    plan = schedule(types, 20, random.Random(7))
-    assert sorted(plan) == sorted(types * 2)
-    assert plan == schedule(types, 20, random.Random(7)) != schedule(types, 20, random.Random(8))
+def test_the_section_survives_a_rewrite_of_the_document(tmp_path):
+    """kept_section gives back exactly what was written, so bench.compare can put it back after its rewrite."""
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# twistmq benchmarks\n\nold table\n")
+    section = chaos_report.render([RECORD], SUMMARY, None, "today")
+    engine_rows.write_section(doc, section, chaos_report.SECTION_START, chaos_report.SECTION_END)
+    kept = chaos_report.kept_section(doc)
+    doc.write_text("# twistmq benchmarks\n\nnew table\n")
+    engine_rows.write_section(doc, kept, chaos_report.SECTION_START, chaos_report.SECTION_END)
+    assert "new table" in doc.read_text() and chaos_report.kept_section(doc) == kept
+    assert chaos_report.kept_section(tmp_path / "missing.md") is None
