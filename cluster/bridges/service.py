@@ -12,8 +12,11 @@ does the rest.
 In a cluster every broker group runs the bridges of its config over its own
 light queues: a topic is stored by one group, so a filter whose topics span
 groups is read by one bridge per group, each with its own position, and the
-``_id``'s group keeps their documents apart. A group's slaves run none (their
-store is a replica; the master's position file is what counts).
+``_id``'s group keeps their documents apart. Every broker of a replicated
+group runs them, each over its own replica (a slave reads up to the confirm
+offset, so nothing a failover could take back is inserted) with a position
+file of its own: the ``_id`` makes their inserts one document, and a slave
+promoted to master goes on from its own position, losing nothing.
 """
 
 from __future__ import annotations
