@@ -306,3 +306,22 @@ def test_a_new_connection_re_registers_before_the_calls_that_waited_for_it():
     _server, _pump = Broker(clock).connect(p)
     pc._up(p)
     assert order == ["re-register", "waiting call"]
+
+
+def test_calls_in_flight_share_one_timeout_sweep_and_each_keeps_its_own_timeout():
+    """A hundred calls in flight put one timer on the clock, not one each; a shorter timeout still fails first."""
+    clock = task.Clock()
+    c = client(clock)
+    _server, pump = Broker(clock).connect(c)
+    before = len(clock.getDelayedCalls())
+    calls = [c.call("never", b"") for _ in range(100)]
+    short = c.call("never", b"", timeout=0.5)
+    pump.flush()
+    assert len(clock.getDelayedCalls()) == before + 1
+    clock.advance(0.3)
+    assert not short.called
+    clock.advance(0.3)
+    assert isinstance(outcome(short).value, CallTimeout) and not any(d.called for d in calls)
+    clock.advance(4.5)
+    assert all(isinstance(outcome(d).value, CallTimeout) for d in calls)
+    assert len(clock.getDelayedCalls()) == before  # nothing pending: no sweep left behind
