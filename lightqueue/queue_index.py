@@ -46,7 +46,8 @@ from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 from lightqueue.names import LMQ_PREFIX, TOPIC_PREFIX, lmq_name, native_queue_name, topic_queue_name
 from lightqueue.topic_trie import TopicTrie
 from store import record as rec
-from store.message_store import DispatcherBase, DispatchRequest, MessageStore, QueueEntry
+from store.dispatch import DispatcherBase, DispatchRequest, QueueEntry
+from store.message_store import MessageStore
 
 log = logging.getLogger("twistmq.lightqueue")
 

@@ -36,7 +36,7 @@ from typing import NamedTuple, Sequence
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from store import record as rec
-from store.message_store import DispatcherBase, DispatchRequest
+from store.dispatch import DispatcherBase, DispatchRequest
 from store.retention import CARRIED
 
 __all__ = ["RetainedEntry", "RetainedIndex"]

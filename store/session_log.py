@@ -62,7 +62,8 @@ from typing import Iterator, Sequence
 from twisted.internet import defer, task
 
 from store import record as rec
-from store.message_store import DispatcherBase, DispatchRequest, MessageStore, PutResult, PutStatus
+from store.dispatch import DispatcherBase, DispatchRequest
+from store.message_store import MessageStore, PutResult, PutStatus
 from store.retention import CARRIED
 
 log = logging.getLogger("twistmq.store.session_log")

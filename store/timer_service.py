@@ -68,7 +68,8 @@ from twisted.internet import defer, task
 
 from store import record as rec
 from store.executor import SynchronousExecutor
-from store.message_store import DispatcherBase, DispatchRequest, MessageStore, PutResult, PutStatus
+from store.dispatch import DispatcherBase, DispatchRequest
+from store.message_store import MessageStore, PutResult, PutStatus
 from store.timer import EnqueueStatus, Timer, TimerCheckpoint, TimerEntry
 
 log = logging.getLogger("twistmq.store.timer_service")

@@ -25,7 +25,8 @@ from store.api import Owed
 from store.config import NativeConfig, from_mapping
 from store.executor import ThreadPoolExecutor
 from store.kv import DurableKV
-from store.message_store import MessageStore, StoreObserver
+from store.dispatch import StoreObserver
+from store.message_store import MessageStore
 from store.session_log import SessionLog
 from store.session_store import SessionStore
 from store.timer_service import TimerService

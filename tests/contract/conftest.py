@@ -37,7 +37,8 @@ from push.notifier import Notifier
 from store.config import NativeConfig, StoreConfig
 from store.executor import SynchronousExecutor
 from store.kv import DurableKV
-from store.message_store import MessageStore, StoreObserver
+from store.dispatch import StoreObserver
+from store.message_store import MessageStore
 from store.session_log import SessionLog
 from store.session_store import SessionStore
 from store.timer_service import TimerService

@@ -34,7 +34,8 @@ from push.notifier import Notifier  # noqa: E402
 from store.config import NativeConfig, StoreConfig  # noqa: E402
 from store.executor import SynchronousExecutor  # noqa: E402
 from store.kv import DurableKV  # noqa: E402
-from store.message_store import MessageStore, StoreObserver  # noqa: E402
+from store.dispatch import StoreObserver  # noqa: E402
+from store.message_store import MessageStore  # noqa: E402
 from store.session_store import SessionStore  # noqa: E402
 from store.timer_service import TimerService  # noqa: E402
 from tests.contract.loopback_store import LoopbackStore  # noqa: E402

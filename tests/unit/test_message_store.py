@@ -11,7 +11,7 @@ import lightqueue
 import lightqueue.queue_index  # monkeypatched below: imported here, not only through attach()
 from store.config import StoreConfig
 from store.executor import DeferredExecutor, SynchronousExecutor
-from store import message_store
+from store import dispatch, message_store
 from store.message_store import MessageStore, PutStatus, StoreLockedError
 from store.record import Message, RecordKind
 
@@ -406,7 +406,7 @@ def test_after_drain_runs_once_per_drain_after_the_batch(tmp_path):
     """The observer's drained runs once per drain, after its messages are stored (and once more after a failed drain)."""
     calls, stores = [], []
 
-    class Drains(message_store.StoreObserver):
+    class Drains(dispatch.StoreObserver):
         def drained(self):
             calls.append(stores[0].puts)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from lightqueue.retained_index import RetainedIndex
 from store import record as rec
-from store.message_store import DispatchRequest
+from store.dispatch import DispatchRequest
 
 
 def req(offset, topic, body_size=5, retain=True, kind=rec.RecordKind.MQTT_PUBLISH):
