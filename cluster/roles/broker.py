@@ -176,6 +176,18 @@ def homed_here(cluster):
     return lambda client_id: table.group_of_client(client_id) == cluster.group
 
 
+def homed_by_metadata(metadata: dict, group: str):
+    """``homed_here`` by the controllers' slot table (which an operator's slot moves change), or None when the
+    metadata has none (the config's table stays)."""
+    try:
+        table = SlotTable.from_metadata(metadata)
+    except RoutingError:
+        return None
+    if group not in table.groups:
+        return None
+    return lambda client_id: table.group_of_client(client_id) == group
+
+
 class BrokerParts:
     """The broker's parts: the store half, the store interface over it, and the RPC server in front."""
 
@@ -234,9 +246,16 @@ class BrokerParts:
         if self.agent is not None:
             # an evicted proxy is lost; only a writable broker (not a slave) takes its sessions over
             self.agent.on_metadata(lambda m: None if self.state.store.replica_of else self.keeper.metadata(m))
+            self.agent.on_metadata(self._follow_slots)
         self.replica_agent = self._replica_agent(settings)  # None: the config decides the role
         if self.replica_agent is not None and self.agent is not None:  # pushed role changes, besides the beat's
             self.agent.on_metadata(self.replica_agent.follow_metadata)
+
+    def _follow_slots(self, metadata: dict) -> None:
+        # which sessions the keeper may end as their home group's: by the slot table in force, not the config's
+        homed = homed_by_metadata(metadata, self.cfg.cluster.group)
+        if homed is not None:
+            self.keeper.homed = homed
 
     def _replica_agent(self, settings: RpcSettings) -> ReplicaAgent | None:
         """With controllers and an ha listener, the controllers decide this broker's role (RIP-44)."""

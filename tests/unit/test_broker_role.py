@@ -161,3 +161,17 @@ def test_health_flag_follows_load_and_memory():
     assert not HealthProbe(limits, load=lambda: 0.1, memory=lambda: 0.05)()
     assert HealthProbe(limits, load=lambda: None, memory=lambda: None)()
     assert isinstance(HealthProbe()(), bool)  # the real kernel readings
+
+
+def test_the_session_keeper_judges_homes_by_the_controllers_slot_table():
+    """Slots the metadata moved to another group are not homed here any more; no slot table keeps the config's."""
+    from cluster.roles.broker import homed_by_metadata
+    from cluster.routing import slot_of
+
+    client = "device-7"
+    mine = slot_of(client)
+    before = {"slots": {"g1": [[0, 1023]], "g2": []}}
+    moved = {"slots": {"g1": [[s, s] for s in range(1024) if s != mine], "g2": [[mine, mine]]}}
+    assert homed_by_metadata(before, "g1")(client) is True
+    assert homed_by_metadata(moved, "g1")(client) is False and homed_by_metadata(moved, "g2")(client) is True
+    assert homed_by_metadata({"members": []}, "g1") is None
