@@ -43,7 +43,7 @@ import msgpack
 from twisted.internet import defer, task
 
 from cluster.controller import replicas
-from cluster.controller.broker_liveness import BrokerLiveness
+from cluster.controller.broker_liveness import BrokerLiveness, ScanPaused
 from cluster.controller.config import ControllerConfig
 from cluster.controller.raft import CommitFailed, RaftNode
 from cluster.discovery.leases import (
@@ -154,7 +154,7 @@ class Controller:
         self._ticker = task.LoopingCall(self._tick)
         self._ticker.clock = self.reactor
         self._ticker.start(self.timings.tick, now=False)
-        self.brokers = BrokerLiveness(self.config.broker_timeout)
+        self.brokers = BrokerLiveness(self.config.broker_timeout, self.config.broker_scan_interval, self.timings.lease)
         known = self.raft.read(lambda m: [(g, b) for g, state in m.replicas.groups.items() for b in state["brokers"]])
         self.brokers.grace(known, now, self.timings.lease)  # it has heard none of them yet
         self._scanner = task.LoopingCall(self._scan)
@@ -312,9 +312,13 @@ class Controller:
         if self.brokers is None:
             return
         now = self.reactor.seconds()
-        for died in self.brokers.scan(now):
-            log.warning("broker_dead group=%s broker=%s silent_for=%.1fs", died.group, died.broker,
-                        self.config.broker_timeout)
+        for event in self.brokers.scan(now):
+            if isinstance(event, ScanPaused):
+                log.warning("controller_paused scan_gap=%.1fs grace=%.1fs (every broker counts as heard now)",
+                            event.gap, event.grace)
+            else:
+                log.warning("broker_dead group=%s broker=%s silent_for=%.1fs", event.group, event.broker,
+                            self.config.broker_timeout)
         groups = self.raft.read(lambda m: {g: (s["master"], list(s["sync_state_set"]), list(s["brokers"]))
                                            for g, s in m.replicas.groups.items()})
         for group, (master, in_sync, brokers) in sorted(groups.items()):
