@@ -165,3 +165,23 @@ def test_a_master_silent_after_the_pause_is_replaced_once_the_grace_ends():
     info = controller.replica_info("g1")
     assert (info["master"], info["master_epoch"], controller.elections) == ("b2", 2, 1)
     controller.stop()
+
+
+def test_a_paused_leader_evicts_no_member_that_heartbeats_within_a_lease_of_its_return():
+    """The leader's reactor stops for 10 s (three leases): on its return no member is evicted; one that stays
+    silent for a lease after the return is."""
+    clock, metadata, controller = _takeover(heartbeat_age=0.0)
+    table = controller.table
+    for step in range(50):
+        if step % 10 == 0:
+            table.heartbeat("twistmq", "b1", metadata.members["b1"]["generation"], clock.seconds())
+            table.heartbeat("twistmq", "p1", metadata.members["p1"]["generation"], clock.seconds())
+        clock.advance(0.1)
+    clock.advance(10.0)  # SIGSTOP .. SIGCONT
+    assert _joined(metadata) == {"b1", "p1"}
+    for step in range(32):
+        if step % 10 == 5:
+            table.heartbeat("twistmq", "b1", metadata.members["b1"]["generation"], clock.seconds())
+        clock.advance(0.1)
+    assert _joined(metadata) == {"b1"}
+    controller.stop()
