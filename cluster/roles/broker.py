@@ -291,6 +291,9 @@ class BrokerParts:
         # A slave runs no timers: its master delivers them, and a record of its own would fork its log.
         if role == "master":
             self.state.timers.start()
+            # In the same reactor turn as the store opened to writes: the first publish it takes already goes to
+            # the light queues of the sessions stored while it was a slave (their proxies re-add theirs later).
+            self.local.restore()
         else:
             self.state.timers.pause()
 
