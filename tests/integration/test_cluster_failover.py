@@ -180,8 +180,6 @@ def _check_all_delivered(load: Load, what: str) -> None:
                     f"(first {lost[:10]}); deliveries {load.deliveries}, distinct {len(load.received)}")
 
 
-@pytest.mark.xfail(strict=False, reason="issue 30, open: under load a few messages acknowledged by the new master "
-                   "right after a failover are stored but not delivered (bench/chaos.py finds the same); passes alone")
 def test_a_killed_master_is_replaced_within_3s_and_nothing_acknowledged_is_lost(cluster):
     """SIGKILL the master under QoS 1 load: the controllers elect a slave of the set within 3 s, publishing
     resumes through the same proxy, every PUBACKed message is delivered; the old master, relaunched with its old
@@ -275,8 +273,6 @@ def _leader_log(cluster, after: float) -> str:
     return "controller-1.log"
 
 
-@pytest.mark.xfail(strict=False, reason="issue 30, open: under load a few messages acknowledged by the new master "
-                   "right after a failover are stored but not delivered (bench/chaos.py finds the same); passes alone")
 def test_elect_master_by_hand_switches_with_the_same_guarantees(cluster):
     """POST cluster/groups/g1/elect-master {"broker": a slave of the set} on the leader under QoS 1 load: that
     slave masters, the old master follows it as a slave, publishing goes on and every PUBACKed message is
