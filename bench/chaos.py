@@ -1,6 +1,6 @@
 """Chaos benchmark: faults injected into a local cluster under QoS 1 load, with an audit of every acknowledgement.
 
-    ./dev python -m bench.chaos                       # 20 injections (2 of each type), seed 1
+    ./dev python -m bench.chaos                       # 22 injections (2 of each type), seed 1
     ./dev python -m bench.chaos --no-faults --duration 20
     ./dev python -m bench.chaos --types slave-stop,ctl-minority-stop --injections 4 --rate 200
 
@@ -9,8 +9,11 @@ links to the controllers and its ``ha`` listener behind a ``bench.relay.Relay`` 
 launcher's ``dial``), publishes QoS 1 at ``--rate`` messages/s through the proxies and holds a persistent
 subscriber (clean session false) per publisher on another proxy (``bench.chaos_load``). From ``--seed``
 it then injects, one at a time, the fault types of ``FAULTS``: SIGKILL or SIGSTOP/SIGCONT of the master,
-of a slave, of a minority and of a majority of the controllers; every link between a broker and the
-controllers cut; the master's ``ha`` link cut (master <-> slaves). Each injection is verified (the
+of a slave, of a minority and of a majority of the controllers; every link between a slave and the
+controllers cut, or between the master and the controllers (the controllers elect a new master while
+the old one still runs, cut off from them: with ``min_in_sync_replicas`` 2 it acknowledges nothing once
+its slaves follow the new master, so nothing it acknowledged is missing from the new one); the master's
+``ha`` link cut (master <-> slaves). Each injection is verified (the
 process gone or stopped, the relay refusing), lasts ``--fault-window`` seconds, is healed (SIGCONT, the
 killed relaunched from its argv, the relays restored) and followed by a wait for the SyncStateSet to be
 full again and acknowledgements to flow (bounded by ``--recover-timeout``).
@@ -28,7 +31,8 @@ summary; a table per fault type on stderr):
 - ``lost`` / ``duplicates``: among the messages acknowledged between this fault and the next
   (``lost_sample``: up to five, as ``PUBLISHER:SEQ@`` seconds from the fault to their PUBACK);
 - ``sss_full_s``: seconds from the fault until the SyncStateSet is full again (0: it never shrank);
-- ``elections``: ``master_elected`` lines in that time.
+- ``elections``: ``master_elected`` lines in that time; ``master_before`` / ``master_after``: the group's
+  master before the fault and once it recovered.
 
 It exits 1 when a message was lost (and, with ``--no-faults``, when there was an election, a
 duplicate or a pause of ``NO_FAULT_GAP`` between acknowledgements after the warm-up), 2 when the
@@ -59,7 +63,8 @@ from bench.relay import Relay
 from cluster.tools import launcher
 
 FAULTS = ("master-kill", "master-stop", "slave-kill", "slave-stop", "ctl-minority-kill", "ctl-minority-stop",
-          "ctl-majority-kill", "ctl-majority-stop", "partition-broker-controllers", "partition-master-slaves")
+          "ctl-majority-kill", "ctl-majority-stop", "partition-broker-controllers", "partition-master-controllers",
+          "partition-master-slaves")
 GROUP = "g1"
 STAGES = {"detect_s": (r"broker_dead group=", "controller"), "elect_s": (r"master_elected group=", "controller"),
           "role_s": (r"ha_role role=master", "broker"), "route_s": (r"group_moved group=", "proxy")}
@@ -218,7 +223,7 @@ class Injector:
             return self.rng.sample(controllers, (len(controllers) - 1) // 2)
         if kind.startswith("ctl-majority"):
             return self.rng.sample(controllers, len(controllers) // 2 + 1)
-        return [self.rng.choice(brokers)]  # partition-broker-controllers
+        return [self.rng.choice(sorted(b for b in brokers if b != master))]  # partition-broker-controllers: a slave
 
     def links(self, kind: str, targets: list[str]) -> list[Relay]:
         relays = self.cluster.relays
@@ -406,7 +411,8 @@ def run(args) -> int:
             types = args.types.split(",") if args.types else list(FAULTS)
             for n, kind in enumerate(schedule(types, args.injections, rng), 1):
                 targets = injector.targets(kind)
-                record = {"n": n, "type": kind, "targets": targets, "t0": time.time()}
+                record = {"n": n, "type": kind, "targets": targets, "master_before": cluster.master(),
+                          "t0": time.time()}
                 injector.inject(kind, targets)
                 record["verified_s"] = round(time.time() - record["t0"], 3)
                 time.sleep(args.fault_window)
@@ -416,9 +422,11 @@ def run(args) -> int:
                            and any(at > time.time() - 0.5 for pub in pubs for at, _ in pub.acks[-1:]),
                            args.recover_timeout, every=0.2)
                 record["recovered"] = ok
+                record["master_after"] = cluster.master()
                 records.append(record)
                 print(f"chaos: {n:2} {kind:30} {','.join(targets):26} recovered={ok} "
-                      f"after {time.time() - record['t0']:.1f} s", file=sys.stderr, flush=True)
+                      f"after {time.time() - record['t0']:.1f} s, master {record['master_before']} -> "
+                      f"{record['master_after']}", file=sys.stderr, flush=True)
                 time.sleep(args.gap)
         ended = time.time()
         summary = drain(pubs, subs, args)
@@ -490,14 +498,18 @@ def _fmt(values: list) -> str:
 
 
 def table(records: list[dict], summary: dict) -> str:
-    """Per fault type: count, then median/max of each figure; lost and duplicates summed."""
+    """Per fault type: count, then median/max of each figure; elections, masters moved (injections after which
+    another broker masters), lost and duplicates summed."""
     cols = ("rto_s", "detect_s", "elect_s", "role_s", "route_s", "first_ack_s", "sss_full_s")
-    head = f"{'fault':30} {'n':>2} " + " ".join(f"{c[:-2]:>11}" for c in cols) + f" {'elect':>5} {'lost':>5} {'dup':>5}"
+    head = (f"{'fault':30} {'n':>2} " + " ".join(f"{c[:-2]:>11}" for c in cols)
+            + f" {'elect':>5} {'moved':>5} {'lost':>5} {'dup':>5}")
     lines = ["seconds after the fault, median/max", head, "-" * len(head)]
     for kind in sorted({r["type"] for r in records}):
         rs = [r for r in records if r["type"] == kind]
         lines.append(f"{kind:30} {len(rs):>2} " + " ".join(f"{_fmt([r[c] for r in rs]):>11}" for c in cols)
-                     + f" {sum(r['elections'] for r in rs):>5} {sum(r['lost'] for r in rs):>5}"
+                     + f" {sum(r['elections'] for r in rs):>5}"
+                     + f" {sum(1 for r in rs if r.get('master_after') != r.get('master_before')):>5}"
+                     + f" {sum(r['lost'] for r in rs):>5}"
                      + f" {sum(r['duplicates'] for r in rs):>5}")
     lines.append(f"total: sent {summary['sent']} acked {summary['acked']} lost {summary['lost']} "
                  f"duplicates {summary['duplicates']} elections {summary['elections']} "
@@ -508,7 +520,8 @@ def table(records: list[dict], summary: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench.chaos", description=__doc__.split("\n\n", 1)[0])
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--injections", type=int, default=20, help="faults injected, one at a time (default 20)")
+    p.add_argument("--injections", type=int, default=None,
+                   help="faults injected, one at a time (default: two of each type, at least 20 for all types)")
     p.add_argument("--types", default="", help=f"comma-separated fault types (default all: {','.join(FAULTS)})")
     p.add_argument("--no-faults", action="store_true", help="load only: expect no election, loss or duplicate")
     p.add_argument("--duration", type=float, default=20.0, help="seconds of load with --no-faults")
@@ -527,6 +540,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [t for t in args.types.split(",") if t and t not in FAULTS]
     if unknown:
         p.error(f"unknown fault types {unknown}: pick from {', '.join(FAULTS)}")
+    if args.injections is None:
+        types = [t for t in args.types.split(",") if t] or FAULTS
+        args.injections = max(2 * len(types), 0 if args.types else 20)
     if args.proxies < 2:
         p.error("--proxies must be at least 2 (subscribers sit on another proxy than their publisher)")
     try:

@@ -9,7 +9,10 @@ ElectMaster.
 
 A new leader has seen no heartbeats: ``grace(brokers, now)`` counts every broker it knows of as
 heard at ``now + grace`` (one member lease), so none is declared dead before it could have
-heartbeated to the new leader.
+heartbeated to the new leader. A leader that was itself away (SIGSTOPped with a majority, starved)
+is in the same place: its clock jumped past heartbeats it could not read, so when a scan comes
+``PAUSED_SCANS`` intervals or more after the previous one, every broker not already dead gets the
+same grace instead of being declared dead (the scan reports ``ScanPaused``).
 
 No clock and no I/O: every call takes ``now``; ``scan`` returns who died since the last scan.
 """
@@ -17,6 +20,11 @@ No clock and no I/O: every call takes ``now``; ``scan`` returns who died since t
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+PAUSED_SCANS = 2.0
+"""A scan this many scan intervals (or more) after the previous one means the controller was away: with the
+default timings (500 ms scans and heartbeats, 1.5 s timeout) a heartbeat sent just before a 1 s gap is 1.5 s
+old at the late scan, though the broker may have sent more that still sit unread in the socket."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,11 +35,26 @@ class BrokerDied:
     broker: str
 
 
-class BrokerLiveness:
-    """(group, broker) -> when it was last heard (or, in a grace, the end of the grace)."""
+@dataclass(frozen=True, slots=True)
+class ScanPaused:
+    """The scan came ``gap`` seconds after the previous one (the controller was paused): every live broker got
+    ``grace`` seconds and nobody was declared dead by this scan."""
 
-    def __init__(self, timeout: float) -> None:
+    gap: float
+    grace: float
+
+
+class BrokerLiveness:
+    """(group, broker) -> when it was last heard (or, in a grace, the end of the grace).
+
+    ``scan_interval`` and ``pause_grace`` (seconds; None and 0: no pause detection) are the scan's period and
+    the grace a pause gives, one member lease like a new leader's."""
+
+    def __init__(self, timeout: float, scan_interval: float | None = None, pause_grace: float = 0.0) -> None:
         self.timeout = timeout
+        self.scan_interval = scan_interval
+        self.pause_grace = pause_grace
+        self._last_scan: float | None = None
         self._heard: dict[tuple[str, str], float] = {}
         self._dead: set[tuple[str, str]] = set()
         self.offsets: dict[tuple[str, str], int] = {}
@@ -58,8 +81,14 @@ class BrokerLiveness:
         return sorted(b for (g, b), at in self._heard.items()
                       if g == group and (g, b) not in self._dead and now - at < self.timeout)
 
-    def scan(self, now: float) -> list[BrokerDied]:
-        """Brokers silent for the timeout that were alive at the last scan (each reported once per death)."""
+    def scan(self, now: float) -> list[BrokerDied] | list[ScanPaused]:
+        """Brokers silent for the timeout that were alive at the last scan (each reported once per death); or,
+        when this scan comes ``PAUSED_SCANS`` intervals after the previous one, ``[ScanPaused]`` and a grace
+        for every broker not already dead (what it did not hear meanwhile says nothing about them)."""
+        last, self._last_scan = self._last_scan, now
+        if last is not None and self.scan_interval and now - last >= PAUSED_SCANS * self.scan_interval:
+            self.grace([key for key in self._heard if key not in self._dead], now, self.pause_grace)
+            return [ScanPaused(now - last, self.pause_grace)]
         died = []
         for key, at in self._heard.items():
             if key not in self._dead and now - at >= self.timeout:

@@ -6,8 +6,10 @@ membership is: a register (``join``), an eviction or a health flag (``update``),
 member (``forget``). When a controller becomes leader it waits for its log to be applied (a
 ``barrier`` command), seeds slots and routes from its ``[cluster]`` config if no leader did
 before, and lists every committed member in a new lease table with a fresh lease (grace: it has
-seen no heartbeats yet). Its Raft term, in the high 32 bits of every lease generation it hands
-out, fences records a deposed leader still tries to commit.
+seen no heartbeats yet). A leader that was itself paused (SIGSTOP, a starved reactor: its ticks a
+second or more apart) renews every lease and gives every broker the same grace, for the same reason.
+Its Raft term, in the high 32 bits of every lease generation it hands out, fences records a deposed
+leader still tries to commit.
 
 RPC (``msgpack`` maps in the bodies):
 
@@ -43,7 +45,7 @@ import msgpack
 from twisted.internet import defer, task
 
 from cluster.controller import replicas
-from cluster.controller.broker_liveness import BrokerLiveness
+from cluster.controller.broker_liveness import PAUSED_SCANS, BrokerLiveness, ScanPaused
 from cluster.controller.config import ControllerConfig
 from cluster.controller.raft import CommitFailed, RaftNode
 from cluster.discovery.leases import (
@@ -105,6 +107,7 @@ class Controller:
         self._no_candidate_logged: dict[str, str] = {}  # group -> the dead master a refusal was logged for
         self.table: LeaseTable | None = None  # only while leader and caught up
         self._ticker: task.LoopingCall | None = None
+        self._last_tick = 0.0
         self._leading = False
         self._retry = None  # a pending retry of taking the lead (cancelled at stop)
         self._connections: dict[str, object] = {}  # node id -> the RPC protocol it registered on
@@ -153,8 +156,9 @@ class Controller:
         self.table = table
         self._ticker = task.LoopingCall(self._tick)
         self._ticker.clock = self.reactor
+        self._last_tick = now
         self._ticker.start(self.timings.tick, now=False)
-        self.brokers = BrokerLiveness(self.config.broker_timeout)
+        self.brokers = BrokerLiveness(self.config.broker_timeout, self.config.broker_scan_interval, self.timings.lease)
         known = self.raft.read(lambda m: [(g, b) for g, state in m.replicas.groups.items() for b in state["brokers"]])
         self.brokers.grace(known, now, self.timings.lease)  # it has heard none of them yet
         self._scanner = task.LoopingCall(self._scan)
@@ -187,8 +191,16 @@ class Controller:
         self._ticker = self._scanner = None
 
     def _tick(self) -> None:
-        if self.table is not None:
-            self._commit_events(self.table.tick(self.reactor.seconds()))
+        if self.table is None:
+            return
+        now = self.reactor.seconds()
+        last, self._last_tick = self._last_tick, now
+        if now - last >= PAUSED_SCANS * self.config.broker_scan_interval:
+            # This leader was away (SIGSTOP, starved): the heartbeats it did not read meanwhile say nothing
+            # about the members, so each gets a lease from now, as at a takeover, instead of an eviction.
+            log.warning("controller_paused tick_gap=%.1fs (every member's lease renewed)", now - last)
+            self.table.grace(now)
+        self._commit_events(self.table.tick(now))
 
     def _commit_events(self, events) -> None:
         for event in events:
@@ -312,9 +324,13 @@ class Controller:
         if self.brokers is None:
             return
         now = self.reactor.seconds()
-        for died in self.brokers.scan(now):
-            log.warning("broker_dead group=%s broker=%s silent_for=%.1fs", died.group, died.broker,
-                        self.config.broker_timeout)
+        for event in self.brokers.scan(now):
+            if isinstance(event, ScanPaused):
+                log.warning("controller_paused scan_gap=%.1fs grace=%.1fs (every broker counts as heard now)",
+                            event.gap, event.grace)
+            else:
+                log.warning("broker_dead group=%s broker=%s silent_for=%.1fs", event.group, event.broker,
+                            self.config.broker_timeout)
         groups = self.raft.read(lambda m: {g: (s["master"], list(s["sync_state_set"]), list(s["brokers"]))
                                            for g, s in m.replicas.groups.items()})
         for group, (master, in_sync, brokers) in sorted(groups.items()):

@@ -5,8 +5,10 @@ every ``heartbeat_interval``:
 
 - while it has no lease, registers on the controller it believes leads, else on the next one
   (``not_leader`` or a controller that is down moves it on, so it finds a new leader by itself);
-- once registered, heartbeats there; ``not_leader`` moves it on with the same generation (a new
-  leader lists the records its predecessor committed), ``stale_lease`` or ``unknown_member``
+- once registered, heartbeats there; ``not_leader``, or no answer within two heartbeat intervals
+  (a leader that is stopped, not dead: its connection stays open), moves it on with the same
+  generation (a new leader lists the records its predecessor committed and gives them one lease,
+  which a 5 s call timeout would outlast), ``stale_lease`` or ``unknown_member``
   (evicted, or forgotten) makes it register again;
 - reads the metadata (``controller.metadata``, any controller: a healthy one, the leader first) when a heartbeat's answer or a
   pushed ``metadata`` event shows a version newer than the one it holds: push for speed, the
@@ -36,6 +38,9 @@ from cluster.discovery.members import MemberRecord
 log = logging.getLogger("twistmq.discovery")
 
 _REGISTER_AGAIN = ("stale_lease", "unknown_member")
+
+HEARTBEAT_TIMEOUT = 2.0
+"""Heartbeat intervals a heartbeat waits for its answer before the agent tries the next controller."""
 
 
 class MemberAgent(service.Service):
@@ -152,7 +157,7 @@ class MemberAgent(service.Service):
         record = self.record()
         body = msgpack.packb({"cluster_id": record.cluster_id, "node_id": record.node_id,
                               "generation": self.generation, "healthy": bool(self.health())})
-        d = self._leader().call("controller.heartbeat", body)
+        d = self._leader().call("controller.heartbeat", body, HEARTBEAT_TIMEOUT * self.heartbeat_interval)
         return d.addCallback(lambda answer: self._saw_version(msgpack.unpackb(answer, raw=False)["version"]))
 
     def _failed(self, failure) -> bool:
@@ -162,11 +167,11 @@ class MemberAgent(service.Service):
             log.warning("member_lease_lost code=%s generation=%d: registering again", code, self.generation)
             self.generation = 0
             return False
-        # not_leader, a controller that is down or slow: move on to the next one
+        # not_leader, a controller that is down or stopped: move on to the next one (one call out at a time)
         log.debug("member_controller_unavailable controller=%s reason=%s", self._leader().peer_id,
                   failure.getErrorMessage())
         self._next_controller()
-        return code in ("not_leader", "not_connected")  # a timeout waits for the next beat: no pile-up
+        return code in ("not_leader", "not_connected", "timeout")
 
     def _interval(self, interval) -> None:
         if isinstance(interval, (int, float)) and interval > 0 and interval != self.heartbeat_interval:

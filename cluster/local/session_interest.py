@@ -45,11 +45,15 @@ class SessionInterest:
         return len(self._held)
 
     def restore(self) -> defer.Deferred:
-        """Take interest in every stored subscription's filter (call once the store is open)."""
-        ds = []
-        for cid, session in self._sessions.load_all().items():
-            for key in session.subscriptions:
-                ds.append(self._take(cid, key, filter_of(key)))
+        """Hold interest in exactly the stored subscriptions' filters: at start (once the store is open), and
+        again when this broker becomes master: as a slave its session KV followed the master's through
+        replication, while it held interest only in what was stored through it, so a promoted slave would
+        index what is published next into no light queue of the sessions subscribed since it started."""
+        stored = {(cid, key) for cid, session in self._sessions.load_all().items() for key in session.subscriptions}
+        for cid, key in list(self._held):
+            if (cid, key) not in stored:  # deleted on the master meanwhile
+                self._drop(cid, key)
+        ds = [self._take(cid, key, filter_of(key)) for cid, key in sorted(stored)]
         log.info("session_interest_restored subscriptions=%d", len(ds))
         return defer.gatherResults(ds, consumeErrors=True).addCallback(lambda _: None)
 

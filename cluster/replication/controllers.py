@@ -15,7 +15,9 @@ controllers' leader at its master epoch and current set epoch; it fires True onc
 when refused (the agent then re-reads the replica info at once) or unreachable: the master keeps its old set.
 
 While no controller answers, the broker keeps its role: a controller outage never stops a running broker.
-``not_leader`` or a controller that is down moves the agent to the next controller at once.
+``not_leader``, a controller that is down, or a heartbeat unanswered for two heartbeat intervals (a
+stopped leader keeps its connection open; the new one's grace would end before a 5 s call timeout) moves
+the agent to the next controller at once.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ from cluster.replication.role import ReplicaRole
 
 log = logging.getLogger("twistmq.ha")
 
-_NEXT = ("not_leader", "not_connected")
+_NEXT = ("not_leader", "not_connected", "timeout")
+HEARTBEAT_TIMEOUT = 2.0
+"""Heartbeat intervals a heartbeat waits for its answer before the agent tries the next controller."""
 
 
 class ReplicaAgent(service.Service):
@@ -124,7 +128,8 @@ class ReplicaAgent(service.Service):
 
     def _heartbeat(self) -> defer.Deferred:
         body = {"group": self.group, "broker": self.broker, "max_offset": self._max_offset()}
-        return self._leader().call("controller.broker_heartbeat", msgpack.packb(body))
+        return self._leader().call("controller.broker_heartbeat", msgpack.packb(body),
+                                   HEARTBEAT_TIMEOUT * self.heartbeat_interval)
 
     def _answered(self, body: bytes) -> None:
         answer = msgpack.unpackb(body, raw=False)

@@ -319,6 +319,9 @@ class BrokerParts:
             self.interest.became_master()
             self.local.resync()
             self.state.timers.start()
+            # In the same reactor turn as the store opened to writes: the first publish it takes already goes to
+            # the light queues of the sessions stored while it was a slave (their proxies re-add theirs later).
+            self.local.restore()
         else:
             self.state.timers.pause()
 

@@ -1,10 +1,12 @@
-"""Smoke test of the chaos benchmark (``bench/chaos.py``): a tiny fault-free run and a tiny run with faults.
+"""Smoke test of the chaos benchmark (``bench/chaos.py``): a tiny fault-free run and tiny runs with faults.
 
 Each runs the harness as an operator does (``python -m bench.chaos``) against a real cluster it starts
-(3 controllers, a group of one broker, 2 proxies) under QoS 1 load, and reads its JSON lines: the
-fault-free run reports no election, loss or duplicate and exits 0; the faulty run injects two SIGSTOP /
-SIGCONT of a controller minority, each verified and recovered from, with nothing acknowledged lost. No
-speed is asserted. The harness stops its cluster itself; the test checks no process of it is left.
+(3 controllers, a group of one broker, or of three for the master's partition, 2 proxies) under QoS 1
+load, and reads its JSON lines: the fault-free run reports no election, loss or duplicate and exits 0;
+a faulty run injects two SIGSTOP / SIGCONT of a controller minority, each verified and recovered from,
+with nothing acknowledged lost; another cuts the master from the controllers once: verified, a new
+master elected, the old one back in the SyncStateSet. No speed is asserted. The harness stops its
+cluster itself; the test checks no process of it is left.
 """
 
 from __future__ import annotations
@@ -63,4 +65,20 @@ def test_controller_minority_stops_are_verified_and_lose_nothing(tmp_path):
         assert {"rto_s", "detect_s", "elect_s", "role_s", "route_s", "first_ack_s", "sss_full_s"} <= set(r)
     assert summary["type"] == "summary" and summary["injections"] == 2 and summary["lost"] == 0
     assert summary["acked"] > 0
+    assert _left_running(tmp_path) == []
+
+
+def test_a_master_cut_from_the_controllers_is_replaced_and_rejoins(tmp_path):
+    """Every link between the master and the controllers cut for 2.5 s under load (a group of three): the cut is
+    verified, the controllers elect another master, the SyncStateSet is full again after the heal; nothing
+    acknowledged is lost."""
+    code, lines, err = _chaos(tmp_path, "--replicas", "3", "--types", "partition-master-controllers",
+                              "--injections", "1", "--fault-window", "2.5", "--gap", "0.5")
+    assert code == 0, err[-2000:]
+    *injections, summary = lines
+    [r] = injections
+    assert r["type"] == "partition-master-controllers" and r["targets"] == [r["master_before"]], r
+    assert r["verified_s"] < 5 and r["recovered"] and r["sss_full_s"] is not None, r
+    assert r["master_after"] not in (None, r["master_before"]) and r["elections"] >= 1, r
+    assert summary["type"] == "summary" and summary["acked"] > 0 and summary["lost"] == 0, summary
     assert _left_running(tmp_path) == []

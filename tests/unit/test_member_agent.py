@@ -9,7 +9,7 @@ from twisted.internet import defer, task
 
 from cluster.discovery.agent import MemberAgent
 from cluster.discovery.members import MemberRecord
-from cluster.rpc.protocol import NotConnected, RemoteError
+from cluster.rpc.protocol import CallTimeout, NotConnected, RemoteError
 
 
 class StandIn:
@@ -165,3 +165,38 @@ def test_metadata_is_read_from_a_healthy_controller():
     follower.version = leader.version = 3
     clock.advance(1.0)
     assert leader.kinds()[-1] == "metadata" and [m["version"] for m in seen] == [1, 2, 3]
+
+
+class Stopped(StandIn):
+    """A SIGSTOPped controller: connected, but a call fails only when its timeout (5 s by default, the RPC
+    protocol's call_timeout) runs out on the clock."""
+
+    def __init__(self, peer_id: str, clock, leader: bool = False) -> None:
+        super().__init__(peer_id, leader)
+        self.clock = clock
+        self.stopped = False
+
+    def call(self, request_type: str, body: bytes, timeout=None):
+        if not self.stopped:
+            return super().call(request_type, body, timeout)
+        self.calls.append((request_type, msgpack.unpackb(body, raw=False)))
+        d = defer.Deferred()
+        self.clock.callLater(5.0 if timeout is None else timeout, d.errback, CallTimeout("no answer"))
+        return d
+
+
+def test_a_stopped_leader_is_left_for_the_new_one_within_three_heartbeats():
+    """The leader is SIGSTOPped (connection open, no answer) and c2 leads with the same records: the agent
+    heartbeats c2 with its generation within 3 s, before the new leader's one-lease grace ends."""
+    clock = task.Clock()
+    old, new = Stopped("c1", clock, leader=True), StandIn("c2")
+    agent = MemberAgent(clock, [old, new], lambda: MemberRecord("twistmq", "p1", "proxy"), heartbeat_interval=1.0)
+    agent.startService()
+    clock.advance(1.0)
+    assert agent.generation == 1
+    old.stopped, new.leader, new.generation = True, True, agent.generation
+    for _ in range(30):
+        clock.advance(0.1)
+    assert ("controller.heartbeat", "c2") in [(kind, "c2") for kind, _ in new.calls]
+    assert agent.generation == 1
+    agent.stopService()

@@ -8,7 +8,7 @@ import msgpack
 from twisted.internet import defer, task
 
 from cluster.replication.controllers import ReplicaAgent
-from cluster.rpc.protocol import RemoteError
+from cluster.rpc.protocol import CallTimeout, RemoteError
 
 
 class _Controller:
@@ -141,3 +141,36 @@ def test_a_sync_state_set_change_applies_only_once_accepted():
     clock.advance(0)
     assert c1.calls[-1][0] == "controller.broker_heartbeat"
     assert (sorted(role.master.sync.members), role.master.sync.epoch) == (["b1", "b2", "b3"], 3)  # adopted
+
+
+class _Stopped(_Controller):
+    """A SIGSTOPped controller: the connection stays open, a call fails only when its timeout (5 s by default, the
+    RPC protocol's call_timeout) runs out on the clock."""
+
+    def __init__(self, peer_id: str, clock) -> None:
+        super().__init__(peer_id)
+        self.clock = clock
+        self.stopped = False
+
+    def call(self, request_type, body, timeout=None):
+        if not self.stopped:
+            return super().call(request_type, body, timeout)
+        self.calls.append((request_type, msgpack.unpackb(body, raw=False)))
+        d = defer.Deferred()
+        self.clock.callLater(5.0 if timeout is None else timeout, d.errback, CallTimeout("no answer"))
+        return d
+
+
+def test_a_stopped_leader_is_left_for_the_new_one_within_two_heartbeats():
+    """The controllers' leader is SIGSTOPped (its connection open, no answer) and c2 leads: the agent heartbeats c2
+    within 1.5 s, before the new leader's one-lease grace (3 s) would count this broker dead."""
+    clock = task.Clock()
+    c1, c2 = _Stopped("c1", clock), _Controller("c2")
+    agent = ReplicaAgent(_Role(), clock, [c1, c2], "g1", "b1", lambda: "tcp:127.0.0.1:7001", lambda: True)
+    c1.answers.append(_answer(_info("b1", 1, ["b1"], 1)))
+    agent.start()
+    c1.stopped = True
+    c2.answers.extend(_answer(_info("b1", 1, ["b1"], 1)) for _ in range(10))
+    for _ in range(15):
+        clock.advance(0.1)
+    assert ("controller.broker_heartbeat", {"group": "g1", "broker": "b1", "max_offset": 1234}) in c2.calls

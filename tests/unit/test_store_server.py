@@ -193,6 +193,33 @@ def test_the_broker_holds_interest_for_stored_sessions(rig, tmp_path):
     assert [m.record.topic for m in rig.wait(local.read_queue(start, 10)).messages] == ["p/1"]
 
 
+def test_restore_follows_subscriptions_stored_by_another_writer(rig):
+    """A promoted slave's restore(): interest in the subscriptions its KV got from elsewhere (replication), none
+    left in those deleted there since; the messages appended in between are indexed for them."""
+    from cluster.local.session_interest import SessionInterest
+    from store.session_store import SessionStore
+
+    local = rig.parts.local()
+    q = rig.wait(local.add_filter("r/#"))
+    (start,) = rig.wait(local.end_positions(q))
+    rig.wait(local.remove_filter("r/#"))
+    promoted = SessionInterest(local, SessionStore(rig.parts.kv))
+    rig.wait(promoted.restore())
+    writer = SessionInterest(local, SessionStore(rig.parts.kv))  # the master, writing the KV both share
+    epoch = rig.wait(writer.claim_session("c1", "proxy-1"))
+    rig.wait(writer.put_session(api.SessionMeta("c1", 3600, 5), epoch))
+    rig.wait(writer.put_subscription("c1", api.SubscriptionState("r/#", 1, (start,)), epoch))
+    assert promoted.held == 0
+    rig.wait(promoted.restore())
+    assert promoted.held == 1
+    rig.wait(writer.delete_subscription("c1", "r/#", epoch))  # writer's interest goes; promoted's is its own
+    rig.wait(promoted.append(publish("r/1")))
+    rig.wait(promoted.restore())
+    assert promoted.held == 0
+    rig.wait(promoted.append(publish("r/2")))  # nobody's interest left: not indexed
+    assert [m.record.topic for m in rig.wait(local.read_queue(start, 10)).messages] == ["r/1"]
+
+
 def test_native_requests_go_whole_to_the_engine(rig):
     """RemoteStore.native_request forwards the client's request map and returns the engine's reply map."""
     a, _pa = rig.proxy("proxy-a")
