@@ -8,7 +8,7 @@ miss what is published meanwhile. So the broker holds one reference of its own
 per stored subscription: taken for every subscription in the session KV when
 it starts (``restore``), and kept in step as subscriptions are stored and
 deleted through it. A slave's subscriptions arrive as replicated records, not through it, so a slave that
-becomes master takes its interest again from the session KV (``resync``) before it accepts a write: a message
+becomes master takes its interest again from the session KV (``restore`` again) before it accepts a write: a message
 appended before a proxy re-took its interest would otherwise miss the light queue of a stored subscription.
 It is the store interface, wrapping another: every other
 operation goes straight through.
@@ -56,17 +56,6 @@ class SessionInterest:
         ds = [self._take(cid, key, filter_of(key)) for cid, key in sorted(stored)]
         log.info("session_interest_restored subscriptions=%d", len(ds))
         return defer.gatherResults(ds, consumeErrors=True).addCallback(lambda _: None)
-
-    def resync(self) -> int:
-        """Hold interest in exactly the stored subscriptions' filters (the session KV as replicated): take what is
-        missing, drop what was deleted; synchronous up to the index, so a write accepted after it resolves with
-        them. Fires nothing; answers how many were taken."""
-        stored = {(cid, key) for cid, session in self._sessions.load_all().items() for key in session.subscriptions}
-        for cid, key in [held for held in self._held if held not in stored]:
-            self._drop(cid, key)
-        taken = [self._take(cid, key, filter_of(key)) for cid, key in stored if (cid, key) not in self._held]
-        log.info("session_interest_resynced subscriptions=%d taken=%d", len(stored), len(taken))
-        return len(taken)
 
     def _take(self, cid: str, key: str, topic_filter: str) -> defer.Deferred:
         if (cid, key) in self._held:

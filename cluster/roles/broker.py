@@ -317,11 +317,8 @@ class BrokerParts:
             # Before the first write it accepts: subscriptions stored while it was a slave came as records, and the
             # filters the old master indexed for are held until the proxies take their interest again.
             self.interest.became_master()
-            self.local.resync()
-            self.state.timers.start()
-            # In the same reactor turn as the store opened to writes: the first publish it takes already goes to
-            # the light queues of the sessions stored while it was a slave (their proxies re-add theirs later).
             self.local.restore()
+            self.state.timers.start()
         else:
             self.state.timers.pause()
 
