@@ -105,6 +105,18 @@ class SessionKeeper:
         if self._loop is not None and self._loop.running:
             self._loop.stop()
 
+    def restart(self) -> None:
+        """Start again from the claims as they are now (a broker that became master: its KV followed the old
+        master's, whose keeper held the group's sessions; their wills and expiry are armed here from the stored
+        due times)."""
+        self.stop()
+        self.deadlines = SessionDeadlines()
+        self._epochs.clear()
+        # absences counted while it was a slave (proxies dial the master, not it) are not absences: each holder
+        # gets a lease and the start grace from now to reach it
+        self.absences = Absences(self.absences.lease)
+        self.start()
+
     # -- who is there ---------------------------------------------------------------------------------
 
     def member_up(self, member: str) -> None:

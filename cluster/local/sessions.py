@@ -17,8 +17,9 @@ leaves nothing behind. The counter is persisted as a high-water mark reserved
 ``EPOCH_BLOCK`` epochs at a time (one write per block, in the same KV batch as
 the claim that crosses it); a restart resumes above the mark.
 
-This object is the only writer of its session keys, so the claims are all read
-once and then kept in memory. Listeners added with ``add_claim_listener`` hear
+This object is the only writer of its session keys while its broker masters
+the group, so the claims are read once and then kept in memory; a broker that
+becomes master (its KV followed another's) reads them again (``reload``). Listeners added with ``add_claim_listener`` hear
 of every claim that moves a session to another holder: the way the old holder
 learns it was taken over (the RPC layer carries the event to it).
 """
@@ -100,6 +101,15 @@ class LocalSessions:
             self._epoch_mark = max(self._db.load_epoch_mark(), max((e for _, e in self._claims.values()), default=0))
             self._next_epoch = self._epoch_mark + 1
         return self._claims
+
+    def reload(self) -> None:
+        """Read the claims, their owners, the wills and the epoch mark from the KV again on next use: a slave's
+        KV follows its master's through replication while these stay as first read, so a broker that becomes
+        master reloads before it serves (else it would refuse its sessions' writes as never claimed, and hand
+        out epochs the old master already gave, letting a fenced holder's writes through)."""
+        self._claims = None
+        self._claim_owners = {}
+        self._wills = set()
 
     def claim_session(self, client_id: str, holder: str, owner: str = "") -> defer.Deferred:
         return self._claim(client_id, holder, owner, keep_will=False)

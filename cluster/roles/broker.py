@@ -229,6 +229,7 @@ class BrokerParts:
         self.rpc = RpcServerFactory(hello, settings, reactor, self.dispatcher, health=health)
         self.rpc.on_lost(self.server.connection_lost)
         # the sessions of a proxy lost for a lease (or evicted) are this group's: wills, expiry, claims
+        self.claims = local_store.session_claims
         self.keeper = SessionKeeper(self.local, local_store.session_claims, SessionStore(self.state.session_log),
                                     cluster.group, reactor, cfg.discovery.lease, cfg.discovery.wheel_tick, homed_here(cluster),
                                     start_grace=MAX_RETRY_DELAY)
@@ -316,10 +317,13 @@ class BrokerParts:
         if role == "master":
             # Before the first write it accepts: subscriptions stored while it was a slave came as records, and the
             # filters the old master indexed for are held until the proxies take their interest again.
+            self.claims.reload()  # the claims and epoch mark replication wrote, before any claim or write
             self.interest.became_master()
             self.local.restore()
+            self.keeper.restart()  # the group's held sessions: wills and expiry from their stored due times
             self.state.timers.start()
         else:
+            self.keeper.stop()  # a slave ends no session and publishes no will: its master does
             self.state.timers.pause()
 
     def start_replication(self) -> defer.Deferred | None:

@@ -341,3 +341,19 @@ def test_a_wills_message_expiry_counts_from_its_publish_by_the_group(broker):
     (first,) = broker.h.wait(broker.h.store.first_positions(lmq_name("will/#")))
     (got,) = broker.h.wait(broker.h.store.read_queue(first, 10)).messages
     assert int(got.record.properties[rec.EXPIRES_AT]) >= broker.h.now_ms() + 59_000
+
+
+def test_a_keeper_restarted_on_becoming_master_gives_each_holder_a_lease_from_then(broker):
+    """An absence counted while the broker was a slave (its keeper stopped, proxies dialling the master) is no
+    loss: restarted as master, the keeper waits a lease from the restart before it takes a session over."""
+    broker.connect("c1", holder="proxy-1")
+    broker.keeper.member_up("proxy-1")
+    broker.keeper.member_down("proxy-1")  # gone from this broker: it became a slave, the proxy went to the master
+    broker.keeper.stop()
+    broker.advance(2 * LEASE)
+    broker.keeper.restart()
+    broker.advance(2 * TICK)
+    assert broker.wills() == [] and broker.keeper.takeovers == 0
+    broker.keeper.member_up("proxy-1")  # the proxy dials the new master within the lease
+    broker.advance(LEASE)
+    assert broker.wills() == [] and broker.h.wait(broker.h.store.get_session("c1")).holder == "proxy-1"

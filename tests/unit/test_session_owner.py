@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from twisted.internet import task
+from twisted.internet import defer, task
 
 from cluster.local.sessions import LocalSessions
 from store.session_store import SessionStore
@@ -97,3 +97,28 @@ def test_resend_and_delivery_follow_an_acl_reload(tmp_path):
         assert [p.reason_code for p in writer.received() if isinstance(p, PubAck)] == [0, 0, 0]
     finally:
         h.close()
+
+
+def test_a_reload_takes_the_claims_and_epoch_mark_that_replication_wrote(tmp_path):
+    """A slave's claims, read once, go stale as its KV follows the master's: after reload (on becoming master) the
+    replicated claim's writes pass and the next claim's epoch is above every epoch the old master handed out."""
+    clock = task.Clock()
+    kv = DurableKV(str(tmp_path), clock)
+    replica = LocalSessions(SessionStore(kv), "g1")
+    assert replica.claims == {}  # read while a slave
+    old_master = LocalSessions(SessionStore(kv), "g1")  # what replication writes into the same KV
+    epoch = []
+    old_master.claim_session("c1", "proxy-1").addCallback(epoch.append)
+    clock.advance(0)
+    failed = []
+    defer.maybeDeferred(replica.put_session, api.SessionMeta("c1", 60, 5, None), epoch[0]).addErrback(failed.append)
+    assert failed and "never claimed" in failed[0].getErrorMessage()
+    replica.reload()
+    done = []
+    replica.put_session(api.SessionMeta("c1", 60, 5, None), epoch[0]).addCallback(done.append)
+    clock.advance(0)
+    assert done
+    fresh = []
+    replica.claim_session("c2", "proxy-1").addCallback(fresh.append)
+    clock.advance(0)
+    assert fresh[0] > epoch[0]
