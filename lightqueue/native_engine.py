@@ -163,6 +163,17 @@ class NativeEngine:
         log.info("native_state_loaded queues=%d cursors=%d inflight=%d", len(self._queues), len(self._cursors),
                  restored)
 
+    def reload(self) -> None:
+        """Forget the cursors, in-flight entries and queue names held in memory and load them from the KV again:
+        a slave's KV follows its master's through replication while its memory stays as first loaded, so a
+        broker that becomes master reloads before it serves (it resumes where the old master's logged positions
+        were, at most ``position_log_s`` old, not where it started)."""
+        self._cursors.clear()
+        self._readers.clear()
+        self._buffers.clear()
+        self._queues.clear()
+        self.open()
+
     @staticmethod
     def _ckey(prefix: bytes, queue: str, group: str) -> bytes:
         return prefix + f"{queue}\x00{group}".encode("utf-8")

@@ -318,6 +318,7 @@ class BrokerParts:
             # Before the first write it accepts: subscriptions stored while it was a slave came as records, and the
             # filters the old master indexed for are held until the proxies take their interest again.
             self.claims.reload()  # the claims and epoch mark replication wrote, before any claim or write
+            self.state.native.engine.reload()  # the consumer cursors and in-flight entries, likewise
             self.interest.became_master()
             self.local.restore()
             self.keeper.restart()  # the group's held sessions: wills and expiry from their stored due times

@@ -4,6 +4,7 @@ A real MessageStore and DurableKV in a tmp dir, a task.Clock, blocking work inli
 """
 
 import json
+import struct
 import os
 import shutil
 
@@ -337,3 +338,17 @@ def test_native_state_is_rebuilt_from_the_log_when_its_kv_is_lost(node):
     assert got == ["3", None]  # the cursor came back: "0", "1" in flight (retry 30 s), "2" confirmed
     node.run_for(31)
     assert sorted(node.call(action=2, queue="j").get("data") for _ in range(2)) == ["0", "1"]
+
+
+def test_a_reload_takes_the_cursors_the_kv_holds_now(node):
+    """A slave's engine keeps the cursors it loaded while its KV follows the master's: after reload (on becoming
+    master) a consume resumes at the KV's cursor (what the old master logged), not at the one first loaded."""
+    for i in range(3):
+        node.call(action=1, queue="fo", data=str(i))
+    assert node.call(action=2, queue="fo")["data"] == "0"
+    node.clock.advance(0)
+    ((key, value),) = [(k, v) for k, v in node.native.kv.scan(b"o|") if b"fo" in k]
+    node.native.kv.put(key, struct.pack(">Q", struct.unpack(">Q", value)[0] + 2))  # as replication applies it
+    node.clock.advance(0)
+    node.native.engine.reload()
+    assert "data" not in node.call(action=2, queue="fo")
