@@ -249,3 +249,15 @@ def test_ledger_tracks_consumed_pending_and_inflight_copies():
     assert other.pending == {20: b} and other.take_pending() == [b] and not other.pending
     assert parse_mark(consumed_mark(b)) == (20, 1_100) and parse_mark("x") is None and parse_mark("1:y") is None
     assert TIMER_FROM == "TIMER_FROM"
+
+
+def test_a_delivery_written_but_not_replicated_in_time_is_not_put_again(tmp_path):
+    """The group does not confirm a delivery within the timeout (FLUSH_SLAVE_TIMEOUT): the record is in the log
+    all the same, so the timer counts it delivered instead of appending it again and again."""
+    from twisted.internet import defer
+
+    master = Broker(tmp_path / "m", _clock(), slave=False)
+    master.store.gate.ack_wait = lambda log_end: defer.fail(RuntimeError("no quorum"))
+    master.schedule(Message("t", b"A"), master.now_ms() + 300)  # its own ack fails too: written all the same
+    run([master], 1.5)
+    assert master.delivered("t") == [b"A"]
