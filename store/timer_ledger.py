@@ -81,10 +81,14 @@ class TimerLedger:
         if parsed is None:
             return False
         copy, at_ms = parsed
-        if self.pending.pop(copy, None) is None:
-            bound = -(-at_ms // self.precision_ms) * self.precision_ms
-            self.done[copy] = max(bound, read_time_ms or 0)
+        self.consumed_copy(copy, max(-(-at_ms // self.precision_ms) * self.precision_ms, read_time_ms or 0))
         return True
+
+    def consumed_copy(self, copy: int, bound_ms: int) -> None:
+        """``copy`` is consumed; if the wheel has not handed it out here, it cannot once the read pointer passed
+        ``bound_ms``."""
+        if self.pending.pop(copy, None) is None:
+            self.done[copy] = bound_ms
 
     # -- what the wheel hands out ----------------------------------------------------------
 

@@ -216,9 +216,12 @@ class TimerService(DispatcherBase):
         timer_kind, system_kind = rec.RecordKind.TIMER, rec.RecordKind.SYSTEM  # looked up once, not per record
         for r in requests:
             props = r.properties
-            if props and TIMER_FROM in props:
-                self._consumed(r)
             kind = r.kind
+            if props:
+                if TIMER_FROM in props:
+                    self._consumed(r)
+                elif ORIGIN in props and kind != timer_kind:
+                    self._consumed_before_marks(r, now)
             if kind != timer_kind and kind != system_kind:
                 continue  # what nearly every record is: nothing for the timer
             if kind == timer_kind:
@@ -240,6 +243,15 @@ class TimerService(DispatcherBase):
     def _consumed(self, r: DispatchRequest) -> None:
         if not self.ledger.consumed(r.properties[TIMER_FROM], self.timer.read_time_ms):
             log.error("timer_from_unusable offset=%d value=%r", r.offset, r.properties[TIMER_FROM])
+
+    def _consumed_before_marks(self, r: DispatchRequest, now: int) -> None:
+        """A delivery written before deliveries named their copy (an upgraded data directory): it names its timer's
+        first copy (``ORIGIN``), which is the copy it consumed unless the timer hopped. That copy was due by ``hop_ms``
+        after it was written, so before ``hop_ms`` from now."""
+        copy = _as_int(r.properties[ORIGIN])
+        if copy is not None:
+            read = self.timer.read_time_ms
+            self.ledger.consumed_copy(copy, max(read or 0, now) + self.hop_ms)
 
     def reset(self) -> None:
         """The log lost records the timer had seen: start empty and re-enqueue the whole log.

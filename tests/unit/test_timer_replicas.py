@@ -261,3 +261,21 @@ def test_a_delivery_written_but_not_replicated_in_time_is_not_put_again(tmp_path
     master.schedule(Message("t", b"A"), master.now_ms() + 300)  # its own ack fails too: written all the same
     run([master], 1.5)
     assert master.delivered("t") == [b"A"]
+
+
+def test_a_delivery_from_before_the_marks_is_known_by_its_origin(tmp_path):
+    """An upgraded data directory: the log holds a delivery written before deliveries named their copy (only
+    ``ORIGIN``). Rebuilt from the log (its timer directory gone), the timer does not deliver it again."""
+    import shutil
+
+    from store.timer_service import ORIGIN
+
+    node = Broker(tmp_path / "n", _clock(), slave=False)
+    node.timers.pause()  # the old code's delivery is written by hand below
+    timer = node.schedule(Message("t", b"A"), node.now_ms() + 300)
+    node.put(Message("t", b"A", properties={ORIGIN: str(timer.offset)}))
+    node.crash()
+    shutil.rmtree(os.path.join(node.path, "timer"))
+    node = Broker(node.path, node.clock, slave=False)
+    run([node], 1.0)
+    assert node.delivered("t") == [b"A"]
