@@ -282,8 +282,8 @@ class TimerService(DispatcherBase):
         delivery was cut are owed again, and those delivered below the cut are
         not. Puts and saves in flight from before belong to a state that is gone.
         """
-        if self._dispatched_end <= cl_offset:
-            return  # nothing past the cut was seen
+        if self._closed or self._dispatched_end <= cl_offset:
+            return  # nothing past the cut was seen (closed: the next start replays from its checkpoint, or rebuilds)
         with self._file_lock:
             saved = self._load_checkpoint()
             if saved is None or saved[1] > cl_offset:
