@@ -22,19 +22,34 @@ Durability (what survives kill -9):
 
 - A scheduled message is acknowledged once its TIMER record is written (the
   store's rule), so it survives by construction: the record is in the log.
-- The checkpoint file (``DIR/checkpoint.json``) holds the timer checkpoint and
-  ``dispatched_offset``, the commit-log offset up to which the timer has seen
-  every record. After a restart the store replays the log from there into the
-  timer, so TIMER records appended after the checkpoint are enqueued again.
+- The checkpoint file (``DIR/checkpoint.json``) holds the timer checkpoint,
+  ``dispatched_offset`` (the commit-log offset up to which the timer has seen
+  every record), the cancelled set and the ledger (below). After a restart
+  the store replays the log from there into the timer, so TIMER records
+  appended after the checkpoint are enqueued again.
 - A checkpoint is only taken when every entry handed out by the timer has been
   put into the store and acknowledged (a barrier: advancing pauses until the
-  delivery puts in flight resolve). So a crash may deliver an entry twice (it
-  was put after the saved checkpoint, and the timer hands it out again), never
-  zero times: at-least-once.
+  delivery puts in flight resolve). An entry put after the saved checkpoint is
+  handed out again after a crash, but the delivered message carries
+  ``TIMER_FROM`` (the TIMER record it consumes), the replay finds it, and the
+  entry is dropped: exactly once, as far as the log survived.
 - Long delays hop: a TIMER record is parked at most ``hop_ms`` ahead; when that
   comes due and the real time is still ahead, a fresh TIMER record (same
-  ``ORIGIN``) is appended, so commit-log retention never deletes the only copy
-  of a message that is still waiting.
+  ``ORIGIN``, ``TIMER_FROM`` naming the copy it replaces) is appended, so
+  commit-log retention never deletes the only copy of a message that is still
+  waiting.
+
+Replicas (``store.timer_ledger``). Whether a TIMER record is still owed is a
+fact of the log: no later record names it in ``TIMER_FROM``. A slave enqueues
+the TIMER records it replicates and advances its wheel like its master, but
+does not deliver (``pause()``, and whenever the store refuses writes): what
+comes due waits in ``ledger.pending`` until the master's delivery replicates.
+Promoted (``start()`` on a writable store), it delivers exactly what is still
+pending, then goes on as master. A truncation (``truncate_to``, a replica's
+handshake) takes the saved checkpoint back if it saw nothing past the cut and
+the store replays the log up to the cut, else the state is rebuilt from the
+whole log; either way a timer whose delivery was cut is owed again and one
+delivered below the cut is not.
 - ``cancel(timer_id)`` appends one ``SYSTEM`` record naming the timer (property
   ``TIMER_CANCEL``, its ``ORIGIN``) and its due time; dispatching it (live or
   replayed) adds the id to the cancelled set, which every checkpoint saves, and
@@ -59,6 +74,7 @@ import collections
 import functools
 import json
 import logging
+import operator
 import os
 import shutil
 import threading
@@ -71,6 +87,7 @@ from store.executor import SynchronousExecutor
 from store.dispatch import DispatcherBase, DispatchRequest
 from store.message_store import MessageStore, PutResult, PutStatus
 from store.timer import EnqueueStatus, Timer, TimerCheckpoint, TimerEntry
+from store.timer_ledger import TIMER_FROM, TimerLedger, consumed_mark
 
 log = logging.getLogger("twistmq.store.timer_service")
 
@@ -84,6 +101,9 @@ DEFAULT_HOP_MS = 24 * 3600 * 1000
 DEFAULT_TICK_MS = 10
 MAX_CATCH_UP_MS = 600_000  # slots consumed per tick after a long stop (keeps the reactor responsive)
 _INTERNAL = (TIMER_KIND, TIMER_AT, rec.QUEUES_PROPERTY)
+# Put results after which the record is in the log (the ledger learnt of it when it was dispatched): not retried.
+_WRITTEN = frozenset({PutStatus.PUT_OK, PutStatus.FLUSH_SLAVE_TIMEOUT, PutStatus.FLUSH_DISK_FAILED})
+_DUE = operator.itemgetter(2)  # TimerEntry.deliver_at_ms
 _KIND_BY_TEXT = {str(int(k)): k for k in rec.RecordKind}  # TIMER_KIND's text -> kind, without int() and Enum()
 
 
@@ -118,6 +138,7 @@ class TimerService(DispatcherBase):
         self._saving: defer.Deferred | None = None  # a checkpoint being persisted on the executor
         self._file_lock = threading.Lock()  # the checkpoint files: a worker's save against close()
         self._files_closed = False
+        self._generation = 0  # bumped when the state is rebuilt (truncation): older saves and puts are stale
         os.makedirs(directory, exist_ok=True)
         saved = self._load_checkpoint()
         self.dispatched_offset = saved[1] if saved else 0
@@ -125,7 +146,11 @@ class TimerService(DispatcherBase):
         self.timer = self._make_timer(saved[0] if saved else None)
         # timer id (ORIGIN) -> the last slot time a copy of it can be handed out at
         self._cancelled: dict[int, int] = saved[2] if saved else {}
+        self.ledger = TimerLedger(precision_ms)
+        if saved:
+            self.ledger.load(saved[3])
         self._backlog: collections.deque[TimerEntry] = collections.deque()
+        self._firing = False  # start(): this broker delivers; else it follows (its master delivers)
         self._outstanding = 0
         self._cp_wanted = False
         now = self._now()
@@ -140,6 +165,7 @@ class TimerService(DispatcherBase):
         self.hops = 0
         self.lost = 0
         self.cancelled = 0
+        self.skipped = 0  # handed out again although the log says they were delivered: not delivered twice
         self.checkpoints = 0
         self.lateness_max_ms = 0
         store.register_dispatcher(self)
@@ -150,21 +176,22 @@ class TimerService(DispatcherBase):
         return Timer(os.path.join(self.directory, "timer"), cp, slot_count=self._slot_count,
                      precision_ms=self.precision_ms)
 
-    def _load_checkpoint(self) -> tuple[TimerCheckpoint, int, dict[int, int]] | None:
+    def _load_checkpoint(self) -> tuple[TimerCheckpoint, int, dict[int, int], dict] | None:
         path = os.path.join(self.directory, CHECKPOINT_FILE)
         try:
             with open(path) as f:
                 data = json.load(f)
             cancelled = {int(k): int(v) for k, v in data.get("cancelled", {}).items()}  # absent before cancel
-            return TimerCheckpoint(**data["timer"]), int(data["dispatched_offset"]), cancelled
+            return TimerCheckpoint(**data["timer"]), int(data["dispatched_offset"]), cancelled, data
         except FileNotFoundError:
             return None
 
-    def _save_checkpoint(self, cp: TimerCheckpoint, dispatched: int, cancelled: dict[int, int]) -> None:
+    def _save_checkpoint(self, cp: TimerCheckpoint, dispatched: int, cancelled: dict[int, int],
+                         ledger: dict) -> None:
         path = os.path.join(self.directory, CHECKPOINT_FILE)
         tmp = path + ".tmp"
         body = json.dumps({"timer": json.loads(cp.to_json()), "dispatched_offset": dispatched,
-                           "cancelled": {str(k): v for k, v in cancelled.items()}}).encode()
+                           "cancelled": {str(k): v for k, v in cancelled.items()}, **ledger}).encode()
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.write(fd, body)
@@ -181,14 +208,21 @@ class TimerService(DispatcherBase):
     # -- dispatcher --------------------------------------------------------------------------
 
     def dispatch(self, requests: Sequence[DispatchRequest]) -> None:
-        """Enqueue every TIMER record (idempotent: offsets already enqueued are ignored)."""
+        """Enqueue every TIMER record (idempotent: offsets already enqueued are ignored); note every copy a record
+        consumes (``TIMER_FROM``), whoever wrote it."""
         if self._closed:
             return None  # not advancing dispatched_end: a restart replays them
         now = self._now()
         timer = self.timer
         timer_kind, system_kind = rec.RecordKind.TIMER, rec.RecordKind.SYSTEM  # looked up once, not per record
         for r in requests:
+            props = r.properties
             kind = r.kind
+            if props:
+                if TIMER_FROM in props:
+                    self._consumed(r)
+                elif ORIGIN in props and kind != timer_kind:
+                    self._consumed_before_marks(r, now)
             if kind != timer_kind and kind != system_kind:
                 continue  # what nearly every record is: nothing for the timer
             if kind == timer_kind:
@@ -207,16 +241,70 @@ class TimerService(DispatcherBase):
             self._dispatched_end = last.offset + last.size
         return None
 
+    def _consumed(self, r: DispatchRequest) -> None:
+        if not self.ledger.consumed(r.properties[TIMER_FROM], self.timer.read_time_ms):
+            log.error("timer_from_unusable offset=%d value=%r", r.offset, r.properties[TIMER_FROM])
+
+    def _consumed_before_marks(self, r: DispatchRequest, now: int) -> None:
+        """A delivery written before deliveries named their copy (an upgraded data directory): it names its timer's
+        first copy (``ORIGIN``), which is the copy it consumed unless the timer hopped. That copy was due by ``hop_ms``
+        after it was written, so before ``hop_ms`` from now."""
+        copy = _as_int(r.properties[ORIGIN])
+        if copy is not None:
+            read = self.timer.read_time_ms
+            self.ledger.consumed_copy(copy, max(read or 0, now) + self.hop_ms)
+
     def reset(self) -> None:
-        """The log lost records the timer had seen: start empty and re-enqueue the whole log (duplicates possible)."""
+        """The log lost records the timer had seen: start empty and re-enqueue the whole log.
+
+        Exact all the same: the replay finds every copy's consuming record too
+        (``store.timer_ledger``), so only what the log still owes comes out.
+        """
         log.warning("timer_reset directory=%s", self.directory)
-        self.timer.log.close()
-        shutil.rmtree(self.directory, ignore_errors=True)
-        os.makedirs(self.directory, exist_ok=True)
+        with self._file_lock:  # a checkpoint being saved lands first; one not started yet is dropped
+            self._generation += 1
+            self.timer.log.close()
+            shutil.rmtree(self.directory, ignore_errors=True)
+            os.makedirs(self.directory, exist_ok=True)
         self.timer = self._make_timer(None)
         self.dispatched_offset = self._dispatched_end = 0
         self._backlog.clear()
         self._cancelled.clear()
+        self.ledger.clear()
+        self._saving = None  # a save in flight belongs to the state that went
+        self._cp_wanted = True
+
+    def truncate_to(self, cl_offset: int) -> None:
+        """The log was cut to end at ``cl_offset``: roll the timer state back to what that log says.
+
+        The saved checkpoint is taken back if it saw nothing past the cut (the
+        store then replays the log from its ``dispatched_offset`` to the cut);
+        otherwise everything is rebuilt from the log. Either way the copies whose
+        delivery was cut are owed again, and those delivered below the cut are
+        not. Puts and saves in flight from before belong to a state that is gone.
+        """
+        if self._closed or self._dispatched_end <= cl_offset:
+            return  # nothing past the cut was seen (closed: the next start replays from its checkpoint, or rebuilds)
+        with self._file_lock:
+            saved = self._load_checkpoint()
+            if saved is None or saved[1] > cl_offset:
+                saved = None
+            else:
+                self._generation += 1
+                self.timer.log.close()
+        if saved is None:
+            self.reset()
+            return
+        cp, dispatched, cancelled, data = saved
+        self.timer = self._make_timer(cp)  # cuts the timer log back to the checkpoint and re-chains the wheel
+        self.dispatched_offset = self._dispatched_end = dispatched
+        self._cancelled = cancelled
+        self.ledger.load(data)
+        self._backlog.clear()
+        self._saving = None
+        self._cp_wanted = True
+        log.warning("timer_rolled_back cut=%d checkpoint_dispatched=%d read_time=%s pending=%d", cl_offset,
+                    dispatched, cp.read_time_ms, len(self.ledger.pending))
 
     # -- scheduling --------------------------------------------------------------------------
 
@@ -225,6 +313,7 @@ class TimerService(DispatcherBase):
         if message.kind == rec.RecordKind.TIMER:
             return defer.succeed(PutResult(PutStatus.MESSAGE_ILLEGAL, reason="cannot schedule a TIMER record"))
         props = dict(message.properties)
+        props.pop(TIMER_FROM, None)  # the timer's own bookkeeping: it would consume another copy
         props[TIMER_KIND] = str(int(message.kind))
         props[TIMER_AT] = str(int(deliver_at_ms))
         timer_message = rec.Message(message.topic, message.body, rec.RecordKind.TIMER, message.qos, message.retain,
@@ -274,31 +363,57 @@ class TimerService(DispatcherBase):
         except (KeyError, ValueError):
             log.error("timer_cancel_unusable offset=%d properties=%r", r.offset, r.properties)
             return
-        read = self.timer.read_time_ms
-        if self._backlog:  # read ahead: the slot of the first entry not handed out yet is still open
-            head = self._backlog[0].deliver_at_ms
-            read = min(read, -(-head // self.precision_ms) * self.precision_ms)
+        read = self._read_floor()
         last_slot = -(-at // self.precision_ms) * self.precision_ms
         if read is not None and last_slot < read:
             return  # its slot was consumed: handed out already
         self._cancelled[origin] = last_slot
+        for e in [e for e in self.ledger.pending.values() if self._origin(e) == origin]:
+            del self.ledger.pending[e.cl_offset]  # a follower held it for its master, who drops it
         log.info("timer_cancelled timer_id=%d deliver_at=%d", origin, at)
+
+    def _read_floor(self) -> int | None:
+        """The first slot time whose entries may still come out: the wheel's read pointer, or earlier for entries
+        read ahead (backlog) or held for the master (pending)."""
+        read = self.timer.read_time_ms
+        p = self.precision_ms
+        if self._backlog:  # read ahead: the slot of the first entry not handed out yet is still open
+            head = -(-self._backlog[0].deliver_at_ms // p) * p
+            read = head if read is None else min(read, head)
+        first = self.ledger.first_slot()
+        if first is not None:
+            read = first if read is None else min(read, first)
+        return read
 
     # -- the loop -----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Advance the timer every ``tick_ms`` on the injected clock."""
-        if self._loop is not None:
+        """Deliver: advance the timer every ``tick_ms`` on the injected clock and put what comes due.
+
+        A broker whose store refuses writes (a slave) only follows even so, and
+        delivers once its store takes writes: then the entries it held for its
+        master (``ledger.pending``) go first.
+        """
+        self._firing = True
+        self._run()
+
+    def pause(self) -> None:
+        """Follow (the broker became a slave: its master delivers): the wheel goes on, what comes due waits in
+        ``ledger.pending`` until the log shows it delivered; ``start`` delivers what is still pending."""
+        self._firing = False
+        self._run()
+
+    def _run(self) -> None:
+        if self._loop is not None or self._closed:
             return
         self._loop = task.LoopingCall(self._tick)
         self._loop.clock = self._clock
         self._loop.start(self.tick_ms / 1000.0, now=True)
 
-    def pause(self) -> None:
-        """Stop advancing, keeping everything (the broker became a slave: its master delivers); ``start`` resumes."""
-        if self._loop is not None and self._loop.running:
-            self._loop.stop()
-        self._loop = None
+    @property
+    def firing(self) -> bool:
+        """Whether this service delivers now: asked to, and its store takes writes (a slave's log stays a copy)."""
+        return self._firing and not getattr(self.store, "replica_of", "")
 
     def _now(self) -> int:
         return int(self._clock.seconds() * 1000)
@@ -320,13 +435,15 @@ class TimerService(DispatcherBase):
         # or more after the last one (a busy or stalled reactor) still advances the wheel.
         self._maybe_checkpoint()
         backlog = self._backlog
+        if not self.firing:
+            self._follow(now)
+            return
+        if self.ledger.pending:  # just promoted: what came due while following is delivered first
+            backlog.extend(self._merge(self.ledger.take_pending(), backlog))
         if not backlog and not self._cp_wanted:
             # Read the slot whose window holds ``now`` ahead of its end: its entries are handed out one
             # tick after each comes due (ticks run every ``tick_ms``), not when the whole slot is due.
-            read = self.timer.read_time_ms
-            ahead = now + self.precision_ms - 1
-            target = ahead if read is None else min(ahead, read + MAX_CATCH_UP_MS)
-            backlog.extend(self.timer.advance(target, self.max_per_tick))
+            backlog.extend(self.timer.advance(self._target(now), self.max_per_tick))
         n = 0
         limit = self.max_per_tick
         while backlog and n < limit and backlog[0].deliver_at_ms <= now:
@@ -334,7 +451,45 @@ class TimerService(DispatcherBase):
             n += 1
         self._maybe_checkpoint()
 
+    def _target(self, now: int) -> int:
+        read = self.timer.read_time_ms
+        ahead = now + self.precision_ms - 1
+        return ahead if read is None else min(ahead, read + MAX_CATCH_UP_MS)
+
+    def _follow(self, now: int) -> None:
+        """A follower's tick: the wheel advances as its master's does, what comes due waits for the log."""
+        if self._backlog:  # it was delivering a moment ago: what it had not put yet is owed still
+            self._hold(self._backlog)
+            self._backlog.clear()
+        if not self._cp_wanted:
+            self._hold(self.timer.advance(self._target(now), self.max_per_tick))
+        self._maybe_checkpoint()
+
+    def _hold(self, entries) -> None:
+        """Keep due entries owed (``ledger.pending``) but those a cancellation drops, as the master does."""
+        if self._cancelled:
+            entries = [e for e in entries if self._origin(e) not in self._cancelled]
+        self.ledger.follow(entries)
+
+    def _origin(self, entry: TimerEntry) -> int | None:
+        """The timer id (``ORIGIN``) of an entry's copy; read back only while cancellations are live."""
+        try:
+            props = self.store.commit_log.read(entry.cl_offset, entry.cl_size).properties
+        except Exception:  # noqa: BLE001 - gone or unreadable: the master could not deliver it either
+            return entry.cl_offset
+        return _as_int(props.get(ORIGIN, str(entry.cl_offset)))
+
+    @staticmethod
+    def _merge(first: list[TimerEntry], backlog) -> list[TimerEntry]:
+        """``first`` and what the backlog held, in due-time order (the backlog is emptied)."""
+        merged = sorted([*first, *backlog], key=_DUE)
+        backlog.clear()
+        return merged
+
     def _deliver(self, entry: TimerEntry, now: int) -> None:
+        if self.ledger.take_done(entry.cl_offset):  # the log holds its delivery (or hop) already
+            self.skipped += 1
+            return
         try:
             record = self.store.commit_log.read(entry.cl_offset, entry.cl_size)
         except Exception as exc:  # noqa: BLE001 - retention deleted it, or the disk failed: nothing to put
@@ -350,6 +505,7 @@ class TimerService(DispatcherBase):
             log.error("timer_record_unusable offset=%d", entry.cl_offset)
             return
         props.setdefault(ORIGIN, str(entry.cl_offset))
+        mark = props[TIMER_FROM] = consumed_mark(entry)  # the log says which copy this consumes (replicas, replays)
         if self._cancelled and _as_int(props[ORIGIN]) in self._cancelled:
             self.cancelled += 1
             log.info("timer_dropped_cancelled timer_id=%s offset=%d", props[ORIGIN], entry.cl_offset)
@@ -365,13 +521,21 @@ class TimerService(DispatcherBase):
             message = rec.Message(record.topic, record.body, kind, record.qos, record.retain, record.client_id,
                                   record.born_ts, props)
         self._outstanding += 1
+        self.ledger.inflight.add(mark)
         # submit, not put: a tick hands out hundreds of entries and a Deferred each was a fair share of
         # the tick; they are all appended in the store's next write, one batch for the tick.
-        self.store.submit(message, functools.partial(self._put_done, entry, at, message.kind))
+        self.store.submit(message, functools.partial(self._put_done, entry, at, message.kind, mark,
+                                                     self._generation))
 
-    def _put_done(self, entry: TimerEntry, at: int, kind, result: PutResult) -> None:
+    def _put_done(self, entry: TimerEntry, at: int, kind, mark: str, generation: int, result: PutResult) -> None:
         self._outstanding -= 1
-        if result.status is PutStatus.PUT_OK:
+        if generation != self._generation:  # the state was rebuilt from the log since: it knows what is owed
+            self._after_put()
+            return
+        self.ledger.inflight.discard(mark)
+        if result.status in _WRITTEN:
+            if result.status is not PutStatus.PUT_OK:  # in the log all the same: the ledger counts it delivered
+                log.warning("timer_put_unconfirmed offset=%d status=%s", entry.cl_offset, result.status.name)
             if kind != rec.RecordKind.TIMER:
                 self.delivered += 1
                 now = self._now()
@@ -383,7 +547,10 @@ class TimerService(DispatcherBase):
             log.error("timer_message_illegal offset=%d reason=%s", entry.cl_offset, result.reason)
         else:  # the store could not take it now: retry, and hold checkpoints back until it does
             log.warning("timer_put_retry offset=%d status=%s", entry.cl_offset, result.status.name)
-            self._backlog.appendleft(entry)
+            if self.firing:
+                self._backlog.appendleft(entry)
+            else:  # no longer master: owed, unless the log shows its delivery
+                self._hold((entry,))
         self._after_put()
 
     def _after_put(self) -> None:
@@ -408,35 +575,50 @@ class TimerService(DispatcherBase):
             wheel = now - self._last_wheel_ms >= self._wheel_interval_ms
         if wheel:
             self._last_wheel_ms = now
-        if cp.read_time_ms is not None:  # every copy of these was handed out (and dropped) before cp
-            for timer_id in [t for t, slot in self._cancelled.items() if slot < cp.read_time_ms]:
-                del self._cancelled[timer_id]
+        self._collect()
         persist_timer = self.timer.flush_later(wheel)
         dispatched = self._dispatched_end
         cancelled = dict(self._cancelled)  # the executor writes this copy: the reactor goes on changing the set
+        ledger = self.ledger.to_json()
         self._cp_wanted = False
         self._last_cp_ms = now
-        d = self._saving = self._executor.submit(self._persist, persist_timer, cp, dispatched, cancelled)
-        d.addCallbacks(self._saved, self._save_failed, callbackArgs=(cp, dispatched))
+        gen = self._generation
+        d = self._saving = self._executor.submit(self._persist, persist_timer, cp, dispatched, cancelled, ledger,
+                                                 gen)
+        d.addCallbacks(self._saved, self._save_failed, callbackArgs=(cp, dispatched, gen), errbackArgs=(gen,))
         return cp
 
+    def _collect(self) -> None:
+        """Forget cancellations and consumed copies that can no longer meet an entry the wheel hands out."""
+        floor = self._read_floor()
+        if floor is None:
+            return
+        for timer_id in [t for t, slot in self._cancelled.items() if slot < floor]:
+            del self._cancelled[timer_id]  # every copy of these was handed out (and dropped) already
+        if self.timer.read_time_ms is not None:
+            self.ledger.collect(self.timer.read_time_ms)
+
     def _persist(self, persist_timer: Callable[[], None], cp: TimerCheckpoint, dispatched: int,
-                 cancelled: dict[int, int]) -> None:
+                 cancelled: dict[int, int], ledger: dict, generation: int) -> None:
         """On the executor: fsync the timer log, write the wheel if taken, then the checkpoint file."""
         with self._file_lock:
-            if self._files_closed:  # close() saved a newer checkpoint already
+            if self._files_closed or generation != self._generation:  # a newer checkpoint, or a rebuilt state
                 return
             persist_timer()
-            self._save_checkpoint(cp, dispatched, cancelled)
+            self._save_checkpoint(cp, dispatched, cancelled, ledger)
 
-    def _saved(self, _, cp: TimerCheckpoint, dispatched: int) -> None:
+    def _saved(self, _, cp: TimerCheckpoint, dispatched: int, generation: int) -> None:
+        if generation != self._generation:
+            return  # truncate_to() set up the state (and _saving) anew
         self._saving = None
         self.dispatched_offset = max(self.dispatched_offset, dispatched)
         if not self._closed:
             self.timer.checkpoint_saved(cp)
         self.checkpoints += 1
 
-    def _save_failed(self, failure) -> None:
+    def _save_failed(self, failure, generation: int) -> None:
+        if generation != self._generation:
+            return
         self._saving = None
         self._cp_wanted = True  # the next tick tries again
         log.error("timer_checkpoint_failed error=%s", failure.getErrorMessage())
@@ -472,7 +654,10 @@ class TimerService(DispatcherBase):
         if self._loop is not None and self._loop.running:
             self._loop.stop()
         self._loop = None
-        if not self._backlog and self._outstanding == 0:
+        if self._backlog:  # handed out, not put: saved as owed, so a restart delivers them (once)
+            self._hold(self._backlog)
+            self._backlog.clear()
+        if self._outstanding == 0:
             self._checkpoint_now()
         self._closed = True
         with self._file_lock:  # a checkpoint a worker has not saved yet is older: it must not land after
@@ -483,9 +668,10 @@ class TimerService(DispatcherBase):
         """The final checkpoint, written here and now (shutdown: blocking is fine)."""
         cp = self.timer.checkpoint()
         dispatched = self._dispatched_end
+        self._collect()
         with self._file_lock:
             self.timer.flush()
-            self._save_checkpoint(cp, dispatched, dict(self._cancelled))
+            self._save_checkpoint(cp, dispatched, dict(self._cancelled), self.ledger.to_json())
             self._files_closed = True
         self.dispatched_offset = dispatched
         self.timer.checkpoint_saved(cp)
@@ -501,6 +687,8 @@ class TimerService(DispatcherBase):
             "timer_hops_total": float(self.hops),
             "timer_lost_total": float(self.lost),
             "timer_cancelled_total": float(self.cancelled),
+            "timer_skipped_delivered_total": float(self.skipped),
+            "timer_pending": float(len(self.ledger.pending)),
             "timer_backlog": float(len(self._backlog)),
             "timer_puts_in_flight": float(self._outstanding),
             "timer_checkpoints_total": float(self.checkpoints),

@@ -491,7 +491,9 @@ class RoutedStore:
             return defer.fail(api.InvalidArgument(f"expected a Message, got {type(message).__name__}"))
         group = self.table.group_of_topic(message.topic)
         number = self.ids.numbers[group]
-        return self.groups[group].schedule_timer(message, deliver_at_ms).addCallback(lambda i: pack(number, i))
+        # The group answers an AppendResult (store.api): its offset becomes the msg_id, the rest stays.
+        return self.groups[group].schedule_timer(message, deliver_at_ms).addCallback(
+            lambda r: r._replace(offset=pack(number, r.offset)))
 
     def cancel_timer(self, timer_id: int) -> defer.Deferred:
         """To the group the id names; a plain offset (group number 0) asks each group in turn, group 0 first

@@ -18,7 +18,7 @@ Replication (``--ha LISTENER``, ``--ha-master ENDPOINT``; ``[cluster]`` ha,
 ha_master): a broker without ``ha_master`` is its group's master, begins a new
 epoch at each start and serves its log to slaves on its ``ha`` listeners; one
 with ``ha_master`` is a slave of it: it replicates the master's log, refuses
-client writes and runs no timers (its master delivers them). With ``[cluster]
+client writes and delivers no timers (its master does; its timer state follows the log). With ``[cluster]
 controllers`` and an ``ha`` listener the controllers decide instead
 (``cluster.replication.controllers``): the broker registers before it serves
 (the config's master may master only an empty group, on its first start),
@@ -313,7 +313,8 @@ class BrokerParts:
                 "epochs": [{"epoch": e.epoch, "start_offset": e.start_offset} for e in store.epochs.entries]}
 
     def _role_changed(self, role: str) -> None:
-        # A slave runs no timers: its master delivers them, and a record of its own would fork its log.
+        # A slave delivers no timers: its master does, and a record of its own would fork its log. Its timers
+        # follow the log (store.timer_service): promoted, it delivers exactly those whose delivery it lacks.
         if role == "master":
             # Before the first write it accepts: subscriptions stored while it was a slave came as records, and the
             # filters the old master indexed for are held until the proxies take their interest again.
@@ -367,7 +368,7 @@ def broker_tree(parts: BrokerParts) -> RoleService:
         Part("session-keeper", start=parts.keeper.start, stop=parts.keeper.stop),  # before proxies connect
         *[svc for svc in parts.listeners if svc.listener.key == "ha"],
         # After the ha listeners: one refuses slaves until this broker serves as master; a slave's store refuses
-        # writes from the start. Pauses the timers on a slave, which its master delivers. With controllers it
+        # writes from the start. Its timers only follow on a slave, whose master delivers. With controllers it
         # fires once they named the role: only then do the RPC and HTTP listeners open, so a proxy that dials a
         # restarted broker never re-takes its watches and filters while the broker does not know what it is.
         Part("replication", start=parts.start_replication, stop=parts.stop_replication),

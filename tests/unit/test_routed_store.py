@@ -224,6 +224,16 @@ def test_confirm_and_cancel_by_msg_id_reach_the_group_that_made_it(cluster):
         assert cancelled["code"] == 0 and cancelled["cancelled"] is True and cancelled["msg_id"] == delayed["msg_id"]
 
 
+def test_a_delayed_publish_through_the_routed_store_answers_a_result_whose_id_cancels_it(cluster):
+    """schedule_timer (an MQTT $delayed/ publish) in each group answers an AppendResult whose offset is the
+    msg_id; cancelling by it reaches the timer in its group."""
+    for level in _levels(cluster.table)[:4]:
+        result = cluster.wait(cluster.store.schedule_timer(Message(f"{level}/later", b"d", qos=1),
+                                                           cluster.now_ms() + 60_000))
+        assert result.status is api.AppendStatus.PUT_OK and result.offset >= 0, result
+        assert cluster.wait(cluster.store.cancel_timer(result.offset)) is True
+
+
 def test_a_msg_id_of_no_known_group_is_a_clear_error(cluster):
     """An id whose group number no group has is answered code -1 naming it, not sent to a guessed group."""
     reply = cluster.wait(cluster.store.native_request({"action": "cancel_timer", "msg_id": 77 << 48 | 5}))
