@@ -111,6 +111,8 @@ class HAServerProtocol(protocol.Protocol):
             elif kind is SlaveAcked:
                 self.master.sync.acked(ev.slave_id, ev.offset, ev.caught_up_at)
                 acked = True
+                if ev.slave_id not in self.master.sync.members:
+                    self.master.check_soon()  # it may have caught up: join it now, not at the next check
             elif kind is SlaveReady:
                 if ev.slave_id == self.master.node_id:
                     self._apply(self.machine.refuse(f"slave id {ev.slave_id!r} is this master's own id"))
@@ -125,6 +127,7 @@ class HAServerProtocol(protocol.Protocol):
                 log.info("ha_slave_connected slave=%s from_offset=%d async_learner=%s", self.describe(), ev.offset,
                          ev.async_learner)
                 acked = True
+                self.master.check_soon()
             elif kind is Close:
                 if ev.refused:
                     log.warning("ha_refused peer=%s reason=%s", self.describe(), ev.reason)
@@ -140,6 +143,7 @@ class HAServerProtocol(protocol.Protocol):
         if self.ready and self.master.by_slave.get(self.machine.slave_id) is self:
             del self.master.by_slave[self.machine.slave_id]
             self.master.sync.disconnected(self.machine.slave_id)
+            self.master.check_soon()  # a disconnected slave leaves the set at once
             log.info("ha_slave_disconnected slave=%s reason=%s", self.describe(),
                      self.machine.close_reason or reason.getErrorMessage())
         self.machine.close("connection lost")
@@ -177,6 +181,7 @@ class HAMaster(service.Service):
         self._alter = alter or self._apply_here
         self._altering = False
         self._pump_call = None
+        self._soon = None
         self._loop: task.LoopingCall | None = None
         self.confirm_file = ConfirmOffsetFile(store.data_dir)
         # A group of one keeps no file (its readers see the whole log, as a node's); once a slave joined, the file
@@ -272,6 +277,19 @@ class HAMaster(service.Service):
 
         d.addCallbacks(done, failed)
 
+    def check_soon(self) -> None:
+        """Propose a SyncStateSet change in the next reactor turn if one is due (a slave caught up or went),
+        rather than at the next ``check_interval_s``: a new master whose set is below ``min_in_sync_replicas``
+        acknowledges nothing until its slaves rejoin, so that wait is part of a failover's RTO."""
+        if self._soon is None and self.running:
+            self._soon = self.clock.callLater(0, self._check_if_due)
+
+    def _check_if_due(self) -> None:
+        self._soon = None
+        if self.running and not self._altering and \
+                self.sync.proposal(self.clock.seconds(), self.store.commit_log.max_offset) is not None:
+            self._check()
+
     def _write_confirm_file(self, confirm: int) -> None:
         if self._keep_file or len(self.sync.members) > 1:
             self._keep_file = True
@@ -312,6 +330,9 @@ class HAMaster(service.Service):
         if self._pump_call is not None and self._pump_call.active():
             self._pump_call.cancel()
         self._pump_call = None
+        if self._soon is not None and self._soon.active():
+            self._soon.cancel()
+        self._soon = None
         for c in list(self.connections):
             c.transport.loseConnection()
         self.waiters.fail_all(defer.CancelledError("this broker stopped being master"))

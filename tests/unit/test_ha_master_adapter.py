@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from twisted.internet import task
+from twisted.internet.protocol import connectionDone
 from twisted.internet.testing import StringTransport
 
 from cluster.replication.master import HAMaster
@@ -61,5 +62,19 @@ def test_a_slave_using_the_masters_own_id_is_refused(tmp_path):
     p, t = _handshake(master, "b1")
     assert codec.FrameDecoder().feed(t.value())[-1] == codec.Refused("slave id 'b1' is this master's own id")
     assert t.disconnecting and "b1" not in master.sync.replicas
+    master.stopService()
+    store.close()
+
+
+def test_a_caught_up_slave_joins_the_set_in_the_next_turn_and_a_lost_one_leaves_it(tmp_path):
+    """A slave whose ack reaches the confirm offset is proposed at once (reactor turn), not at the next check
+    interval: a new master short of min_in_sync_replicas acknowledges nothing until then. A lost one leaves too."""
+    master, store, clock = _master(tmp_path)
+    p, _t = _handshake(master, "b2")
+    clock.advance(0)
+    assert master.sync.members == {"b1", "b2"}  # before the 0.5 s check
+    p.connectionLost(connectionDone)
+    clock.advance(0)
+    assert master.sync.members == {"b1"}
     master.stopService()
     store.close()
