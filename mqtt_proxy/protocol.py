@@ -27,7 +27,7 @@ from mqtt_proxy.codec.reason import DISCONNECT_CODES
 from mqtt_proxy.codec.packets import PING_RESP, Auth, Properties
 from mqtt_proxy.session_state import Phase, PhaseEvent
 from mqtt_proxy.subscribe import handle_subscribe, handle_unsubscribe
-from mqtt_proxy.twisted_internals import raise_send_limit, share_log_strings
+from mqtt_proxy.twisted_internals import raise_send_limit, share_log_strings, share_transport_keys
 from store.api import AppendStatus as PutStatus
 
 log = logging.getLogger("twistmq.mqtt.protocol")
@@ -35,6 +35,7 @@ log = logging.getLogger("twistmq.mqtt.protocol")
 CONNECT_TIMEOUT_S = 10.0
 CORK_FLUSH_BYTES = 65536  # a corked batch goes to the transport at this size, so back-pressure still applies
 MAX_BACKLOG = 1000  # packets received between CONNECT and CONNACK
+_KEEP_ALIVES: dict[int, int] = {}  # keep-alive seconds (a Two Byte Integer: at most 65,536 of them)
 AWAITING_CONNECT, CONNECTING, CONNECTED, CLOSING = (Phase.AWAITING_CONNECT, Phase.CONNECTING, Phase.CONNECTED,
                                                     Phase.CLOSING)
 
@@ -246,7 +247,7 @@ class MQTTServerProtocol:
         if self.session is None or self.phase is CLOSING:
             return
         self._phase_event(PhaseEvent.CONNACK)
-        self._keep_alive = keep_alive
+        self._keep_alive = _KEEP_ALIVES.setdefault(keep_alive, keep_alive)  # one int per value, not per client
         self.parser.max_packet_size = self.front.limits.max_packet_size  # authenticated: the full limit
         if keep_alive:
             self.front.deadlines.schedule(self, self.last_rx + keep_alive * 1.5)
@@ -423,6 +424,10 @@ class MQTTServerFactory(protocol.Factory):
         self.front = front
         self.clock = clock
         self.cert_identity = cert_identity
+
+    def startFactory(self) -> None:
+        # Before the first connection: then no idle connection's transport needs a dict of its own.
+        share_transport_keys()
 
     def buildProtocol(self, addr):
         p = MQTTServerProtocol(self.front, self.clock)

@@ -180,6 +180,12 @@ def test_an_idle_connection_holds_no_instance_dicts_or_empty_containers(h):
     assert session.state.aliases is None and not isinstance(session.state.inbound_qos2, (set, dict))
 
 
+def test_idle_connections_with_one_keep_alive_share_its_int(h):
+    """Clients asking the same keep-alive (past the small ints Python shares) hold one int object for it."""
+    a, b = h.connect("ka1", level=4, keep_alive=300), h.connect("ka2", level=4, keep_alive=300)
+    assert a.proto._keep_alive == 300 and a.proto._keep_alive is b.proto._keep_alive
+
+
 def test_takeover_disconnects_old_connection_with_0x8e(h):
     """A second connection with the same client id closes the first with SESSION_TAKEN_OVER."""
     first = h.connect("twin")
