@@ -3,6 +3,7 @@
 Usage::
 
     ./dev python -m bench.conn_memory [--connections 10000] [--top 25] [--frames 1]
+    ./dev python -m bench.conn_memory --no-trace        # RSS growth per connection only
 
 Runs a node in this process (the ``twistd twistmq node`` service, fresh data
 dir, MQTT on a free loopback port), lets a child process open the idle
@@ -12,7 +13,8 @@ tracemalloc snapshots taken before and after (after a collection). Prints the
 lines that allocated the most per connection (with ``--frames N`` > 1, grouped
 by the N innermost frames, innermost first), the total per connection by tracemalloc, and the
 RSS growth per connection of this process (tracemalloc's own bookkeeping
-inflates it: take the RSS figure from ``bench/compare.py``'s scenario 5).
+inflates it: ``--no-trace`` measures RSS alone). Unlike ``bench/compare.py``'s
+scenario 5, no probe connection comes and goes before the idle clients.
 """
 
 from __future__ import annotations
@@ -132,8 +134,11 @@ def main(argv=None) -> int:
     if "error" in report:
         print(report["error"], file=sys.stderr)
         return 1
-    print(f"{report['connections']:,} idle connections: tracemalloc {report['tracemalloc_per_conn']:,} B "
-          f"per connection, RSS {report['rss_per_conn']:,} B (inflated by tracemalloc)")
+    if args.no_trace:
+        print(f"{report['connections']:,} idle connections: RSS {report['rss_per_conn']:,} B per connection")
+    else:
+        print(f"{report['connections']:,} idle connections: tracemalloc {report['tracemalloc_per_conn']:,} B "
+              f"per connection, RSS {report['rss_per_conn']:,} B (inflated by tracemalloc)")
     print("  B/conn  blocks/conn  where")
     for size, count, where in report["top"]:
         print(f"{size:8.1f} {count:12.2f}  {where}")
