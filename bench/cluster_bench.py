@@ -13,7 +13,9 @@ Setups, each fresh for every scenario and started in turn on the same 2 cores
 - ``1 proxy``: a broker process + one proxy process (``./dev cluster up --proxies 1``);
 - ``2 proxies``: a broker + two proxies sharing the MQTT port (``--shared-port``, SO_REUSEPORT);
 - ``2x2``: two broker groups + two proxies on one port (topics hash over both groups): the
-  projection's second point, one group and one proxy per core.
+  projection's second point, one group and one proxy per core;
+- ``2x1``: two broker groups + one proxy (its connect rate: a CONNECT claims the session in
+  every group).
 
 Scenarios (``bench/loadgen.py``): fan-in QoS 1 (4 publishers, window 100 → one
 ``dev/+/temp`` subscriber), fan-out (1 QoS 0 publisher → 500 subscribers),
@@ -47,7 +49,8 @@ from cluster.tools import launcher
 SCENARIOS = {2: "fan-in QoS 1, msg/s", 3: "fan-out 1 -> 500, deliveries/s", 4: "QoS 1 latency at 1k msg/s, ms",
              5: "connect rate, connections/s"}
 CPU_SCENARIOS = {2: "CPU per fan-in QoS 1 message, µs", 3: "CPU per fan-out delivery, µs"}
-BASE_CONFIG = "[mqtt]\nallow_anonymous = true\n"
+# As the node's (bench/brokers.py): no log line per client connecting or leaving, in every process.
+BASE_CONFIG = "[mqtt]\nallow_anonymous = true\n\n[log]\nconnection_messages = false\n"
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -140,6 +143,8 @@ def build_setups(wanted) -> list:
     setups += [ClusterSetup(int(n)) for n in ("1", "2") if n in wanted]
     if "2x2" in wanted:
         setups.append(ClusterSetup(2, groups=2))
+    if "2x1" in wanted:
+        setups.append(ClusterSetup(1, groups=2))
     return setups
 
 
