@@ -35,7 +35,7 @@ log = logging.getLogger("twistmq.mqtt.protocol")
 CONNECT_TIMEOUT_S = 10.0
 CORK_FLUSH_BYTES = 65536  # a corked batch goes to the transport at this size, so back-pressure still applies
 MAX_BACKLOG = 1000  # packets received between CONNECT and CONNACK
-_KEEP_ALIVES: dict[int, int] = {}  # keep-alive seconds (a Two Byte Integer: at most 65,536 of them)
+_KEEP_ALIVES: dict[int, int] = {}  # keep-alive seconds clients asked for -> one int object for each
 AWAITING_CONNECT, CONNECTING, CONNECTED, CLOSING = (Phase.AWAITING_CONNECT, Phase.CONNECTING, Phase.CONNECTED,
                                                     Phase.CLOSING)
 
@@ -246,7 +246,9 @@ class MQTTServerProtocol:
         if self.session is None or self.phase is CLOSING:
             return
         self._phase_event(PhaseEvent.CONNACK)
-        self._keep_alive = _KEEP_ALIVES.setdefault(keep_alive, keep_alive)  # one int per value, not per client
+        # One int per value in use, not one per client (a few values at most: the cache stops at 1,024).
+        self._keep_alive = _KEEP_ALIVES.setdefault(keep_alive, keep_alive) if len(_KEEP_ALIVES) < 1024 else \
+            _KEEP_ALIVES.get(keep_alive, keep_alive)
         self.parser.max_packet_size = self.front.limits.max_packet_size  # authenticated: the full limit
         if keep_alive:
             self.front.deadlines.schedule(self, self.last_rx + keep_alive * 1.5)
