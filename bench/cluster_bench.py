@@ -13,7 +13,9 @@ Setups, each fresh for every scenario and started in turn on the same 2 cores
 - ``1 proxy``: a broker process + one proxy process (``./dev cluster up --proxies 1``);
 - ``2 proxies``: a broker + two proxies sharing the MQTT port (``--shared-port``, SO_REUSEPORT);
 - ``2x2``: two broker groups + two proxies on one port (topics hash over both groups): the
-  projection's second point, one group and one proxy per core.
+  projection's second point, one group and one proxy per core;
+- ``2x1``: two broker groups + one proxy, the connect rate only (a CONNECT claims the
+  session in every group).
 
 Scenarios (``bench/loadgen.py``): fan-in QoS 1 (4 publishers, window 100 → one
 ``dev/+/temp`` subscriber), fan-out (1 QoS 0 publisher → 500 subscribers),
@@ -47,7 +49,8 @@ from cluster.tools import launcher
 SCENARIOS = {2: "fan-in QoS 1, msg/s", 3: "fan-out 1 -> 500, deliveries/s", 4: "QoS 1 latency at 1k msg/s, ms",
              5: "connect rate, connections/s"}
 CPU_SCENARIOS = {2: "CPU per fan-in QoS 1 message, µs", 3: "CPU per fan-out delivery, µs"}
-BASE_CONFIG = "[mqtt]\nallow_anonymous = true\n"
+# As the node's (bench/brokers.py): no log line per client connecting or leaving, in every process.
+BASE_CONFIG = "[mqtt]\nallow_anonymous = true\n\n[log]\nconnection_messages = false\n"
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -67,9 +70,10 @@ def cpu_seconds(pids) -> float:
 class ClusterSetup:
     """``groups`` brokers and ``proxies`` proxies from the launcher; MQTT on the first proxy's port (shared if 2)."""
 
-    def __init__(self, proxies: int, groups: int = 1) -> None:
+    def __init__(self, proxies: int, groups: int = 1, only=None) -> None:
         self.proxies = proxies
         self.groups = groups
+        self.only = only  # the scenarios this setup runs (None: every one)
         self.name = f"{proxies} prox{'y' if proxies == 1 else 'ies'}" if groups == 1 else f"{groups}x{proxies}"
 
     def start(self, workdir: Path):
@@ -140,6 +144,8 @@ def build_setups(wanted) -> list:
     setups += [ClusterSetup(int(n)) for n in ("1", "2") if n in wanted]
     if "2x2" in wanted:
         setups.append(ClusterSetup(2, groups=2))
+    if "2x1" in wanted:
+        setups.append(ClusterSetup(1, groups=2, only=(5,)))
     return setups
 
 
@@ -149,6 +155,8 @@ def run_all(setups, reps: int = 1, scale: float = 0.5, cap: float = 15.0, scenar
     for rep in range(reps):
         for scenario in scenarios:
             for setup in setups[rep % len(setups):] + setups[:rep % len(setups)]:
+                if scenario not in (getattr(setup, "only", None) or (scenario,)):
+                    continue
                 with tempfile.TemporaryDirectory(prefix="cluster-bench-") as tmp:
                     port = setup.start(Path(tmp))
                     try:
@@ -175,7 +183,9 @@ def render(setups, results, date: str, scale: float) -> str:
              f"Run {date} by `bench/cluster_bench.py` (`./dev bench`; `--no-cluster-rows` skips it), loadgen scale "
              f"{scale:g}, every setup fresh per scenario, nothing pinned: the processes and the generator share the "
              "2 cores. `1 proxy` and `2 proxies` are one broker plus proxies (`./dev cluster up --groups 1`, the "
-             "two proxies on one port with SO_REUSEPORT).", ""]
+             "two proxies on one port with SO_REUSEPORT); `2x2` two broker groups and two proxies on one port; "
+             "`2x1` two broker groups and one proxy, run for the connect rate only (a CONNECT claims the session in "
+             "both groups).", ""]
     lines += table_lines(setups, results)
     lines += ["", SECTION_END, ""]
     return "\n".join(lines)
@@ -191,7 +201,7 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--scale", type=float, default=0.5, help="multiplies message counts (loadgen --scale)")
     parser.add_argument("--cap", type=float, default=15.0, help="seconds of sending per phase")
-    parser.add_argument("--setups", default="mosquitto,node,1,2,2x2")
+    parser.add_argument("--setups", default="mosquitto,node,1,2,2x2,2x1")
     parser.add_argument("--scenarios", default="2,3,4,5", help="of " + ", ".join(f"{k}: {v}" for k, v in
                                                                               SCENARIOS.items()))
     args = parser.parse_args(argv)

@@ -366,7 +366,7 @@ def cluster_section(args) -> str | None:
     """Run the proxy/broker rows (unless skipped); their markdown section."""
     if args.no_cluster_rows:
         return None
-    setups = cluster_bench.build_setups(["mosquitto", "node", "1", "2", "2x2"])
+    setups = cluster_bench.build_setups(["mosquitto", "node", "1", "2", "2x2", "2x1"])
     results = cluster_bench.run_all(setups, 1, 0.5 * args.scale, 15.0)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return cluster_bench.render(setups, results, date, 0.5 * args.scale)

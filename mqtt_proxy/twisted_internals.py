@@ -12,7 +12,20 @@ fails if Twisted changes them).
   Twisted's buffer.
 - ``share_log_strings``: Twisted formats two strings per connection for its own
   log lines and repr (``logstr``, ``repstr``: 164 bytes of an idle MQTT
-  connection); one shared string serves them.
+  connection); one shared string serves them. The session number is only shown
+  in them (an int of its own past 256), and the peer's host string is interned
+  (clients behind one NAT or load balancer share it): 87 bytes more.
+- ``share_transport_keys``: CPython keeps an object's attributes in a small
+  array beside it while their names are in its class's shared key table; a
+  name that is not makes a dict of its own for that object (832 bytes for a TCP
+  transport). The table takes at most 30 names and stops growing after about
+  30 objects of the class, before an accepted connection writes (``offset``,
+  ``dataBuffer``) when clients come many at once: each idle MQTT connection's
+  transport then had its own dict (RSS 2,650 B per idle connection; a node
+  whose first client came and went alone, like ``./dev bench``'s readiness
+  probe, did not show it). One bare
+  ``tcp.Server`` given the names Twisted and this package set on an open server
+  transport, before the first connection, puts them all in the table.
 - ``raise_send_limit``: ``SEND_LIMIT`` (128 KiB) is what one send may take from
   the transport's buffer per reactor pass.
 - ``read_datagrams_up_to``: a UDP port reads ``maxPacketSize`` bytes of a
@@ -23,6 +36,8 @@ fails if Twisted changes them).
 """
 
 from __future__ import annotations
+
+import sys
 
 from twisted.internet import tcp
 
@@ -50,9 +65,44 @@ def send(transport, data: bytes, direct: bool) -> None:
 
 
 def share_log_strings(transport, name: str) -> None:
-    """Let a TCP server transport use one shared string for its log prefix and repr."""
+    """Let a TCP server transport use one shared string for its log prefix and repr, and for its peer's host."""
     if isinstance(transport, tcp.Server):
         transport.logstr = transport.repstr = name
+        transport.sessionno = 0
+        client = transport.client
+        host = client[0]
+        if type(host) is str:
+            shared = sys.intern(host)
+            if shared is not host:
+                transport.client = (shared,) + tuple(client[1:])
+                transport.hostname = shared
+
+
+# The attributes a tcp.Server instance gets while it is open (Twisted's abstract.FileDescriptor,
+# _ConsumerMixin, tcp.Connection and tcp.Server; ``_addressType`` on IPv6 only), then ours. Each name costs
+# every transport a slot (8 bytes), so the ones set only while closing (``disconnecting``, ``_aborting``,
+# ...) are left out: a closing transport may make its dict then.
+TRANSPORT_KEYS = (
+    "reactor", "_tempDataBuffer", "_tempDataLen", "socket", "fileno", "protocol", "server", "client", "sessionno",
+    "hostname", "logstr", "repstr", "connected", "_addressType", "producer", "streamingProducer", "producerPaused",
+    "dataBuffer", "offset",
+    "bufferSize", "SEND_LIMIT",  # set by mqtt_proxy.protocol
+)
+_shared = [False]
+
+
+def share_transport_keys() -> None:
+    """Put every attribute name of a TCP server transport in ``tcp.Server``'s shared key table (once).
+
+    Call before the first connection is accepted: the table stops taking names
+    once a few dozen transports were made.
+    """
+    if _shared[0]:
+        return
+    _shared[0] = True
+    blank = tcp.Server.__new__(tcp.Server)  # never initialised nor used: only its attribute names matter
+    for name in TRANSPORT_KEYS:
+        setattr(blank, name, None)
 
 
 def raise_send_limit(transport, size: int) -> None:

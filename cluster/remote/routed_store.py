@@ -315,18 +315,31 @@ class RoutedStore:
                                    outbound=tuple(outbound[p] for p in sorted(outbound)))
 
     def get_session(self, client_id: str) -> defer.Deferred:
+        """The home group's part first; the other groups' only if it has one (without it they are not a session).
+
+        Most CONNECTs find no session: one read, not one per group.
+        """
         try:
-            self._home(client_id)
+            home = self._home(client_id)
+            store = self._group(home)
         except api.StoreError as exc:
             return defer.fail(exc)
         claims = self._claims.get(client_id)
         missed = self._missed(client_id, claims[0]) if claims is not None else frozenset()
-        if missed:
-            log.warning("session_part_skipped groups=%s client=%s reason=unreachable at its claim",
-                        ",".join(sorted(missed)), client_id)
-        groups = tuple(g for g in self.table.groups if g not in missed)
-        return self._each(groups, lambda s: s.get_session(client_id)).addCallback(
-            lambda rs: self._merge(client_id, [(g, st) for g, (_, st) in zip(groups, rs)]))
+        others = tuple(g for g in self.table.groups if g != home and g not in missed)
+
+        def home_read(state):
+            if state is None:
+                return None
+            if missed:
+                log.warning("session_part_skipped groups=%s client=%s reason=unreachable at its claim",
+                            ",".join(sorted(missed)), client_id)
+            if not others:
+                return self._merge(client_id, [(home, state)])
+            return self._each(others, lambda s: s.get_session(client_id)).addCallback(
+                lambda rs: self._merge(client_id, [(home, state)] + [(g, st) for g, (_, st) in zip(others, rs)]))
+
+        return defer.maybeDeferred(store.get_session, client_id).addCallback(home_read)
 
     def list_sessions(self) -> defer.Deferred:
         groups = self.table.groups

@@ -58,8 +58,7 @@ class MQTTParser:
     """
 
     # One per connection: slots, and no buffer list until a packet arrives in pieces.
-    __slots__ = ("max_packet_size", "server_side", "protocol_level", "_receives", "_pending", "_need",
-                 "_error")
+    __slots__ = ("max_packet_size", "protocol_level", "_receives", "_pending", "_need", "_error")
 
     def __init__(self, max_packet_size: int = MAX_PACKET_SIZE, server_side: bool = True,
                  protocol_level: int | None = None) -> None:
@@ -70,12 +69,16 @@ class MQTTParser:
         if not 2 <= max_packet_size <= MAX_PACKET_SIZE:
             raise ValueError(f"max_packet_size must be within 2..{MAX_PACKET_SIZE}")
         self.max_packet_size = max_packet_size
-        self.server_side = server_side
         self.protocol_level = protocol_level
         self._receives = SERVER_RECEIVES if server_side else CLIENT_RECEIVES
         self._pending: bytearray | None = None  # the bytes of an incomplete packet, once there are any
         self._need = 0  # buffered bytes needed before parsing is worth trying again
         self._error: ProtocolError | None = None
+
+    @property
+    def server_side(self) -> bool:
+        """Whether this parser reads what a client sends (a slot less per connection than a flag of its own)."""
+        return self._receives is SERVER_RECEIVES
 
     @property
     def buffered(self) -> int:

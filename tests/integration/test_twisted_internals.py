@@ -7,13 +7,16 @@ a reactor), so the attributes checked are the ones a live connection has.
 from __future__ import annotations
 
 import socket
+import sys
 from types import SimpleNamespace
 
 import pytest
 from twisted.internet import protocol, tcp
 from twisted.internet.testing import MemoryReactor
 
-from mqtt_proxy.twisted_internals import can_send_directly, raise_send_limit, send, share_log_strings
+from mqtt_proxy.twisted_internals import (
+    TRANSPORT_KEYS, can_send_directly, raise_send_limit, send, share_log_strings,
+)
 
 
 @pytest.fixture()
@@ -58,6 +61,34 @@ def test_log_strings_are_what_twisted_formats_per_connection(pair):
     assert isinstance(transport.logstr, str) and isinstance(transport.repstr, str)
     share_log_strings(transport, "MQTTServerProtocol")
     assert transport.logPrefix() == "MQTTServerProtocol" and repr(transport) == "MQTTServerProtocol"
+
+
+def test_session_number_and_peer_host_are_only_what_the_log_strings_and_peer_show(pair):
+    """share_log_strings keeps getPeer() and the log strings right while the host is interned and sessionno shared."""
+    host = "".join(["127.0.", "0.1"])  # a string of its own, as an accepted connection's address has
+    transport = tcp.Server(pair[0], protocol.Protocol(), (host, 50000), SimpleNamespace(_realPortNumber=1883), 70000,
+                           MemoryReactor())
+    share_log_strings(transport, "MQTTServerProtocol")
+    peer = transport.getPeer()
+    assert (peer.host, peer.port) == ("127.0.0.1", 50000) and transport.hostname == "127.0.0.1"
+    assert peer.host is sys.intern("127.0.0.1") and transport.sessionno == 0
+    assert transport.logPrefix() == "MQTTServerProtocol"
+
+
+def test_transport_keys_name_every_attribute_of_an_open_transport(pair):
+    """An open TCP server transport (producer paused by a full buffer, a write flushed) has no attribute outside
+    TRANSPORT_KEYS."""
+    transport = _server(pair[0])
+    transport.connected = 1
+    producer = SimpleNamespace(pauseProducing=lambda: None, resumeProducing=lambda: None, stopProducing=lambda: None)
+    transport.registerProducer(producer, True)
+    transport.bufferSize = 4
+    raise_send_limit(transport, 1 << 20)
+    transport.write(b"x" * 10)  # past bufferSize: Twisted pauses the producer
+    assert transport.producerPaused
+    transport.doWrite()
+    assert pair[1].recv(16) == b"x" * 10
+    assert set(vars(transport)) <= set(TRANSPORT_KEYS), set(vars(transport)) - set(TRANSPORT_KEYS)
 
 
 def test_udp_port_reads_max_packet_size_bytes():

@@ -180,6 +180,23 @@ def test_an_idle_connection_holds_no_instance_dicts_or_empty_containers(h):
     assert session.state.aliases is None and not isinstance(session.state.inbound_qos2, (set, dict))
 
 
+def test_an_idle_clients_objects_stay_within_their_size_classes(h):
+    """An idle client's protocol, parser, session and session state take 224, 80, 208 and 160 bytes at most
+    (CPython's allocator rounds to 16: a slot more on the protocol or parser costs every connection 16 bytes)."""
+    import sys
+    c = h.connect("sized", level=4, keep_alive=60)
+    session = c.proto.session
+    sizes = {type(o).__name__: sys.getsizeof(o) for o in (c.proto, c.proto.parser, session, session.state)}
+    limits = {"MQTTServerProtocol": 224, "MQTTParser": 80, "Session": 208, "SessionState": 160}
+    assert all(sizes[name] <= limit for name, limit in limits.items()), sizes
+
+
+def test_idle_connections_with_one_keep_alive_share_its_int(h):
+    """Clients asking the same keep-alive (past the small ints Python shares) hold one int object for it."""
+    a, b = h.connect("ka1", level=4, keep_alive=300), h.connect("ka2", level=4, keep_alive=300)
+    assert a.proto._keep_alive == 300 and a.proto._keep_alive is b.proto._keep_alive
+
+
 def test_takeover_disconnects_old_connection_with_0x8e(h):
     """A second connection with the same client id closes the first with SESSION_TAKEN_OVER."""
     first = h.connect("twin")

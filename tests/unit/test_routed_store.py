@@ -108,6 +108,34 @@ def test_session_state_lives_in_the_client_ids_group(cluster):
     assert [s.meta.client_id for s in cluster.wait(store.list_sessions())] == [cid]
 
 
+class _Reads:
+    """A group's store that counts the sessions read from it (everything else goes to the real one)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.reads = inner, []
+
+    def get_session(self, client_id):
+        self.reads.append(client_id)
+        return self.inner.get_session(client_id)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_client_with_nothing_in_its_home_group_is_read_there_only(cluster):
+    """A CONNECT's read of a new client id asks its home group alone; a stored session is merged from every group."""
+    cid = "fresh-7"
+    home = cluster.table.group_of_client(cid)
+    other = "g1" if home == "g2" else "g2"
+    counted = _Reads(cluster.store.groups[other])
+    routed = RoutedStore(cluster.table, {home: cluster.store.groups[home], other: counted})
+    cluster.wait(routed.claim_session(cid, "proxy-1"))
+    assert cluster.wait(routed.get_session(cid)) is None and counted.reads == []
+    epoch = cluster.wait(routed.claim_session(cid, "proxy-1"))
+    cluster.wait(routed.put_session(api.SessionMeta(cid, 3600, 5), epoch))
+    assert cluster.wait(routed.get_session(cid)).meta.client_id == cid and counted.reads == [cid]
+
+
 def _subscribed(cluster, cid, topic_filter, holder="proxy-1"):
     store = cluster.store
     epoch = cluster.wait(store.claim_session(cid, holder))
