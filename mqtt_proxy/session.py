@@ -39,6 +39,10 @@ WRITE_CHUNK = 65536  # bytes of PUBLISHes joined before a write, so a full trans
 # and then cost no write at all. Until it is written, the subscription's stored position stays at it (see
 # ``Session.subscription_state``), so a restart sends it again all the same, though under a new packet id.
 OUTBOUND_SAVE_DELAY = 1.0
+# Seconds a moved position may wait for its write while QoS 1 messages are in flight unwritten: the stored
+# position is held back to the first of them meanwhile, so a later write only means fewer duplicates after
+# a restart. A drain then writes its position a few times a second rather than once per window.
+POSITION_SAVE_DELAY = 0.1
 DENIED_LOG_INTERVAL = 10.0  # seconds between two delivery_denied lines (the counter counts every one)
 _denied_log = [0.0]  # when the next delivery_denied line may be written (one for the process)
 
@@ -88,7 +92,7 @@ class Session:
     __slots__ = ("ctx", "delivery", "sessions", "client_id", "epoch", "fenced", "on_fenced", "state", "conn",
                  "will_call", "stored", "acl_username", "expiry_call", "_dirty_subs", "_pumping", "_pump_again",
                  "_pump_scheduled", "owner", "reads", "retained_backlog", "subs",
-                 "will_stored", "_held", "_held_call")
+                 "will_stored", "_held", "_held_call", "_positions_call")
 
     def __init__(self, ctx: "SessionContext", client_id: str, level: int, expiry: int, epoch: int = 0) -> None:
         self.ctx = ctx
@@ -116,6 +120,7 @@ class Session:
         self.will_stored = False  # this connection's will is stored in its group (published there if we are lost)
         self._held: dict[int, SaveOutbound] | None = None  # QoS 1 in flight, not written yet (by packet id)
         self._held_call = None  # the timer that writes them
+        self._positions_call = None  # the timer that writes positions moved while QoS 1 is in flight unwritten
 
     # The session's protocol state lives in SessionState and changes only through its events; these read it.
     level = _state_attr("level")
@@ -156,9 +161,10 @@ class Session:
         self.state.ended()
         self.subs = NO_ENTRIES
         self._held = None
-        if self._held_call is not None and self._held_call.active():
-            self._held_call.cancel()
-        self._held_call = None
+        for call in (self._held_call, self._positions_call):
+            if call is not None and call.active():
+                call.cancel()
+        self._held_call = self._positions_call = None
 
     # -- durable state: one typed write per operation of ``store.api.Sessions``, each with the epoch --------
 
@@ -335,6 +341,7 @@ class Session:
         """
         self.conn = None
         self.save_held()  # another holder, or this one after a restart, resends them by their packet ids
+        self._write_positions()  # and goes on from where this connection got to
         for sub in self.subs.values():
             self.unwatch(sub)
             if sub.share is not None:
@@ -644,6 +651,25 @@ class Session:
         return True
 
     def _persist_positions(self) -> None:
+        """Write the positions that moved: now, or within ``POSITION_SAVE_DELAY`` while QoS 1 messages are in
+        flight unwritten (the stored position stays at the first of them until then: nothing is skipped)."""
+        if not self._dirty_subs:
+            return
+        if self._held and self.conn is not None:
+            if self._positions_call is None:
+                self._positions_call = self.delivery.clock.callLater(POSITION_SAVE_DELAY, self._positions_due)
+            return
+        self._write_positions()
+
+    def _positions_due(self) -> None:
+        self._positions_call = None
+        self._write_positions()
+
+    def _write_positions(self) -> None:
+        if self._positions_call is not None:
+            if self._positions_call.active():
+                self._positions_call.cancel()
+            self._positions_call = None
         if not self._dirty_subs:
             return
         dirty, self._dirty_subs = self._dirty_subs, None

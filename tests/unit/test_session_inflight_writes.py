@@ -6,7 +6,7 @@ from __future__ import annotations
 from twisted.internet import defer, task
 
 from mqtt_proxy.delivery import DeliveryPump, SessionContext
-from mqtt_proxy.session import OUTBOUND_SAVE_DELAY, Session, Subscription
+from mqtt_proxy.session import OUTBOUND_SAVE_DELAY, POSITION_SAVE_DELAY, Session, Subscription
 from mqtt_proxy.session_state import SubOptions
 from mqtt_proxy.stats import BrokerStats
 from store.api import QueuedMessage, QueuePosition, ReadResult
@@ -104,10 +104,12 @@ def test_acknowledged_within_the_delay_costs_no_in_flight_write():
 def test_stored_position_held_back_until_the_entries_are_written():
     """Until its in-flight entries are written, the stored position stays at the first of them; after, it moves."""
     clock, sessions, session = _session()
+    clock.advance(POSITION_SAVE_DELAY)
     assert _stored_offsets(sessions) == [0]  # sent 0..3, none acknowledged: the position stays at 0
     assert not [w for w in sessions.writes if w[0] == "put_outbound"]
     session.on_puback(1)  # offset 0 acknowledged: the first unwritten one is offset 1
     clock.advance(0)
+    clock.advance(POSITION_SAVE_DELAY)
     assert _stored_offsets(sessions)[-1] == 1
     clock.advance(OUTBOUND_SAVE_DELAY)  # still in flight: written, with their packet ids, and the mark moves on
     written = sorted((w[2].packet_id, w[2].position.offset) for w in sessions.writes if w[0] == "put_outbound")
@@ -120,4 +122,27 @@ def test_detach_writes_what_is_in_flight():
     clock, sessions, session = _session()
     session.detach(False)
     assert sorted(w[2].packet_id for w in sessions.writes if w[0] == "put_outbound") == [1, 2, 3, 4]
+    assert _stored_offsets(sessions)[-1] == 4
+
+
+def test_positions_written_at_most_once_per_delay_while_in_flight():
+    """While QoS 1 messages are in flight unwritten, windows acknowledged in a row cost one position write per
+    POSITION_SAVE_DELAY, not one each, and that write holds the position back to the first still in flight."""
+    clock, sessions, session = _session()
+    for _ in range(20):  # 20 windows sent and acknowledged within the delay
+        for pid in sorted(session.outbound):
+            session.on_puback(pid)
+        clock.advance(0)
+    assert _stored_offsets(sessions) == []
+    clock.advance(POSITION_SAVE_DELAY)
+    first = min(o.position.offset for o in session.outbound.values())
+    assert _stored_offsets(sessions) == [first] == [80]
+
+
+def test_detach_writes_a_position_waiting_for_its_write():
+    """A connection that goes writes the position its acknowledgements moved, even before the next pump."""
+    clock, sessions, session = _session()
+    for pid in (1, 2, 3, 4):
+        session.on_puback(pid)
+    session.detach(False)  # before the pump the acknowledgements asked for
     assert _stored_offsets(sessions)[-1] == 4
