@@ -149,6 +149,9 @@ class MQTTServerProtocol:
                 if j > i:
                     i = j
                     continue
+            elif type(packet) is PubAck and self.phase is CONNECTED:
+                i = self.session.on_pubacks(packets, i)  # a read's run of them: a subscriber keeping up
+                continue
             self._dispatch(packet)
             i += 1
 

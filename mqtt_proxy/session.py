@@ -21,7 +21,7 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
 
-from mqtt_proxy.codec import PubRel, encode, encode_publish, patch_publish
+from mqtt_proxy.codec import PubAck, PubRel, encode, encode_publish, patch_publish
 from mqtt_proxy.session_state import (NO_ENTRIES, DeleteOutbound, DeleteReleased, Delivery, GroupAcked, PeerError,
                                       PumpSoon, Resend, SaveOutbound, SaveReleased, SendPubRel, SessionState,
                                       SubOptions)
@@ -633,6 +633,21 @@ class Session:
         except PeerError:
             return False
         return True
+
+    def on_pubacks(self, packets: list, i: int) -> int:
+        """The run of PUBACKs in ``packets`` from ``i`` on, each as ``on_puback``; return where the run ends."""
+        state, carry_out = self.state, self.carry_out
+        n = len(packets)
+        while i < n:
+            packet = packets[i]
+            if type(packet) is not PubAck:
+                break
+            try:
+                carry_out(state.puback(packet.packet_id))
+            except PeerError:
+                pass
+            i += 1
+        return i
 
     def on_pubrec(self, pid: int, failed: bool) -> bool:
         """QoS 2 received by the client: release it (or drop it if the client refused it)."""
