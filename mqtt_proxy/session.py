@@ -233,12 +233,8 @@ class Session:
         """Do what the state machine asked: writes, session-state updates, group acks, a pump."""
         for a in actions:
             kind = type(a)
-            if kind is PumpSoon:  # after every acknowledgement: first
-                self.pump_soon()
-            elif kind is SendPubRel:
-                if self.conn is not None:
-                    self.conn.write(encode(PubRel(a.packet_id), self.state.level))
-            elif kind is SaveOutbound:
+            # The per-message actions of a persistent QoS 1 session first: one of each per message.
+            if kind is SaveOutbound:
                 if a.qos == 1:
                     self._hold(a)
                 else:  # QoS 2 in flight is exactly-once state: written at once
@@ -248,7 +244,15 @@ class Session:
                 if held is None:
                     self.delete_outbound(a.packet_id)
                 else:  # never written: nothing to delete, but the stored position may move on now
-                    self._moved(held.sub_key)
+                    dirty = self._dirty_subs
+                    if dirty is None:
+                        dirty = self._dirty_subs = {}
+                    dirty[held.sub_key] = None
+            elif kind is PumpSoon:
+                self.pump_soon()
+            elif kind is SendPubRel:
+                if self.conn is not None:
+                    self.conn.write(encode(PubRel(a.packet_id), self.state.level))
             elif kind is SaveReleased:
                 self.save_released(a.packet_id)
             elif kind is DeleteReleased:
@@ -635,19 +639,13 @@ class Session:
         return True
 
     def on_pubacks(self, packets: list, i: int) -> int:
-        """The run of PUBACKs in ``packets`` from ``i`` on, each as ``on_puback``; return where the run ends."""
-        state, carry_out = self.state, self.carry_out
-        n = len(packets)
-        while i < n:
-            packet = packets[i]
-            if type(packet) is not PubAck:
-                break
-            try:
-                carry_out(state.puback(packet.packet_id))
-            except PeerError:
-                pass
-            i += 1
-        return i
+        """The run of PUBACKs in ``packets`` from ``i`` on, as one event (``SessionState.pubacks``): each as
+        ``on_puback``, one pump after them. Returns where the run ends."""
+        j, n = i, len(packets)
+        while j < n and type(packets[j]) is PubAck:
+            j += 1
+        self.carry_out(self.state.pubacks([p.packet_id for p in packets[i:j]]))
+        return j
 
     def on_pubrec(self, pid: int, failed: bool) -> bool:
         """QoS 2 received by the client: release it (or drop it if the client refused it)."""

@@ -562,6 +562,28 @@ class SessionState:
             return [PUMP_SOON]
         return self.complete(packet_id) + [PUMP_SOON]
 
+    def pubacks(self, packet_ids) -> list:
+        """Event: a run of PUBACKs (one read's), each as ``puback``, with one ``PumpSoon`` after them all. An id
+        not in flight as QoS 1 is passed over, as ``puback``'s ``PeerError`` is (a late duplicate after a resend)."""
+        outbound = self.outbound
+        delete = self.persistent
+        actions: list = []
+        done = False
+        for packet_id in packet_ids:
+            o = outbound.get(packet_id)
+            if o is None or o.qos != 1:
+                continue
+            done = True
+            if o.group is None:
+                del outbound[packet_id]
+                if delete and o.sub_key is not None:
+                    actions.append(DeleteOutbound(packet_id))
+            else:
+                actions += self.complete(packet_id)
+        if done:
+            actions.append(PUMP_SOON)
+        return actions
+
     def pubrec(self, packet_id: int, failed: bool) -> list:
         """QoS 2 received: release it with PUBREL (MQTT-4.3.3-4), or drop it if the client refused it.
         ``PeerError`` if it was not a QoS 2 in flight."""
