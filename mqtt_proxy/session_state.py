@@ -37,6 +37,7 @@ from typing import Mapping
 from mqtt_proxy import message_props
 from mqtt_proxy.codec import ReasonCode, encode_properties
 from mqtt_proxy.codec.wire import PacketType
+from store.record import EXPIRES_AT
 
 NEVER_EXPIRES = 0xFFFFFFFF
 NO_PACKET_IDS: Mapping[int, None] = MappingProxyType({})  # shared by every session until it holds one
@@ -498,6 +499,9 @@ class SessionState:
         as_published = options.retain_as_published
         outbound = self.own_outbound()
         save = self.persistent and group is None
+        actions = d.actions
+        expired = message_props.expired
+        next_pid = self._next_pid
         for m in messages:
             record = m.record
             qos = record.qos if record.qos < granted else granted
@@ -508,7 +512,7 @@ class SessionState:
             if no_local and record.client_id == client_id:
                 continue
             props = record.properties
-            if props and message_props.expired(props, now_ms):
+            if props and EXPIRES_AT in props and expired(props, now_ms):
                 d.expired += 1
                 if d._expired_at is None:
                     d._expired_at = []
@@ -516,13 +520,21 @@ class SessionState:
                 continue
             if qos:
                 window -= 1
-                pid = self._allocate_pid()
-                outbound[pid] = Outbound(key, m.position, qos, False, group)
+                pid = next_pid  # _allocate_pid, inline for the usual case: the next id is free
+                if pid in outbound:
+                    self._next_pid = pid
+                    pid = self._allocate_pid()
+                    next_pid = self._next_pid
+                else:
+                    next_pid = pid % MAX_PACKET_ID + 1
+                position = m.position
+                outbound[pid] = Outbound(key, position, qos, False, group)
                 if save:
-                    d.actions.append(SaveOutbound(pid, key, m.position, qos))
+                    actions.append(SaveOutbound(pid, key, position, qos))
             else:
                 pid = None
             sends.append((m, qos, pid, record.retain and as_published))
+        self._next_pid = next_pid
         return d
 
     def unsent(self, d: Delivery, written: int) -> Delivery:
