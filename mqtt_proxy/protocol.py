@@ -27,7 +27,7 @@ from mqtt_proxy.codec.reason import DISCONNECT_CODES
 from mqtt_proxy.codec.packets import PING_RESP, Auth, Properties
 from mqtt_proxy.session_state import Phase, PhaseEvent
 from mqtt_proxy.subscribe import handle_subscribe, handle_unsubscribe
-from mqtt_proxy.twisted_internals import raise_send_limit, share_log_strings
+from mqtt_proxy.twisted_internals import can_send_directly, raise_send_limit, send, share_log_strings
 from store.api import AppendStatus as PutStatus
 
 log = logging.getLogger("twistmq.mqtt.protocol")
@@ -320,7 +320,11 @@ class MQTTServerProtocol:
             self._corked = []
             self._corked_bytes = 0
             if self.phase is not CLOSING:
-                self.transport.write(corked[0] if len(corked) == 1 else b"".join(corked))
+                # A delivery batch goes to the socket at once when nothing is queued before it: through
+                # transport.write it waits for a poll round, with the socket registered for writing and
+                # unregistered again around it, once per batch (an offline drain's window of 100 messages).
+                t = self.transport
+                send(t, corked[0] if len(corked) == 1 else b"".join(corked), can_send_directly(t))
 
     def refuse(self, reason: int) -> None:
         """Answer CONNECT with a failure CONNACK and close."""
