@@ -139,6 +139,7 @@ class MQTTServerProtocol:
             return
         i, n = 0, len(packets)
         publishes = self.front.publisher.handle_publishes
+        acked = None  # the session whose window PUBACKs of this read freed: it pumps once, after the read
         while i < n:
             if self.phase is CLOSING:
                 return
@@ -150,10 +151,13 @@ class MQTTServerProtocol:
                     i = j
                     continue
             elif type(packet) is PubAck and self.phase is CONNECTED:
-                i = self.session.on_pubacks(packets, i)  # a read's run of them: a subscriber keeping up
+                acked = self.session
+                i = acked.on_pubacks(packets, i)  # a read's run of them: a subscriber keeping up
                 continue
             self._dispatch(packet)
             i += 1
+        if acked is not None and self.phase is CONNECTED:
+            acked.pump()
 
     def _parse_failed(self, exc: ProtocolError) -> None:
         self.front.stats.protocol_errors += 1

@@ -640,11 +640,15 @@ class Session:
 
     def on_pubacks(self, packets: list, i: int) -> int:
         """The run of PUBACKs in ``packets`` from ``i`` on, as one event (``SessionState.pubacks``): each as
-        ``on_puback``, one pump after them. Returns where the run ends."""
+        ``on_puback``. Returns where the run ends. The pump they ask for is the caller's to run (``pump``),
+        once the rest of its read is handled: in the same reactor pass, not the next."""
         j, n = i, len(packets)
         while j < n and type(packets[j]) is PubAck:
             j += 1
-        self.carry_out(self.state.pubacks([p.packet_id for p in packets[i:j]]))
+        actions = self.state.pubacks([p.packet_id for p in packets[i:j]])
+        if actions and type(actions[-1]) is PumpSoon:
+            actions.pop()
+        self.carry_out(actions)
         return j
 
     def on_pubrec(self, pid: int, failed: bool) -> bool:
