@@ -656,7 +656,8 @@ class MessageStore:
                 sizes.append(size)
                 end += size
                 j += 1
-            for (k, queue_offset, _, _), record in zip(todo[i:j], read_run(start, sizes)):
+            # Without QUEUES, as a recent append is served: the reader delivers it (replay reads the log itself).
+            for (k, queue_offset, _, _), record in zip(todo[i:j], read_run(start, sizes, False)):
                 out[k] = new(QueueMessage, (queue_offset, record))
             i = j
 

@@ -331,10 +331,30 @@ def _decoded_properties(block: bytes) -> dict[str, str]:
     return props.copy()
 
 
-def decode(buf, pos: int = 0, offset: int | None = None) -> Record:
+_DELIVERED_BLOCKS: dict[bytes, dict[str, str]] = {}  # the same blocks without QUEUES
+
+
+def _delivered_properties(block: bytes) -> dict[str, str]:
+    """``_decoded_properties(block)`` without QUEUES, cached; each caller gets its own dict."""
+    props = _DELIVERED_BLOCKS.get(block)
+    if props is None:
+        props = _decoded_properties(block)
+        props.pop(QUEUES_PROPERTY, None)
+        if len(block) > 512:
+            return props
+        if len(_DELIVERED_BLOCKS) >= 16384:
+            _DELIVERED_BLOCKS.clear()
+        _DELIVERED_BLOCKS[block] = props
+    return props.copy() if props else {}
+
+
+def decode(buf, pos: int = 0, offset: int | None = None, queues: bool = True) -> Record:
     """Decode the record starting at ``buf[pos]``.
 
     ``offset`` is the record's physical commit-log offset (defaults to ``pos``).
+    ``queues=False`` leaves the QUEUES property out of ``properties``: a reader
+    that delivers messages, as the store's recent appends are kept (replay and
+    recovery need it; ``Record.queues`` is empty then).
     Raises TruncatedRecord when the buffer ends inside the record and
     CorruptRecord when the bytes are wrong.
     """
@@ -370,7 +390,8 @@ def decode(buf, pos: int = 0, offset: int | None = None) -> Record:
         (plen,) = _U32_UNPACK(data, p)
         p += 4
         block = data[p:p + plen]
-        properties = {} if block == b"\x00\x00" else _decoded_properties(block)
+        properties = {} if block == b"\x00\x00" else _decoded_properties(block) if queues \
+            else _delivered_properties(block)
         p += plen
         (blen,) = _U32_UNPACK(data, p)
         p += 4
