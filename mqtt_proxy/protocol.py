@@ -27,7 +27,7 @@ from mqtt_proxy.codec.reason import DISCONNECT_CODES
 from mqtt_proxy.codec.packets import PING_RESP, Auth, Properties
 from mqtt_proxy.session_state import Phase, PhaseEvent
 from mqtt_proxy.subscribe import handle_subscribe, handle_unsubscribe
-from mqtt_proxy.twisted_internals import raise_send_limit, share_log_strings, share_transport_keys
+from mqtt_proxy.twisted_internals import can_send_directly, raise_send_limit, send, share_log_strings, share_transport_keys
 from store.api import AppendStatus as PutStatus
 
 log = logging.getLogger("twistmq.mqtt.protocol")
@@ -139,6 +139,7 @@ class MQTTServerProtocol:
             return
         i, n = 0, len(packets)
         publishes = self.front.publisher.handle_publishes
+        acked = None  # the session whose window PUBACKs of this read freed: it pumps once, after the read
         while i < n:
             if self.phase is CLOSING:
                 return
@@ -149,8 +150,14 @@ class MQTTServerProtocol:
                 if j > i:
                     i = j
                     continue
+            elif type(packet) is PubAck and self.phase is CONNECTED:
+                acked = self.session
+                i = acked.on_pubacks(packets, i)  # a read's run of them: a subscriber keeping up
+                continue
             self._dispatch(packet)
             i += 1
+        if acked is not None and self.phase is CONNECTED:
+            acked.pump()
 
     def _parse_failed(self, exc: ProtocolError) -> None:
         self.front.stats.protocol_errors += 1
@@ -319,7 +326,11 @@ class MQTTServerProtocol:
             self._corked = []
             self._corked_bytes = 0
             if self.phase is not CLOSING:
-                self.transport.write(corked[0] if len(corked) == 1 else b"".join(corked))
+                # A delivery batch goes to the socket at once when nothing is queued before it: through
+                # transport.write it waits for a poll round, with the socket registered for writing and
+                # unregistered again around it, once per batch (an offline drain's window of 100 messages).
+                t = self.transport
+                send(t, corked[0] if len(corked) == 1 else b"".join(corked), can_send_directly(t))
 
     def refuse(self, reason: int) -> None:
         """Answer CONNECT with a failure CONNACK and close."""

@@ -18,10 +18,10 @@ what was in flight (DUP set, same packet id) and carries on from its positions.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
 
-from mqtt_proxy.codec import PubRel, encode, encode_publish, patch_publish
+from mqtt_proxy.codec import PubAck, PubRel, encode, encode_publish, patch_publish
 from mqtt_proxy.session_state import (NO_ENTRIES, DeleteOutbound, DeleteReleased, Delivery, GroupAcked, PeerError,
                                       PumpSoon, Resend, SaveOutbound, SaveReleased, SendPubRel, SessionState,
                                       SubOptions)
@@ -35,6 +35,14 @@ log = logging.getLogger("twistmq.mqtt.session")
 
 PUMP_BATCH = 256  # messages read per subscription position per pump: bounds one tick's work
 WRITE_CHUNK = 65536  # bytes of PUBLISHes joined before a write, so a full transport stops a batch in time
+# Seconds a QoS 1 PUBLISH stays in flight before its packet id is written: most are acknowledged sooner,
+# and then cost no write at all. Until it is written, the subscription's stored position stays at it (see
+# ``Session.subscription_state``), so a restart sends it again all the same, though under a new packet id.
+OUTBOUND_SAVE_DELAY = 1.0
+# Seconds a moved position may wait for its write while QoS 1 messages are in flight unwritten: the stored
+# position is held back to the first of them meanwhile, so a later write only means fewer duplicates after
+# a restart. A drain then writes its position a few times a second rather than once per window.
+POSITION_SAVE_DELAY = 0.1
 DENIED_LOG_INTERVAL = 10.0  # seconds between two delivery_denied lines (the counter counts every one)
 _denied_log = [0.0]  # when the next delivery_denied line may be written (one for the process)
 
@@ -84,7 +92,7 @@ class Session:
     __slots__ = ("ctx", "delivery", "sessions", "client_id", "epoch", "fenced", "on_fenced", "state", "conn",
                  "will_call", "stored", "acl_username", "expiry_call", "_dirty_subs", "_pumping", "_pump_again",
                  "_pump_scheduled", "owner", "reads", "retained_backlog", "subs",
-                 "will_stored")
+                 "will_stored", "_held", "_held_call", "_positions_call")
 
     def __init__(self, ctx: "SessionContext", client_id: str, level: int, expiry: int, epoch: int = 0) -> None:
         self.ctx = ctx
@@ -110,6 +118,9 @@ class Session:
         # key -> Subscription (queue, positions, reads); the machine knows the same keys, with their options.
         self.subs: dict[str, Subscription] = NO_ENTRIES
         self.will_stored = False  # this connection's will is stored in its group (published there if we are lost)
+        self._held: dict[int, SaveOutbound] | None = None  # QoS 1 in flight, not written yet (by packet id)
+        self._held_call = None  # the timer that writes them
+        self._positions_call = None  # the timer that writes positions moved while QoS 1 is in flight unwritten
 
     # The session's protocol state lives in SessionState and changes only through its events; these read it.
     level = _state_attr("level")
@@ -149,6 +160,11 @@ class Session:
         """The session ends (expiry, clean start, takeover elsewhere): neither side holds anything any more."""
         self.state.ended()
         self.subs = NO_ENTRIES
+        self._held = None
+        for call in (self._held_call, self._positions_call):
+            if call is not None and call.active():
+                call.cancel()
+        self._held_call = self._positions_call = None
 
     # -- durable state: one typed write per operation of ``store.api.Sessions``, each with the epoch --------
 
@@ -217,15 +233,26 @@ class Session:
         """Do what the state machine asked: writes, session-state updates, group acks, a pump."""
         for a in actions:
             kind = type(a)
-            if kind is PumpSoon:  # after every acknowledgement: first
+            # The per-message actions of a persistent QoS 1 session first: one of each per message.
+            if kind is SaveOutbound:
+                if a.qos == 1:
+                    self._hold(a)
+                else:  # QoS 2 in flight is exactly-once state: written at once
+                    self.save_outbound(OutboundState(a.packet_id, a.sub_key, a.position, a.qos))
+            elif kind is DeleteOutbound:
+                held = self._held.pop(a.packet_id, None) if self._held else None
+                if held is None:
+                    self.delete_outbound(a.packet_id)
+                else:  # never written: nothing to delete, but the stored position may move on now
+                    dirty = self._dirty_subs
+                    if dirty is None:
+                        dirty = self._dirty_subs = {}
+                    dirty[held.sub_key] = None
+            elif kind is PumpSoon:
                 self.pump_soon()
             elif kind is SendPubRel:
                 if self.conn is not None:
                     self.conn.write(encode(PubRel(a.packet_id), self.state.level))
-            elif kind is SaveOutbound:
-                self.save_outbound(OutboundState(a.packet_id, a.sub_key, a.position, a.qos))
-            elif kind is DeleteOutbound:
-                self.delete_outbound(a.packet_id)
             elif kind is SaveReleased:
                 self.save_released(a.packet_id)
             elif kind is DeleteReleased:
@@ -238,6 +265,62 @@ class Session:
                 self._resend(a)
             else:
                 raise TypeError(f"session action {a!r} has no adapter")
+
+    # -- QoS 1 in flight: written only when it stays in flight ----------------------------------
+
+    def _hold(self, a: SaveOutbound) -> None:
+        """Keep a QoS 1 in-flight entry unwritten for now: an acknowledgement within ``OUTBOUND_SAVE_DELAY``
+        saves both its write and its delete (an offline drain's whole window is acknowledged in milliseconds)."""
+        if self._held is None:
+            self._held = {}
+        self._held[a.packet_id] = a
+        if self._held_call is None:
+            self._held_call = self.delivery.clock.callLater(OUTBOUND_SAVE_DELAY, self._held_due)
+
+    def _held_due(self) -> None:
+        self._held_call = None
+        self.save_held()
+
+    def save_held(self) -> None:
+        """Write the QoS 1 entries still in flight that are not written yet (then the stored position moves
+        on to the send mark): when they have been in flight a while, and when the connection goes."""
+        if self._held_call is not None:
+            if self._held_call.active():
+                self._held_call.cancel()
+            self._held_call = None
+        held, self._held = self._held, None
+        if not held:
+            return
+        for a in held.values():
+            self.save_outbound(OutboundState(a.packet_id, a.sub_key, a.position, a.qos))
+            self._moved(a.sub_key)
+        self._persist_positions()
+
+    def _moved(self, key: str) -> None:
+        if self._dirty_subs is None:
+            self._dirty_subs = {}
+        self._dirty_subs[key] = None
+
+    def subscription_state(self, sub: Subscription) -> SubscriptionState:
+        """The subscription as stored: its positions, each held back to the first QoS 1 message in flight
+        whose entry is not written yet, so that what a restart cannot resend by its packet id it reads
+        again (an at-least-once duplicate, never a loss)."""
+        state = sub.state()
+        held = self._held
+        if not held or sub.share is not None:
+            return state
+        marks = {p.group: p for p in state.positions}
+        back = False
+        for a in held.values():
+            if a.sub_key == sub.key:
+                p = a.position
+                mark = marks.get(p.group)
+                if mark is not None and p.offset < mark.offset:
+                    marks[p.group] = p
+                    back = True
+        if not back:
+            return state
+        return replace(state, positions=tuple(marks[g] for g in sorted(marks)))
 
     # -- connection ---------------------------------------------------------------------
 
@@ -261,6 +344,8 @@ class Session:
         Returns the will actions (PublishWill or ScheduleWill) for the registry, which owns the timers.
         """
         self.conn = None
+        self.save_held()  # another holder, or this one after a restart, resends them by their packet ids
+        self._write_positions()  # and goes on from where this connection got to
         for sub in self.subs.values():
             self.unwatch(sub)
             if sub.share is not None:
@@ -553,6 +638,19 @@ class Session:
             return False
         return True
 
+    def on_pubacks(self, packets: list, i: int) -> int:
+        """The run of PUBACKs in ``packets`` from ``i`` on, as one event (``SessionState.pubacks``): each as
+        ``on_puback``. Returns where the run ends. The pump they ask for is the caller's to run (``pump``),
+        once the rest of its read is handled: in the same reactor pass, not the next."""
+        j, n = i, len(packets)
+        while j < n and type(packets[j]) is PubAck:
+            j += 1
+        actions = self.state.pubacks([p.packet_id for p in packets[i:j]])
+        if actions and type(actions[-1]) is PumpSoon:
+            actions.pop()
+        self.carry_out(actions)
+        return j
+
     def on_pubrec(self, pid: int, failed: bool) -> bool:
         """QoS 2 received by the client: release it (or drop it if the client refused it)."""
         try:
@@ -570,6 +668,25 @@ class Session:
         return True
 
     def _persist_positions(self) -> None:
+        """Write the positions that moved: now, or within ``POSITION_SAVE_DELAY`` while QoS 1 messages are in
+        flight unwritten (the stored position stays at the first of them until then: nothing is skipped)."""
+        if not self._dirty_subs:
+            return
+        if self._held and self.conn is not None:
+            if self._positions_call is None:
+                self._positions_call = self.delivery.clock.callLater(POSITION_SAVE_DELAY, self._positions_due)
+            return
+        self._write_positions()
+
+    def _positions_due(self) -> None:
+        self._positions_call = None
+        self._write_positions()
+
+    def _write_positions(self) -> None:
+        if self._positions_call is not None:
+            if self._positions_call.active():
+                self._positions_call.cancel()
+            self._positions_call = None
         if not self._dirty_subs:
             return
         dirty, self._dirty_subs = self._dirty_subs, None
@@ -578,4 +695,4 @@ class Session:
         for key in dirty:
             sub = self.subs.get(key)
             if sub is not None and sub.share is None:
-                self.save_subscription(sub.state())
+                self.save_subscription(self.subscription_state(sub))

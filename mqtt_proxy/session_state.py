@@ -37,6 +37,7 @@ from typing import Mapping
 from mqtt_proxy import message_props
 from mqtt_proxy.codec import ReasonCode, encode_properties
 from mqtt_proxy.codec.wire import PacketType
+from store.record import EXPIRES_AT
 
 NEVER_EXPIRES = 0xFFFFFFFF
 NO_PACKET_IDS: Mapping[int, None] = MappingProxyType({})  # shared by every session until it holds one
@@ -147,7 +148,9 @@ class SendPubRel:
     packet_id: int
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen, like ``store.record.Record``: one of each is made per QoS 1 message of a persistent session, and
+# a frozen dataclass's __init__ costs about 3x a plain one. Treat them as immutable all the same.
+@dataclass(slots=True)
 class SaveOutbound:
     """Persist an in-flight QoS 1/2 PUBLISH so a restart resends it (persistent sessions only)."""
 
@@ -157,7 +160,7 @@ class SaveOutbound:
     qos: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DeleteOutbound:
     """Forget a persisted in-flight PUBLISH."""
 
@@ -496,6 +499,9 @@ class SessionState:
         as_published = options.retain_as_published
         outbound = self.own_outbound()
         save = self.persistent and group is None
+        actions = d.actions
+        expired = message_props.expired
+        next_pid = self._next_pid
         for m in messages:
             record = m.record
             qos = record.qos if record.qos < granted else granted
@@ -506,7 +512,7 @@ class SessionState:
             if no_local and record.client_id == client_id:
                 continue
             props = record.properties
-            if props and message_props.expired(props, now_ms):
+            if props and EXPIRES_AT in props and expired(props, now_ms):
                 d.expired += 1
                 if d._expired_at is None:
                     d._expired_at = []
@@ -514,13 +520,21 @@ class SessionState:
                 continue
             if qos:
                 window -= 1
-                pid = self._allocate_pid()
-                outbound[pid] = Outbound(key, m.position, qos, False, group)
+                pid = next_pid  # _allocate_pid, inline for the usual case: the next id is free
+                if pid in outbound:
+                    self._next_pid = pid
+                    pid = self._allocate_pid()
+                    next_pid = self._next_pid
+                else:
+                    next_pid = pid % MAX_PACKET_ID + 1
+                position = m.position
+                outbound[pid] = Outbound(key, position, qos, False, group)
                 if save:
-                    d.actions.append(SaveOutbound(pid, key, m.position, qos))
+                    actions.append(SaveOutbound(pid, key, position, qos))
             else:
                 pid = None
             sends.append((m, qos, pid, record.retain and as_published))
+        self._next_pid = next_pid
         return d
 
     def unsent(self, d: Delivery, written: int) -> Delivery:
@@ -553,10 +567,34 @@ class SessionState:
         o = self.outbound.get(packet_id)
         if o is None or o.qos != 1:
             raise PeerError(ReasonCode.PACKET_IDENTIFIER_NOT_FOUND, f"PUBACK for packet id {packet_id} not in flight")
-        if o.group is None and not self.persistent:  # the common case: nothing to count or to delete
+        if o.group is None:  # the common cases: nothing to count; at most the persisted entry to delete
             del self.outbound[packet_id]
+            if self.persistent and o.sub_key is not None:
+                return [DeleteOutbound(packet_id), PUMP_SOON]
             return [PUMP_SOON]
         return self.complete(packet_id) + [PUMP_SOON]
+
+    def pubacks(self, packet_ids) -> list:
+        """Event: a run of PUBACKs (one read's), each as ``puback``, with one ``PumpSoon`` after them all. An id
+        not in flight as QoS 1 is passed over, as ``puback``'s ``PeerError`` is (a late duplicate after a resend)."""
+        outbound = self.outbound
+        delete = self.persistent
+        actions: list = []
+        done = False
+        for packet_id in packet_ids:
+            o = outbound.get(packet_id)
+            if o is None or o.qos != 1:
+                continue
+            done = True
+            if o.group is None:
+                del outbound[packet_id]
+                if delete and o.sub_key is not None:
+                    actions.append(DeleteOutbound(packet_id))
+            else:
+                actions += self.complete(packet_id)
+        if done:
+            actions.append(PUMP_SOON)
+        return actions
 
     def pubrec(self, packet_id: int, failed: bool) -> list:
         """QoS 2 received: release it with PUBREL (MQTT-4.3.3-4), or drop it if the client refused it.

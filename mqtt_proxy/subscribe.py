@@ -137,7 +137,7 @@ def handle_subscribe(router, conn, packet):
                 session.add_subscription(sub)
             is_new = True
         if session.persistent:
-            writes.append(session.save_subscription(sub.state()))
+            writes.append(session.save_subscription(session.subscription_state(sub)))
         codes.append(qos)
         if sub.share is None and opts.retain_handling != RetainHandling.DO_NOT_SEND \
                 and not (opts.retain_handling == RetainHandling.SEND_IF_NEW_SUBSCRIPTION and not is_new):

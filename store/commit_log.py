@@ -375,8 +375,9 @@ class CommitLog:
             self._read_fds[seg.base] = fd
         return fd
 
-    def read(self, offset: int, size: int | None = None) -> rec.Record:
-        """Decode the record at ``offset`` (``size`` saves a header read when known)."""
+    def read(self, offset: int, size: int | None = None, queues: bool = True) -> rec.Record:
+        """Decode the record at ``offset`` (``size`` saves a header read when known; ``queues``: see
+        ``record.decode``)."""
         seg = self._segment_for(offset)
         fd = self._read_fd(seg)
         pos = offset - seg.base
@@ -384,19 +385,21 @@ class CommitLog:
             head = os.pread(fd, rec.HEADER_SIZE, pos)
             size = rec.check_header(head)
         data = os.pread(fd, size, pos)
-        return rec.decode(data, 0, offset=offset)
+        return rec.decode(data, 0, offset, queues)
 
-    def read_run(self, offset: int, sizes: list[int]) -> list[rec.Record]:
-        """Decode records that follow each other from ``offset`` with one read (a fan-in queue's backlog)."""
+    def read_run(self, offset: int, sizes: list[int], queues: bool = True) -> list[rec.Record]:
+        """Decode records that follow each other from ``offset`` with one read (a fan-in queue's backlog;
+        ``queues``: see ``record.decode``)."""
         seg = self._segment_for(offset)
         pos = offset - seg.base
         total = sum(sizes)
         data = os.pread(self._read_fd(seg), total, pos)
         if len(data) < total:  # the run crosses into the next segment
-            return [self.read(o, n) for o, n in _offsets(offset, sizes)]
+            return [self.read(o, n, queues) for o, n in _offsets(offset, sizes)]
         out, at = [], 0
+        decode = rec.decode
         for n in sizes:
-            out.append(rec.decode(data, at, offset=offset + at))
+            out.append(decode(data, at, offset + at, queues))
             at += n
         return out
 

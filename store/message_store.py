@@ -24,7 +24,7 @@ from store import record as rec
 from store.api import AppendResult, AppendStatus
 from store.commit_log import CommitLog, CommitLogError
 from store.config import StoreConfig
-from store.dispatch import DispatchRequest, Dispatcher, QueueEntry, QueueIndex, QueueMessage, StoreObserver
+from store.dispatch import DispatchRequest, Dispatcher, QueueIndex, QueueMessage, StoreObserver
 from store.flush import make_flush_policy
 from store.ha_epochs import EpochFile
 from store.ha_gate import ReplicationGate
@@ -503,7 +503,7 @@ class MessageStore:
                 break  # not durable yet under flush = sync, or not confirmed: its notify comes after
             record = recent.get(cl_offset)
             if record is None:
-                todo.append((len(out), new(QueueEntry, (queue_offset, cl_offset, size, store_ts))))
+                todo.append((len(out), queue_offset, cl_offset, size))
                 out.append(None)  # filled by _read_runs
             else:
                 out.append(new(QueueMessage, (queue_offset, record)))
@@ -515,17 +515,23 @@ class MessageStore:
         return out
 
     def _read_runs(self, out: list, todo: list) -> None:
-        i = 0
-        while i < len(todo):
-            j = i + 1
-            end = todo[i][1].cl_offset + todo[i][1].size
-            while j < len(todo) and todo[j][1].cl_offset == end:
-                end += todo[j][1].size
+        """Fill ``out`` at the indexes ``todo`` names (``(index, queue offset, commit-log offset, size)`` each):
+        records that follow each other in the log come with one read (an offline drain's are all one run)."""
+        new = tuple.__new__
+        read_run = self.commit_log.read_run
+        i, n = 0, len(todo)
+        while i < n:
+            start = end = todo[i][2]
+            sizes = []
+            j = i
+            while j < n and todo[j][2] == end:
+                size = todo[j][3]
+                sizes.append(size)
+                end += size
                 j += 1
-            run = todo[i:j]
-            records = self.commit_log.read_run(run[0][1].cl_offset, [e.size for _k, e in run])
-            for (k, e), record in zip(run, records):
-                out[k] = QueueMessage(e.queue_offset, record)
+            # Without QUEUES, as a recent append is served: the reader delivers it (replay reads the log itself).
+            for (k, queue_offset, _, _), record in zip(todo[i:j], read_run(start, sizes, False)):
+                out[k] = new(QueueMessage, (queue_offset, record))
             i = j
 
     def min_offset(self, queue: str) -> defer.Deferred:

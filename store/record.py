@@ -313,6 +313,8 @@ def _cached_decode(raw: bytes) -> str:
 
 
 _FIXED_TOPIC_LEN = struct.Struct(">BBQQH")  # the fixed fields and topic_len, read in one call
+_FIXED_TOPIC_LEN_UNPACK, _FIXED_TOPIC_LEN_SIZE = _FIXED_TOPIC_LEN.unpack_from, _FIXED_TOPIC_LEN.size
+_HEADER_UNPACK, _U16_UNPACK, _U32_UNPACK = HEADER.unpack_from, _U16.unpack_from, _U32.unpack_from
 _PROPERTY_BLOCKS: dict[bytes, dict[str, str]] = {}  # records of one topic repeat their QUEUES block
 
 
@@ -329,44 +331,72 @@ def _decoded_properties(block: bytes) -> dict[str, str]:
     return props.copy()
 
 
-def decode(buf, pos: int = 0, offset: int | None = None) -> Record:
+_DELIVERED_BLOCKS: dict[bytes, dict[str, str]] = {}  # the same blocks without QUEUES
+
+
+def _delivered_properties(block: bytes) -> dict[str, str]:
+    """``_decoded_properties(block)`` without QUEUES, cached; each caller gets its own dict."""
+    props = _DELIVERED_BLOCKS.get(block)
+    if props is None:
+        props = _decoded_properties(block)
+        props.pop(QUEUES_PROPERTY, None)
+        if len(block) > 512:
+            return props
+        if len(_DELIVERED_BLOCKS) >= 16384:
+            _DELIVERED_BLOCKS.clear()
+        _DELIVERED_BLOCKS[block] = props
+    return props.copy() if props else {}
+
+
+def decode(buf, pos: int = 0, offset: int | None = None, queues: bool = True) -> Record:
     """Decode the record starting at ``buf[pos]``.
 
     ``offset`` is the record's physical commit-log offset (defaults to ``pos``).
+    ``queues=False`` leaves the QUEUES property out of ``properties``: a reader
+    that delivers messages, as the store's recent appends are kept (replay and
+    recovery need it; ``Record.queues`` is empty then).
     Raises TruncatedRecord when the buffer ends inside the record and
     CorruptRecord when the bytes are wrong.
     """
-    total = check_header(buf, pos)
-    if len(buf) - pos < total:
+    # check_header's checks, inline (this runs once per message read): one unpack gives the CRC too.
+    if len(buf) - pos < HEADER_SIZE:
+        raise TruncatedRecord(f"{len(buf) - pos} bytes left, header needs {HEADER_SIZE}")
+    version, magic, total, crc = _HEADER_UNPACK(buf, pos)
+    if version != VERSION or magic != MAGIC or not MIN_RECORD_SIZE <= total <= MAX_RECORD_SIZE:
+        check_header(buf, pos)  # raises the precise error
+    end = pos + total
+    if len(buf) < end:
         raise TruncatedRecord(f"record of {total} bytes, only {len(buf) - pos} present")
-    (crc,) = _U32.unpack_from(buf, pos + 9)
     # One copy of the CRC-covered bytes (records are small), then plain bytes slices of it.
-    data = buf[pos + HEADER_SIZE:pos + total]
+    data = buf[pos + HEADER_SIZE:end]
     if type(data) is not bytes:
         data = bytes(data)
     if crc32c(data) != crc:
         raise CorruptRecord("CRC32C mismatch")
     try:
-        kind, flags, store_ts, born_ts, tlen = _FIXED_TOPIC_LEN.unpack_from(data, 0)
-        p = _FIXED_TOPIC_LEN.size
-        raw = data[p:p + tlen]
+        kind, flags, store_ts, born_ts, tlen = _FIXED_TOPIC_LEN_UNPACK(data, 0)
+        p = _FIXED_TOPIC_LEN_SIZE + tlen
+        raw = data[_FIXED_TOPIC_LEN_SIZE:p]
         topic = _DECODED.get(raw)
         if topic is None:
             topic = _cached_decode(raw)
-        p += tlen
-        (clen,) = _U16.unpack_from(data, p)
-        raw = data[p + 2:p + 2 + clen]
+        (clen,) = _U16_UNPACK(data, p)
+        p += 2
+        raw = data[p:p + clen]
         client_id = _DECODED.get(raw)
         if client_id is None:
             client_id = _cached_decode(raw)
-        p += 2 + clen
-        (plen,) = _U32.unpack_from(data, p)
-        block = data[p + 4:p + 4 + plen]
-        properties = {} if block == b"\x00\x00" else _decoded_properties(block)
-        p += 4 + plen
-        (blen,) = _U32.unpack_from(data, p)
-        body = data[p + 4:p + 4 + blen]
-        p += 4 + blen
+        p += clen
+        (plen,) = _U32_UNPACK(data, p)
+        p += 4
+        block = data[p:p + plen]
+        properties = {} if block == b"\x00\x00" else _decoded_properties(block) if queues \
+            else _delivered_properties(block)
+        p += plen
+        (blen,) = _U32_UNPACK(data, p)
+        p += 4
+        body = data[p:p + blen]
+        p += blen
         record_kind = _KINDS[kind]
     except KeyError:
         raise CorruptRecord(f"unknown record kind {kind}") from None

@@ -55,6 +55,14 @@ def encode_publish(topic: str | bytes, payload: bytes, qos: int = 0, retain: boo
     (``encode_properties(props, PacketType.PUBLISH)``, length prefix included)
     or None; it is ignored at level 4.
     """
+    if qos == 1 and protocol_level == 4 and not dup and type(topic) is str and type(packet_id) is int \
+            and 0 < packet_id <= 0xFFFF:
+        # A subscriber's delivery at 3.1.1, the most common PUBLISH sent: the same bytes, fewer checks.
+        field = _TOPIC_FIELDS.get(topic)
+        if field is not None:
+            length = len(field) + 2 + len(payload)
+            if length < 128:
+                return b"".join((_HEAD2(0x33 if retain else 0x32, length), field, _U16(packet_id), payload))
     if type(topic) is str:
         field = _TOPIC_FIELDS.get(topic)
         if field is None:

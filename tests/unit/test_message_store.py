@@ -275,6 +275,25 @@ def test_recent_records_equal_what_the_log_holds(tmp_path):
     store.close()
 
 
+def test_a_queue_read_from_the_log_gives_what_the_recent_appends_give(tmp_path):
+    """A queue's records read back from the log carry their properties without the QUEUES bookkeeping, as the
+    recent-append cache serves them: a v5 subscriber's delivery sends each one the same way, from either."""
+
+    class NoReaders(message_store.StoreObserver):
+        def read_soon(self, queues):
+            return False  # an offline subscriber's backlog: read back from the log
+
+    store, index, clock = _store(tmp_path, observer=NoReaders())
+    store.add_filter("dev/+/temp")
+    _put_all(store, clock, [Message(topic="dev/1/temp", body=b"a"),
+                            Message(topic="dev/1/temp", body=b"b", properties={"k": "v"})])
+    got = _got(store, "%LMQ%dev/+/temp")
+    assert [(m.record.body, m.record.properties) for m in got] == [(b"a", {}), (b"b", {"k": "v"})]
+    got[0].record.properties["x"] = "y"  # each record its own dict: the decode cache is untouched
+    assert [m.record.properties for m in _got(store, "%LMQ%dev/+/temp")] == [{}, {"k": "v"}]
+    store.close()
+
+
 def test_recent_appends_stay_within_their_byte_bound_however_big_the_tick(tmp_path, monkeypatch):
     """Ticks of 500 appends each never leave more than RECENT_BYTES of them in memory (the garbage collector walks
     every kept append, stopping the reactor meanwhile); the newest stay and still read back."""

@@ -119,6 +119,18 @@ def test_persistent_qos1_is_persisted_and_deleted_on_puback():
     assert state.puback(pid) == [DeleteOutbound(pid), PumpSoon()]
 
 
+def test_a_run_of_pubacks_completes_each_and_pumps_once():
+    """MQTT-4.3.2-5: a read's run of PUBACKs frees each QoS 1 id in flight (persisted ones deleted), passes over
+    ids not in flight as QoS 1, as ``puback`` refuses them, and asks for one pump after them all."""
+    state, sub = connected(expiry=60)
+    first, _ = offer(state, sub, 1, 1)
+    second, _ = offer(state, sub, 2, 1)
+    qos2, _ = offer(state, sub, 3, 2)
+    assert state.pubacks([first, qos2, 999, second]) == [DeleteOutbound(first), DeleteOutbound(second), PumpSoon()]
+    assert set(state.outbound) == {qos2}
+    assert state.pubacks([first, qos2]) == []  # nothing freed: no pump
+
+
 def test_qos2_pubrec_sends_pubrel_and_pubcomp_completes():
     """MQTT-4.3.3-4/-5: PUBREC is answered with PUBREL, and the id stays in use until PUBCOMP."""
     state, sub = connected(expiry=60)
