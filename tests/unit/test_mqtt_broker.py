@@ -181,13 +181,14 @@ def test_an_idle_connection_holds_no_instance_dicts_or_empty_containers(h):
 
 
 def test_an_idle_clients_objects_stay_within_their_size_classes(h):
-    """An idle client's protocol, parser, session and session state take 224, 80, 208 and 160 bytes at most
-    (CPython's allocator rounds to 16: a slot more on the protocol or parser costs every connection 16 bytes)."""
+    """An idle client's protocol, parser, session and session state take 224, 80, 232 and 160 bytes at most
+    (CPython's allocator rounds to 16: a slot more on any of them costs every connection 16 bytes; the session's
+    three slots for QoS 1 in flight not yet written cost 32)."""
     import sys
     c = h.connect("sized", level=4, keep_alive=60)
     session = c.proto.session
     sizes = {type(o).__name__: sys.getsizeof(o) for o in (c.proto, c.proto.parser, session, session.state)}
-    limits = {"MQTTServerProtocol": 224, "MQTTParser": 80, "Session": 208, "SessionState": 160}
+    limits = {"MQTTServerProtocol": 224, "MQTTParser": 80, "Session": 232, "SessionState": 160}
     assert all(sizes[name] <= limit for name, limit in limits.items()), sizes
 
 
