@@ -297,7 +297,10 @@ class MQTTServerProtocol:
             return
         corked = self._corked
         if corked is None:
-            self.transport.write(data)
+            # Straight to the socket when nothing is queued (a CONNACK, a SUBACK): Twisted's write would register
+            # the socket for writing and wait for a poll round (two epoll_ctl calls and a wake-up per packet).
+            t = self.transport
+            send(t, data, can_send_directly(t))
             return
         corked.append(data)
         self._corked_bytes += len(data)
