@@ -41,6 +41,11 @@ class ReplicaProgress:
     caught_up_at: float = 0.0
     connected: bool = False
     async_learner: bool = False
+    synced_at: float = float("-inf")  # when an ack showed it had all of the master's log (not the connect grace)
+
+
+JOIN_LAG_S = 0.25
+"""A slave that acked the whole of the master's log this recently may join the SyncStateSet."""
 
 
 class SyncStateSet:
@@ -64,11 +69,13 @@ class SyncStateSet:
         r.caught_up_at = max(r.caught_up_at, now)  # a reconnected slave gets the full time to catch up
 
     def acked(self, slave_id: str, offset: int, caught_up_at: float) -> None:
-        """A slave's ack."""
+        """A slave's ack (``caught_up_at``: when the master last sent it all of its log that it has acked)."""
         r = self.replicas.get(slave_id)
         if r is not None:
             r.acked_offset = max(r.acked_offset, offset)
             r.caught_up_at = max(r.caught_up_at, caught_up_at)
+            if caught_up_at > 0:
+                r.synced_at = max(r.synced_at, caught_up_at)
 
     def disconnected(self, slave_id: str) -> None:
         """A slave's connection is gone (its last ack stays known)."""
@@ -106,9 +113,12 @@ class SyncStateSet:
         new -= out
         # Joining is judged against the set that stays: its smallest max offset.
         confirm = min([master_max] + [self.replicas[m].acked_offset for m in new if m != self.master_id])
+        # A slave joins once its ack reaches that, or once it acked all the master had a moment ago: under
+        # steady load the master's end moves on every tick, and an exact match would keep it out for good (its
+        # joining never lowers the confirm offset, which never goes back; acknowledgements then wait for it).
         for r in self.replicas.values():
             if r.connected and not r.async_learner and r.slave_id not in new and r.slave_id not in out \
-                    and r.acked_offset >= confirm:
+                    and (r.acked_offset >= confirm or now - r.synced_at <= JOIN_LAG_S):
                 new.add(r.slave_id)
         new_set = frozenset(new)
         return None if new_set == self.members else new_set

@@ -351,7 +351,8 @@ def test_any_split_of_the_stream_replicates_the_same_bytes(sizes, step, max_body
     master.connection_made(0.0)
     to_master = _sends(slave.connection_made(0.0, 0, 0, []))
     to_slave = b""
-    for _ in range(5000):
+    # bounded by what it moves: one byte a step (step=1) over up to 30 records of 300 B with their framing
+    for _ in range(200_000):
         if to_master:
             chunk, to_master = to_master[:step], to_master[step:]
             to_slave += _sends(master.receive(chunk, 0.0))
@@ -479,3 +480,15 @@ def test_a_slave_keeping_up_under_steady_load_counts_as_caught_up():
             p.deliver_to_master(p.deliver_to_slave(pending))  # ... while the previous one's ack comes back
         pending = sent
     assert p.master.caught_up_at >= 37.0
+
+
+def test_a_slave_that_keeps_up_under_load_joins_though_the_master_moved_on():
+    """Under steady load the master's end moves every tick: a slave whose acks show it had all of the master's
+    log a moment ago joins; one far behind (a reconnect's grace is not an ack) does not."""
+    s = SyncStateSet("b1", {"b1"})
+    s.connected("b2", 0, False, 10.0)
+    s.connected("b3", 0, False, 10.0)  # connected now, far behind: no join on the connect alone
+    s.acked("b2", 5000, 10.0)  # it acked what the master sent at 10.0, its whole log then
+    assert s.proposal(10.1, 5200) == frozenset({"b1", "b2"})  # the master appended 200 meanwhile
+    s.acked("b3", 100, 0.0)
+    assert "b3" not in (s.proposal(10.1, 5200) or ())
