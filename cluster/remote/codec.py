@@ -589,15 +589,19 @@ def _operation(name: Any) -> Operation:
 def pack_call(name: str, args: tuple = (), kwargs: dict | None = None) -> bytes:
     """A call frame for ``name(*args, **kwargs)`` (callbacks left out); CodecError for a bad argument."""
     op = _operation(name)
-    try:
-        bound = op.signature.bind(*args, **(kwargs or {}))
-    except TypeError as exc:
-        raise CodecError(f"{name}: {exc}") from None
-    bound.apply_defaults()
-    values = []
-    for param, hint in op.wire:
+    if not kwargs and not op.local and len(args) == len(op.wire):
+        given = args  # every argument, in order: nothing to bind (the hot calls: appends and reads)
+    else:
         try:
-            values.append(encode(bound.arguments[param], hint))
+            bound = op.signature.bind(*args, **(kwargs or {}))
+        except TypeError as exc:
+            raise CodecError(f"{name}: {exc}") from None
+        bound.apply_defaults()
+        given = [bound.arguments[param] for param, _hint in op.wire]
+    values = []
+    for (param, hint), value in zip(op.wire, given):
+        try:
+            values.append(encode(value, hint))
         except CodecError as exc:
             raise CodecError(f"{name}: argument {param}: {exc}") from None
     try:

@@ -119,6 +119,18 @@ def test_defaults_are_applied_and_sent():
         ("add_filter", ("a/#", True))
 
 
+def test_calls_with_every_argument_in_order_pack_as_when_bound():
+    """A call given every argument positionally packs the frame binding by name would; a wrong count is refused."""
+    position = api.QueuePosition("q", "g", 3)
+    bound = codec.pack_call("read_queue", (position,), {"max_count": 10})
+    assert codec.pack_call("read_queue", (position, 10)) == bound
+    assert codec.unpack_call(codec.pack_call("read_queue", (position, 10))) == ("read_queue", (position, 10))
+    with pytest.raises(codec.CodecError, match="argument max_count"):
+        codec.pack_call("read_queue", (position, "ten"))
+    with pytest.raises(codec.CodecError):
+        codec.pack_call("read_queue", (position, 10, 11))
+
+
 @pytest.mark.parametrize("value, hint", [
     (True, int),  # a bool is no int here
     (1, bool),
