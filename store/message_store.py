@@ -21,7 +21,7 @@ from typing import Callable, Container, Iterable, Iterator, NamedTuple, Protocol
 from twisted.internet import defer, task
 
 from store import record as rec
-from store.api import AppendResult, AppendStatus
+from store.api import AppendResult, AppendStatus, IndexedAppend
 from store.commit_log import CommitLog, CommitLogError
 from store.config import StoreConfig
 from store.flush import make_flush_policy
@@ -370,19 +370,22 @@ class MessageStore:
         if self._drain_call is None:
             self._drain_call = self._clock.callLater(0, self._drain)
 
-    def submit_batch(self, messages: Sequence[rec.Message], on_done: Callable[[list[PutResult]], None]) -> None:
+    def submit_batch(self, messages: Sequence[rec.Message], on_done: Callable[..., None],
+                     wanted: Container[str] | None = None) -> None:
         """Like ``submit`` for many messages: ``on_done(results)`` runs once, a result per message in order.
 
         A proxy hands every PUBLISH of a tick over at once: the batch stays one
         unit through the append (one callback, its results made in one pass).
+        With ``wanted`` (queue names), ``on_done(results, indexed)``: ``indexed``
+        is an ``IndexedAppend`` without its group (``group`` empty) for the
+        wanted queues the batch reached, or None when readers may not see the
+        records yet (a master's confirm offset short of them) or it reached none.
         """
-        if not messages:
-            on_done([])
+        if not messages or not self.is_open or self.replica_of:
+            results = [self._not_writable()] * len(messages) if messages else []
+            on_done(results) if wanted is None else on_done(results, None)
             return
-        if not self.is_open or self.replica_of:
-            on_done([self._not_writable()] * len(messages))
-            return
-        self._pending.append((messages, _Batch(on_done)))
+        self._pending.append((messages, _Batch(on_done, wanted)))
         if self._drain_call is None:
             self._drain_call = self._clock.callLater(0, self._drain)
 
@@ -471,6 +474,9 @@ class MessageStore:
             gained = disp.dispatch(requests)
             if gained:
                 touched.update(gained)
+        for waiter, first, end, refused in waiters:
+            if type(waiter) is _Batch and waiter.wanted:
+                waiter.indexed = self._indexed(waiter.wanted, requests, targets, first, end, refused, now)
         recent = self._recent
         order_append = self._recent_order.append
         Record = rec.Record
@@ -520,10 +526,18 @@ class MessageStore:
         def answer_ok(_=None):
             new, ok = tuple.__new__, PutStatus.PUT_OK  # one result per message: built in one call each
             results = [new(PutResult, (ok, offset, queues, "")) for offset, queues in zip(offsets, targets)]
+            if log_end > self.visible_offset or not self.gate.shows(log_end):  # no reader may see them yet
+                untold()
             for waiter, first, end, refused in waiters:
                 _answer(waiter, results[first:end], refused)
 
+        def untold():
+            for waiter, _first, _end, _refused in waiters:
+                if type(waiter) is _Batch:
+                    waiter.indexed = None
+
         def not_replicated(f):
+            untold()
             reason = f"not replicated to the broker group in time: {f.getErrorMessage() or f.type.__name__}"
             log.warning("put_not_replicated log_end=%d messages=%d reason=%s", log_end, len(offsets), reason)
             for waiter, first, end, refused in waiters:
@@ -531,6 +545,7 @@ class MessageStore:
                                  for off, q in zip(offsets[first:end], targets[first:end])], refused)
 
         def fsync_failed(f):
+            untold()
             if log_end > self.visible_offset:  # refused, but written: the records after it are read past them
                 self.visible_offset = log_end
             reason = f.getErrorMessage()
@@ -544,6 +559,34 @@ class MessageStore:
 
         flushed.addCallbacks(acknowledge, fsync_failed)
         flushed.addBoth(notify)  # watchers hear of new entries once they are visible
+
+    def _indexed(self, wanted: Container[str], requests: list, targets: list, first: int, end: int,
+                 refused: dict | None, now: int) -> IndexedAppend | None:
+        """Where one submission's records ``first``..``end`` (of this drain) went in the ``wanted`` queues.
+
+        Called right after the dispatch: a queue's end now is the end of this drain's run in it, so the
+        submission's first entry there is that end less the entries this drain gave it from ``first`` on.
+        """
+        index = self._index
+        if index is None:
+            return None
+        counts: dict[tuple[str, ...], int] = {}
+        for queues in targets[first:]:  # a topic's records share one tuple: counted per distinct tuple
+            counts[queues] = counts.get(queues, 0) + 1
+        mine = {q for queues in set(targets[first:end]) for q in queues if q in wanted}
+        if not mine:
+            return None
+        after: dict[str, int] = {}
+        for queues, n in counts.items():
+            for q in queues:
+                if q in mine:
+                    after[q] = after.get(q, 0) + n
+        firsts = {q: index.max_offset(q) - n for q, n in after.items()}
+        sizes = [r.size for r in requests[first:end]]
+        if refused:
+            for i in sorted(refused):
+                sizes.insert(i, 0)
+        return IndexedAppend("", now, tuple(sizes), firsts)
 
     def _notify(self, log_end: int, touched: set[str]) -> None:
         if not self.gate.shows(log_end):
@@ -813,10 +856,12 @@ def _size(record: rec.Record) -> int:
 class _Batch:
     """A ``submit_batch``'s callback: it takes the batch's results as one list."""
 
-    __slots__ = ("on_done",)
+    __slots__ = ("on_done", "wanted", "indexed")
 
-    def __init__(self, on_done: Callable[[list[PutResult]], None]) -> None:
+    def __init__(self, on_done: Callable[..., None], wanted: Container[str] | None = None) -> None:
         self.on_done = on_done
+        self.wanted = wanted  # queue names whose entries the submitter wants told (``IndexedAppend``)
+        self.indexed: IndexedAppend | None = None
 
 
 def _answer(waiter, results: list[PutResult], refused: dict[int, PutResult] | None) -> None:
@@ -826,7 +871,10 @@ def _answer(waiter, results: list[PutResult], refused: dict[int, PutResult] | No
             results.insert(i, refused[i])
     kind = type(waiter)
     if kind is _Batch:
-        waiter.on_done(results)
+        if waiter.wanted is None:
+            waiter.on_done(results)
+        else:
+            waiter.on_done(results, waiter.indexed)
     elif kind is defer.Deferred:
         waiter.callback(results[0])
     else:

@@ -41,8 +41,9 @@ import msgpack
 from store import api
 from store.record import Message, Record, RecordKind
 
-__all__ = ["CodecError", "OPERATIONS", "Operation", "decode", "encode", "pack", "pack_call", "pack_error",
-           "pack_result", "store_error", "unpack", "unpack_call", "unpack_error", "unpack_result"]
+__all__ = ["CodecError", "OPERATIONS", "Operation", "decode", "encode", "pack", "pack_append_answer", "pack_call",
+           "pack_error", "pack_result", "store_error", "unpack", "unpack_append_answer", "unpack_call", "unpack_error",
+           "unpack_result"]
 
 
 class CodecError(ValueError):
@@ -641,6 +642,46 @@ def unpack_result(name: str, data: bytes) -> Any:
         return unpack(data, _operation(name).returns)
     except CodecError as exc:
         raise CodecError(f"{name}: result: {exc}") from None
+
+
+def pack_append_answer(results: tuple[api.AppendResult, ...], indexed: api.IndexedAppend | None) -> bytes:
+    """``append_batch``'s result frame, with where the records went in the caller's watched queues when known.
+
+    The frame is the result's columns (3 or 5, see ``_append_results``) and, when ``indexed``,
+    one more: ``[group, store time, [sizes], {queue: first queue offset}]``.
+    """
+    try:
+        value = encode(results, tuple[api.AppendResult, ...])
+        if indexed is not None:
+            if len(indexed.sizes) != len(results):
+                raise CodecError(f"{len(indexed.sizes)} sizes for {len(results)} results")
+            value.append([indexed.group, indexed.store_ts, list(indexed.sizes), dict(indexed.firsts)])
+        return _packb(value)
+    except CodecError as exc:
+        raise CodecError(f"append_batch: result: {exc}") from None
+
+
+def unpack_append_answer(data: bytes) -> tuple[tuple[api.AppendResult, ...], api.IndexedAppend | None]:
+    """(results, indexed or None) of a frame ``pack_append_answer`` (or ``pack_result``) made."""
+    value = _unpackb(data)
+    indexed = None
+    try:
+        if type(value) is list and len(value) in (4, 6):
+            value, extra = value[:-1], value[-1]
+            if type(extra) is not list or len(extra) != 4:
+                raise CodecError("where the records went is [group, store time, [sizes], {queue: offset}]")
+            group, store_ts, sizes, firsts = extra
+            if type(group) is not str or type(store_ts) is not int or type(sizes) is not list \
+                    or (sizes and set(map(type, sizes)) != {int}) or type(firsts) is not dict \
+                    or not all(type(q) is str and type(o) is int for q, o in firsts.items()):
+                raise CodecError("where the records went is [group, store time, [sizes], {queue: offset}]")
+            indexed = api.IndexedAppend(group, store_ts, tuple(sizes), firsts)
+        results = decode(value, tuple[api.AppendResult, ...])
+        if indexed is not None and len(indexed.sizes) != len(results):
+            raise CodecError(f"{len(indexed.sizes)} sizes for {len(results)} results")
+    except CodecError as exc:
+        raise CodecError(f"append_batch: result: {exc}") from None
+    return results, indexed
 
 
 def _error_classes() -> dict[str, type[api.StoreError]]:

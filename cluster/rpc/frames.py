@@ -52,7 +52,8 @@ takes ``restoring``; a native request is the store operation ``native_request`` 
 both ways (HELLO carries a nonce; CHALLENGE and PROOF). 5: the store operations ``put_will`` and
 ``delete_will`` (wills stored in their group). 6: ``append_batch``'s result is packed compactly (each distinct
 tuple of queues once, then flat rows). 7: ``append_batch``'s result is packed by columns (offsets, queue set
-indexes; statuses and reasons only when a message was not stored)."""
+indexes; statuses and reasons only when a message was not stored) and may end with where the records went in
+the caller's watched queues; a queue's news event carries its end offset."""
 
 NONCE_SIZE = 16
 """Bytes of each side's handshake nonce."""

@@ -338,3 +338,33 @@ def test_batches_of_mixed_kinds_and_properties_keep_each_message_its_own():
     again = codec.unpack_result("read_queue", codec.pack_result("read_queue", read))
     assert again == read and [m.record.kind for m in again.messages] == [m.kind for m in messages]
     assert hash(again.messages[1].position) == hash(api.QueuePosition("q", "g", 1))
+
+
+def test_an_append_answer_carries_where_the_records_went():
+    """append_batch's answer may end with [group, store time, sizes, firsts]; it round-trips, and the plain
+    result decoder still reads an answer without it."""
+    ok = api.AppendStatus.PUT_OK
+    results = (api.AppendResult(ok, 7, ("t/a", "%LMQ%t/+")), api.AppendResult(ok, 60, ("t/a", "%LMQ%t/+")))
+    indexed = api.IndexedAppend("g1", 1234, (53, 53), {"%LMQ%t/+": 40})
+    assert codec.unpack_append_answer(codec.pack_append_answer(results, indexed)) == (results, indexed)
+    assert codec.unpack_append_answer(codec.pack_append_answer(results, None)) == (results, None)
+    assert codec.unpack_append_answer(codec.pack_result("append_batch", results)) == (results, None)
+    with pytest.raises(codec.CodecError):
+        codec.pack_append_answer(results, indexed._replace(sizes=(53,)))
+
+
+@pytest.mark.parametrize("extra, why", [
+    (["g1", 5, [1], {"q": 0}, "more"], "five fields"),
+    ([1, 5, [1], {"q": 0}], "a group not a string"),
+    (["g1", 5, [True], {"q": 0}], "a size as a bool"),
+    (["g1", 5, [1, 2], {"q": 0}], "a size per result, not more"),
+    (["g1", 5, [1], {"q": "0"}], "a first offset not an int"),
+    (["g1", 5, [1], [["q", 0]]], "firsts not a map"),
+])
+def test_where_the_records_went_off_its_shape_is_refused(extra, why):
+    """Each field of the told entries is checked: anything off the shape is a CodecError, not a wrong delivery."""
+    good = ["g1", 5, [1], {"q": 0}]
+    assert codec.unpack_append_answer(msgpack.packb([[["q"]], [1], [0], good]))[1] == \
+        api.IndexedAppend("g1", 5, (1,), {"q": 0})
+    with pytest.raises(codec.CodecError):
+        codec.unpack_append_answer(msgpack.packb([[["q"]], [1], [0], extra]))

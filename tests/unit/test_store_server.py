@@ -201,3 +201,66 @@ def test_native_requests_go_whole_to_the_engine(rig):
     consumed = rig.wait(a.native_request({"action": "consume", "queue": "jobs"}))
     assert (consumed["msg_id"], consumed["data"]) == (produced["msg_id"], "hello")
     assert rig.wait(a.native_request({"action": "consume", "queue": ""}))["code"] == -1
+
+
+def _read_calls(rig) -> int:
+    return rig.dispatcher.metrics.calls["store.read_queue"]
+
+
+def test_a_proxy_reads_its_own_appends_without_a_call(rig):
+    """The append's answer says where the proxy's messages went in a queue it watches: a read of them is answered
+    by the proxy with what the broker would answer, and no read reaches the broker."""
+    a, _pa = rig.proxy("proxy-a")
+    b, _pb = rig.proxy("proxy-b")
+    q = rig.wait(a.add_filter("own/#"))
+    rig.wait(a.watch_queue(q, lambda _q: None))
+    (start,) = rig.wait(a.end_positions(q))
+    sent = (publish("own/1"), Message("own/2", b"yy", RecordKind.MQTT_PUBLISH, 0, False, "c", 0, {"k": "v"}),
+            publish("other/1"), publish("own/3"))
+    results = rig.wait(a.append_batch(sent))
+    assert [r.ok for r in results] == [True] * 4
+    mine = rig.wait(a.read_queue(start, 10))
+    assert _read_calls(rig) == 0 and a.own.answered == 1
+    theirs = rig.wait(b.read_queue(start, 10))  # b watches nothing: its read is the broker's answer
+    assert _read_calls(rig) == 1
+    assert mine == theirs and len(mine.messages) == 3
+    assert [m.record.topic for m in mine.messages] == ["own/1", "own/2", "own/3"]
+
+
+def test_a_read_past_the_own_entries_goes_to_the_broker(rig):
+    """Entries another proxy appended after ours (told by the news) are not hidden: a read wanting more than our
+    own run is the broker's, and both proxies' appends in one drain get their right queue offsets."""
+    a, _pa = rig.proxy("proxy-a")
+    b, _pb = rig.proxy("proxy-b")
+    q = rig.wait(a.add_filter("mix/#"))
+    for store in (a, b):
+        rig.wait(store.watch_queue(q, lambda _q: None))
+    (start,) = rig.wait(a.end_positions(q))
+    da = a.append_batch((publish("mix/a1"), publish("mix/a2")))
+    db = b.append_batch((publish("mix/b1"), publish("mix/b2"), publish("mix/b3")))
+    rig.wait(da), rig.wait(db)  # one drain: a's records first, then b's
+    two = rig.wait(a.read_queue(start, 2))
+    assert _read_calls(rig) == 0 and [m.record.topic for m in two.messages] == ["mix/a1", "mix/a2"]
+    whole = rig.wait(a.read_queue(start, 10))
+    assert _read_calls(rig) == 1 and [m.record.topic for m in whole.messages] == \
+        ["mix/a1", "mix/a2", "mix/b1", "mix/b2", "mix/b3"]
+    b_own = rig.wait(b.read_queue(two.next, 3))
+    assert _read_calls(rig) == 1 and b_own.messages == whole.messages[2:] and b_own.next == whole.next
+
+
+def test_nothing_past_the_confirm_offset_is_told(rig):
+    """On a master whose confirm offset is short of a batch, the answer tells nothing: the proxy's read goes to the
+    broker, which shows nothing past the confirm offset; once it passes, the broker's read has them."""
+    a, _pa = rig.proxy("proxy-a")
+    q = rig.wait(a.add_filter("held/#"))
+    rig.wait(a.watch_queue(q, lambda _q: None))
+    (start,) = rig.wait(a.end_positions(q))
+    store = rig.parts.store
+    store.set_confirm_offset(store.commit_log.max_offset)  # a master whose slaves hold nothing newer
+    rig.wait(a.append_batch((publish("held/1"), publish("held/2"))))
+    early = rig.wait(a.read_queue(start, 10))
+    assert early.messages == () and a.own.answered == 0 and _read_calls(rig) == 1
+    store.set_confirm_offset(store.commit_log.max_offset)
+    rig.settle()
+    late = rig.wait(a.read_queue(start, 10))
+    assert [m.record.topic for m in late.messages] == ["held/1", "held/2"] and _read_calls(rig) == 2

@@ -1,0 +1,143 @@
+"""``OwnAppends``: the entries a proxy's own appends made in the queues it watches, to answer reads without a call.
+
+A proxy stores what its clients publish and, in a fan-in, reads the very same
+messages back for its subscribers: a second round trip that carries every
+message's bytes back to where they came from. A broker's answer to
+``append_batch`` says where the batch's records went in the queues the proxy
+watches (``store.api.IndexedAppend``: the first queue offset per queue, the
+store time, each record's size), once any reader may see them. This keeps those
+entries, built from the messages the proxy sent, and answers a read that starts
+at one of them.
+
+It never answers past what it knows to be all there is. A read is answered here
+only when the run of kept entries from its position fills it, or reaches the
+queue's end as the last news of the queue said (``news``): an entry someone
+else appended after ours has news of its own, so a short answer never hides one
+the broker already told of (the session would otherwise wait for the next news).
+Anything else (a position before or between kept runs, a run short of the known
+end, another group's position) goes to the broker as before.
+
+Sans-IO and bounded: at most ``max_entries`` entries over all queues, the oldest
+runs dropped first (a reader that far behind reads from the broker).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from itertools import repeat
+
+from store import api
+from store.record import Message, Record
+
+MAX_ENTRIES = 8192
+"""Entries kept over all queues: a subscriber this far behind its publishers reads from the broker."""
+
+# A frozen dataclass's __init__ sets each field through object.__setattr__: a position and a queued message per
+# entry are made by filling their slots a field at a time over the whole run (the same, equal, hashable objects).
+_new = object.__new__
+_QP, _QM = api.QueuePosition, api.QueuedMessage
+_qp_queue, _qp_group, _qp_offset = (_QP.__dict__[f].__set__ for f in ("queue", "group", "offset"))
+_qm_position, _qm_record = (_QM.__dict__[f].__set__ for f in ("position", "record"))
+
+
+def _queued(queue: str, group: str, first: int, records: list) -> tuple:
+    n = len(records)
+    positions = list(map(_new, repeat(_QP, n)))
+    deque(map(_qp_queue, positions, repeat(queue, n)), 0)
+    deque(map(_qp_group, positions, repeat(group, n)), 0)
+    deque(map(_qp_offset, positions, range(first, first + n)), 0)
+    out = list(map(_new, repeat(_QM, n)))
+    deque(map(_qm_position, out, positions), 0)
+    deque(map(_qm_record, out, records), 0)
+    return tuple(out)
+
+
+class OwnAppends:
+    """``OwnAppends(max_entries)``: ``add`` after each answered append, ``news`` with each queue event, ``read``."""
+
+    def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
+        self.max_entries = max_entries
+        self._runs: dict[tuple[str, str], deque] = {}  # (queue, group) -> runs [(first offset, messages)], oldest first
+        self._order: deque = deque()  # ((queue, group), count) per run kept, oldest first: what eviction drops
+        self._entries = 0
+        self._ends: dict[str, int] = {}  # queue -> its end as the last news told (entries before it exist)
+        self.answered = 0  # reads answered here (for metrics and tests)
+
+    def clear(self) -> None:
+        """Forget everything (a new connection: the broker may have changed, and its news with it)."""
+        self._runs.clear()
+        self._order.clear()
+        self._entries = 0
+        self._ends.clear()
+
+    def news(self, queue: str, end: int) -> None:
+        """The broker's news of ``queue``: its entries now end at ``end`` (-1: unknown, so nothing kept for it
+        answers a read any more until an append of ours tells again)."""
+        if end < 0:
+            self._ends[queue] = 1 << 62
+        elif end > self._ends.get(queue, -1):
+            self._ends[queue] = end
+
+    def add(self, messages: tuple[Message, ...], results: tuple[api.AppendResult, ...],
+            indexed: api.IndexedAppend) -> None:
+        """Keep the entries an answered ``append_batch`` made in the queues ``indexed`` names."""
+        firsts = indexed.firsts
+        group, store_ts, sizes = indexed.group, indexed.store_ts, indexed.sizes
+        runs: dict[str, list] = {q: [] for q in firsts}
+        ok = api.AppendStatus.PUT_OK
+        last_queues, wanted = None, ()
+        for m, r, size in zip(messages, results, sizes):
+            if r.status is not ok:
+                continue
+            queues = r.queues
+            if queues is not last_queues:  # a topic's results share one tuple
+                last_queues, wanted = queues, [q for q in queues if q in runs]
+            if not wanted:
+                continue
+            record = Record(r.offset, size, m.kind, m.qos, m.retain, store_ts, m.born_ts or store_ts, m.topic,
+                            m.client_id, m.properties, m.body)
+            for q in wanted:
+                runs[q].append(record)
+        for queue, records in runs.items():
+            if records:
+                self._keep((queue, group), firsts[queue], records)
+
+    def _keep(self, key: tuple[str, str], first: int, records: list) -> None:
+        messages = _queued(key[0], key[1], first, records)
+        self._runs.setdefault(key, deque()).append((first, messages))
+        self._order.append((key, len(messages)))
+        self._entries += len(messages)
+        while self._entries > self.max_entries and self._order:
+            old_key, count = self._order.popleft()
+            runs = self._runs[old_key]
+            runs.popleft()
+            if not runs:
+                del self._runs[old_key]
+            self._entries -= count
+
+    def read(self, position: api.QueuePosition, max_count: int) -> api.ReadResult | None:
+        """The answer to ``read_queue(position, max_count)`` from the kept entries, or None (ask the broker)."""
+        runs = self._runs.get((position.queue, position.group))
+        if not runs or max_count < 1:
+            return None
+        offset = position.offset
+        out: list = []
+        end = None
+        for first, messages in reversed(runs):  # a live reader is at one of the newest runs
+            if first <= offset < first + len(messages):
+                out.extend(messages[offset - first:offset - first + max_count])
+                end = offset + len(out)
+                break
+        if end is None:
+            return None
+        if len(out) < max_count:  # runs that follow on where this one stops (batches in a row)
+            for first, messages in runs:
+                if first == end:
+                    out.extend(messages[:max_count - len(out)])
+                    end = position.offset + len(out)
+                    if len(out) == max_count:
+                        break
+        if len(out) < max_count and end < self._ends.get(position.queue, 0):
+            return None  # the news told of entries past ours: only the broker has them all
+        self.answered += 1
+        return api.ReadResult(tuple(out), api.QueuePosition(position.queue, position.group, end), 0)
