@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import deque
 from itertools import repeat
+from operator import attrgetter
 
 from store import api
 from store.record import Message, Record
@@ -38,6 +39,9 @@ _new = object.__new__
 _QP, _QM = api.QueuePosition, api.QueuedMessage
 _qp_queue, _qp_group, _qp_offset = (_QP.__dict__[f].__set__ for f in ("queue", "group", "offset"))
 _qm_position, _qm_record = (_QM.__dict__[f].__set__ for f in ("position", "record"))
+
+
+_queues_of, _status_of = attrgetter("queues"), attrgetter("status")
 
 
 def _queued(queue: str, group: str, first: int, records: list) -> tuple:
@@ -82,25 +86,34 @@ class OwnAppends:
             indexed: api.IndexedAppend) -> None:
         """Keep the entries an answered ``append_batch`` made in the queues ``indexed`` names."""
         firsts = indexed.firsts
-        group, store_ts, sizes = indexed.group, indexed.store_ts, indexed.sizes
+        queue_sets = list(map(_queues_of, results))
+        distinct = set(queue_sets)  # a topic's results share one tuple: a batch has a few
+        reached = {queues: tuple(q for q in queues if q in firsts) for queues in distinct}
+        if len(set(reached.values())) == 1 and set(map(_status_of, results)) == {api.AppendStatus.PUT_OK}:
+            # Every message stored and in the same told queues (a fan-in's batch): one run per queue.
+            (wanted,) = set(reached.values())
+            if wanted:
+                records = self._records(messages, results, indexed)
+                for q in wanted:
+                    self._keep((q, indexed.group), firsts[q], records)
+            return
         runs: dict[str, list] = {q: [] for q in firsts}
         ok = api.AppendStatus.PUT_OK
-        last_queues, wanted = None, ()
-        for m, r, size in zip(messages, results, sizes):
-            if r.status is not ok:
-                continue
-            queues = r.queues
-            if queues is not last_queues:  # a topic's results share one tuple
-                last_queues, wanted = queues, [q for q in queues if q in runs]
-            if not wanted:
-                continue
-            record = Record(r.offset, size, m.kind, m.qos, m.retain, store_ts, m.born_ts or store_ts, m.topic,
-                            m.client_id, m.properties, m.body)
-            for q in wanted:
-                runs[q].append(record)
+        for record, r, queues in zip(self._records(messages, results, indexed), results, queue_sets):
+            if r.status is ok:
+                for q in reached[queues]:
+                    runs[q].append(record)
         for queue, records in runs.items():
             if records:
-                self._keep((queue, group), firsts[queue], records)
+                self._keep((queue, indexed.group), firsts[queue], records)
+
+    @staticmethod
+    def _records(messages: tuple[Message, ...], results: tuple[api.AppendResult, ...],
+                 indexed: api.IndexedAppend) -> list[Record]:
+        """The Record a broker read would give for each message (born time defaulting to the store time)."""
+        ts = indexed.store_ts
+        return [Record(r.offset, size, m.kind, m.qos, m.retain, ts, m.born_ts or ts, m.topic, m.client_id,
+                       m.properties, m.body) for m, r, size in zip(messages, results, indexed.sizes)]
 
     def _keep(self, key: tuple[str, str], first: int, records: list) -> None:
         messages = _queued(key[0], key[1], first, records)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from operator import attrgetter
 from typing import Callable
 
 from twisted.internet import defer
@@ -53,10 +54,15 @@ def not_master(result) -> bool:
     if isinstance(result, api.AppendResult):
         return not result.ok and NOT_MASTER in result.reason
     if isinstance(result, tuple) and result and isinstance(result[0], api.AppendResult):
+        if set(map(_status_of, result)) == {api.AppendStatus.PUT_OK}:  # a batch's answer: nearly always
+            return False
         return any(not_master(r) for r in result)
     if isinstance(result, dict):
         return result.get("code") == -1 and NOT_MASTER in str(result.get("reason", ""))
     return False
+
+
+_status_of = attrgetter("status")
 
 
 def _as_store_error(failure):
