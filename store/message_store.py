@@ -16,7 +16,7 @@ import fcntl
 import logging
 import os
 from collections import deque
-from typing import Callable, Container, Iterable, Iterator, NamedTuple, Protocol, Sequence
+from typing import Callable, Container, Iterable, Iterator, Mapping, NamedTuple, Protocol, Sequence
 
 from twisted.internet import defer, task
 
@@ -169,9 +169,10 @@ class StoreLockedError(RuntimeError):
 class StoreObserver:
     """What a ``MessageStore`` tells the one who composed it, passed in at construction; the defaults do nothing."""
 
-    def read_soon(self, queues: tuple[str, ...]) -> bool:
+    def read_soon(self, queues: tuple[str, ...], excluding: Mapping[str, int] | None = None) -> bool:
         """Keep a new append to ``queues`` in memory, because a reader waits on one of them? (An offline
-        subscriber's backlog then costs disk, not memory.)"""
+        subscriber's backlog then costs disk, not memory.) ``excluding``: queue -> watches that do not count
+        (those of the submitter, which is told where its appends went and reads them from what it sent)."""
         return True
 
     def appended(self, seconds: float) -> None:
@@ -371,15 +372,17 @@ class MessageStore:
             self._drain_call = self._clock.callLater(0, self._drain)
 
     def submit_batch(self, messages: Sequence[rec.Message], on_done: Callable[..., None],
-                     wanted: Container[str] | None = None) -> None:
+                     wanted: Mapping[str, int] | None = None) -> None:
         """Like ``submit`` for many messages: ``on_done(results)`` runs once, a result per message in order.
 
         A proxy hands every PUBLISH of a tick over at once: the batch stays one
         unit through the append (one callback, its results made in one pass).
-        With ``wanted`` (queue names), ``on_done(results, indexed)``: ``indexed``
-        is an ``IndexedAppend`` without its group (``group`` empty) for the
-        wanted queues the batch reached, or None when readers may not see the
-        records yet (a master's confirm offset short of them) or it reached none.
+        With ``wanted`` (queue -> watches of it the submitter holds), ``on_done(results,
+        indexed)``: ``indexed`` is an ``IndexedAppend`` without its group
+        (``group`` empty) for the wanted queues the batch reached, or None when
+        readers may not see the records yet (a master's confirm offset short of
+        them) or it reached none. The submitter reads those entries from what it
+        sent, so its watches do not make the store keep the records in memory.
         """
         if not messages or not self.is_open or self.replica_of:
             results = [self._not_writable()] * len(messages) if messages else []
@@ -480,18 +483,22 @@ class MessageStore:
         recent = self._recent
         order_append = self._recent_order.append
         Record = rec.Record
-        wanted = self._observer.read_soon
+        read_soon = self._observer.read_soon
         keep: dict[tuple[str, ...], bool] = {}  # asked once per distinct queue set in the tick
         kept_bytes = 0
         last_queues, k = None, False  # a topic's records come in runs with the very same queues tuple
-        for r, m in zip(requests, accepted):
+        told = self._told(waiters)  # accepted index -> the told submitter's watches, where one starts
+        excluding = None
+        for i, (r, m) in enumerate(zip(requests, accepted)):
+            if told is not None and i in told:  # another submission: its own readers differ
+                excluding, keep, last_queues = told[i], {}, None
             if r.size <= RECENT_MAX_RECORD:
                 queues = r.queues
                 if queues is not last_queues:
                     last_queues = queues
                     k = keep.get(queues)
                     if k is None:
-                        k = keep[queues] = wanted(queues)
+                        k = keep[queues] = read_soon(queues) if excluding is None else read_soon(queues, excluding)
                 if k:
                     # The Record readers get, built now: one long-lived object per kept append (the request and
                     # the message die with the tick), so the collector's full passes walk a third as many. The
@@ -560,7 +567,18 @@ class MessageStore:
         flushed.addCallbacks(acknowledge, fsync_failed)
         flushed.addBoth(notify)  # watchers hear of new entries once they are visible
 
-    def _indexed(self, wanted: Container[str], requests: list, targets: list, first: int, end: int,
+    def _told(self, waiters: list) -> dict[int, Mapping[str, int] | None] | None:
+        """Where each submission that will be told where its records went starts (accepted index -> its watches,
+        whose reads it answers itself: no reason to keep its records in memory for them), and where the others
+        start (-> None); None if no submission is told. Only without a replication gate: a master tells a batch
+        only if its confirm offset passed it by the answer, which this drain cannot know."""
+        if self.gate.read_limit is not None or self.gate.ack_wait is not None:
+            return None
+        told = {first: (w.wanted if type(w) is _Batch and w.indexed is not None else None)
+                for w, first, _end, _refused in waiters}
+        return told if any(v is not None for v in told.values()) else None
+
+    def _indexed(self, wanted: Mapping[str, int], requests: list, targets: list, first: int, end: int,
                  refused: dict | None, now: int) -> IndexedAppend | None:
         """Where one submission's records ``first``..``end`` (of this drain) went in the ``wanted`` queues.
 
@@ -608,6 +626,11 @@ class MessageStore:
         if released:
             for listener in self._listeners:
                 listener(released)
+
+    @property
+    def kept_in_memory(self) -> int:
+        """Recent appends kept in memory for the readers waiting on their queues (``read_soon``)."""
+        return len(self._recent)
 
     def _trim_recent(self) -> None:
         """Drop the oldest kept appends until both bounds hold again.
@@ -858,7 +881,7 @@ class _Batch:
 
     __slots__ = ("on_done", "wanted", "indexed")
 
-    def __init__(self, on_done: Callable[..., None], wanted: Container[str] | None = None) -> None:
+    def __init__(self, on_done: Callable[..., None], wanted: Mapping[str, int] | None = None) -> None:
         self.on_done = on_done
         self.wanted = wanted  # queue names whose entries the submitter wants told (``IndexedAppend``)
         self.indexed: IndexedAppend | None = None

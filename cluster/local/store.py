@@ -119,7 +119,8 @@ class LocalStore:
     @_typed
     def append_batch_indexed(self, messages: tuple[rec.Message, ...], wanted) -> defer.Deferred:
         """``append_batch``, firing with ``(results, indexed)``: ``indexed`` an ``api.IndexedAppend`` of where the
-        records went in the ``wanted`` queues (a container of names), or None (not readable yet, or none)."""
+        records went in the ``wanted`` queues (queue -> watches of it the caller holds), or None (not readable
+        yet, or none)."""
         batch = messages if all(type(m) is rec.Message for m in messages) else [_check_message(m) for m in messages]
         if not batch:
             return defer.succeed(((), None))

@@ -214,6 +214,7 @@ def test_a_proxy_reads_its_own_appends_without_a_call(rig):
     b, _pb = rig.proxy("proxy-b")
     q = rig.wait(a.add_filter("own/#"))
     rig.wait(a.watch_queue(q, lambda _q: None))
+    rig.wait(b.watch_queue(q, lambda _q: None))  # b reads from the broker: the broker keeps them in memory
     (start,) = rig.wait(a.end_positions(q))
     sent = (publish("own/1"), Message("own/2", b"yy", RecordKind.MQTT_PUBLISH, 0, False, "c", 0, {"k": "v"}),
             publish("other/1"), publish("own/3"))
@@ -221,7 +222,7 @@ def test_a_proxy_reads_its_own_appends_without_a_call(rig):
     assert [r.ok for r in results] == [True] * 4
     mine = rig.wait(a.read_queue(start, 10))
     assert _read_calls(rig) == 0 and a.own.answered == 1
-    theirs = rig.wait(b.read_queue(start, 10))  # b watches nothing: its read is the broker's answer
+    theirs = rig.wait(b.read_queue(start, 10))  # b appended nothing: its read is the broker's answer
     assert _read_calls(rig) == 1
     assert mine == theirs and len(mine.messages) == 3
     assert [m.record.topic for m in mine.messages] == ["own/1", "own/2", "own/3"]
@@ -264,3 +265,18 @@ def test_nothing_past_the_confirm_offset_is_told(rig):
     rig.settle()
     late = rig.wait(a.read_queue(start, 10))
     assert [m.record.topic for m in late.messages] == ["held/1", "held/2"] and _read_calls(rig) == 2
+
+
+def test_the_broker_keeps_no_copy_for_a_proxy_that_reads_its_own_appends(rig):
+    """Appends whose only watcher is the proxy that made them (it reads them from what it sent) are not kept in the
+    broker's memory; another proxy watching the queue makes the broker keep them for its reads."""
+    a, _pa = rig.proxy("proxy-a")
+    b, _pb = rig.proxy("proxy-b")
+    q = rig.wait(a.add_filter("solo/#"))
+    rig.wait(a.watch_queue(q, lambda _q: None))
+    kept = rig.parts.store.kept_in_memory
+    rig.wait(a.append_batch((publish("solo/1"), publish("solo/2"))))
+    assert rig.parts.store.kept_in_memory == kept
+    rig.wait(b.watch_queue(q, lambda _q: None))
+    rig.wait(a.append_batch((publish("solo/3"),)))
+    assert rig.parts.store.kept_in_memory == kept + 1
