@@ -61,10 +61,12 @@ class OwnAppends:
 
     def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
         self.max_entries = max_entries
-        self._runs: dict[tuple[str, str], deque] = {}  # (queue, group) -> runs [(first offset, messages)], oldest first
-        self._order: deque = deque()  # ((queue, group), count) per run kept, oldest first: what eviction drops
+        self._runs: dict[str, deque] = {}  # queue -> runs [(first offset, group, messages)], oldest first
+        self._order: deque = deque()  # (queue, count) per run kept, oldest first: what eviction drops
         self._entries = 0
-        self._ends: dict[str, int] = {}  # queue -> its end as the last news told (entries before it exist)
+        # queue -> its end as the last news told (entries before it exist), for the queues with runs only: news
+        # of entries after a run of ours always comes after the answer that made the run
+        self._ends: dict[str, int] = {}
         self.answered = 0  # reads answered here (for metrics and tests)
 
     def clear(self) -> None:
@@ -77,6 +79,8 @@ class OwnAppends:
     def news(self, queue: str, end: int) -> None:
         """The broker's news of ``queue``: its entries now end at ``end`` (-1: unknown, so nothing kept for it
         answers a read any more until an append of ours tells again)."""
+        if queue not in self._runs:
+            return
         if end < 0:
             self._ends[queue] = 1 << 62
         elif end > self._ends.get(queue, -1):
@@ -95,7 +99,7 @@ class OwnAppends:
             if wanted:
                 records = self._records(messages, results, indexed)
                 for q in wanted:
-                    self._keep((q, indexed.group), firsts[q], records)
+                    self._keep(q, indexed.group, firsts[q], records)
             return
         runs: dict[str, list] = {q: [] for q in firsts}
         ok = api.AppendStatus.PUT_OK
@@ -105,7 +109,7 @@ class OwnAppends:
                     runs[q].append(record)
         for queue, records in runs.items():
             if records:
-                self._keep((queue, indexed.group), firsts[queue], records)
+                self._keep(queue, indexed.group, firsts[queue], records)
 
     @staticmethod
     def _records(messages: tuple[Message, ...], results: tuple[api.AppendResult, ...],
@@ -115,37 +119,38 @@ class OwnAppends:
         return [Record(r.offset, size, m.kind, m.qos, m.retain, ts, m.born_ts or ts, m.topic, m.client_id,
                        m.properties, m.body) for m, r, size in zip(messages, results, indexed.sizes)]
 
-    def _keep(self, key: tuple[str, str], first: int, records: list) -> None:
-        messages = _queued(key[0], key[1], first, records)
-        self._runs.setdefault(key, deque()).append((first, messages))
-        self._order.append((key, len(messages)))
+    def _keep(self, queue: str, group: str, first: int, records: list) -> None:
+        messages = _queued(queue, group, first, records)
+        self._runs.setdefault(queue, deque()).append((first, group, messages))
+        self._order.append((queue, len(messages)))
         self._entries += len(messages)
         while self._entries > self.max_entries and self._order:
-            old_key, count = self._order.popleft()
-            runs = self._runs[old_key]
+            old, count = self._order.popleft()
+            runs = self._runs[old]
             runs.popleft()
             if not runs:
-                del self._runs[old_key]
+                del self._runs[old]
+                self._ends.pop(old, None)
             self._entries -= count
 
     def read(self, position: api.QueuePosition, max_count: int) -> api.ReadResult | None:
         """The answer to ``read_queue(position, max_count)`` from the kept entries, or None (ask the broker)."""
-        runs = self._runs.get((position.queue, position.group))
+        runs = self._runs.get(position.queue)
         if not runs or max_count < 1:
             return None
-        offset = position.offset
+        offset, group = position.offset, position.group
         out: list = []
         end = None
-        for first, messages in reversed(runs):  # a live reader is at one of the newest runs
-            if first <= offset < first + len(messages):
+        for first, run_group, messages in reversed(runs):  # a live reader is at one of the newest runs
+            if first <= offset < first + len(messages) and run_group == group:
                 out.extend(messages[offset - first:offset - first + max_count])
                 end = offset + len(out)
                 break
         if end is None:
             return None
         if len(out) < max_count:  # runs that follow on where this one stops (batches in a row)
-            for first, messages in runs:
-                if first == end:
+            for first, run_group, messages in runs:
+                if first == end and run_group == group:
                     out.extend(messages[:max_count - len(out)])
                     end = position.offset + len(out)
                     if len(out) == max_count:
