@@ -33,7 +33,7 @@ import types
 import typing
 from collections import deque
 from itertools import repeat
-from operator import attrgetter
+from operator import attrgetter, countOf
 from typing import Any, Callable, NamedTuple
 
 import msgpack
@@ -461,16 +461,18 @@ def _append_results() -> tuple[Callable, Callable]:
         if n and set(map(type, value)) != {cls}:
             value = [item_dec(item_enc(r)) for r in value]  # converted, or a CodecError naming what is wrong
         status, offsets, queues, reasons = map(list, zip(*value)) if n else ([], [], [], [])
+        stored = countOf(status, ok) == n  # by identity, at C speed: an Enum member hashes in Python
         if n and (set(map(type, offsets)) != {int} or set(map(type, queues)) != {tuple}
-                  or set(map(type, reasons)) != {str} or not set(status).issubset(statuses.values())):
+                  or set(map(type, reasons)) != {str} or (not stored and set(map(type, status)) != {api.AppendStatus})):
             value = [item_dec(item_enc(r)) for r in value]
             status, offsets, queues, reasons = map(list, zip(*value))
+            stored = countOf(status, ok) == n
         sets: dict[tuple, int] = {}
         indexes = [sets.setdefault(q, len(sets)) for q in queues]
         named = [list(q) for q in sets]
         if any(type(name) is not str for q in named for name in q):
             raise CodecError("queue names are str")
-        if set(status) <= {ok} and not any(reasons):
+        if stored and not any(reasons):
             return [named, offsets, indexes]
         return [named, offsets, indexes, [s.value for s in status], reasons]
 

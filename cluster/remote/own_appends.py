@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import deque
 from itertools import repeat
-from operator import attrgetter
+from operator import attrgetter, countOf
 
 from store import api
 from store.record import Message, Record
@@ -42,6 +42,7 @@ _qm_position, _qm_record = (_QM.__dict__[f].__set__ for f in ("position", "recor
 
 
 _queues_of, _status_of = attrgetter("queues"), attrgetter("status")
+_OK = api.AppendStatus.PUT_OK  # compared by identity (countOf): an Enum member hashes in Python
 
 
 def _queued(queue: str, group: str, first: int, records: list) -> tuple:
@@ -93,7 +94,7 @@ class OwnAppends:
         queue_sets = list(map(_queues_of, results))
         distinct = set(queue_sets)  # a topic's results share one tuple: a batch has a few
         reached = {queues: tuple(q for q in queues if q in firsts) for queues in distinct}
-        if len(set(reached.values())) == 1 and set(map(_status_of, results)) == {api.AppendStatus.PUT_OK}:
+        if len(set(reached.values())) == 1 and countOf(map(_status_of, results), _OK) == len(results):
             # Every message stored and in the same told queues (a fan-in's batch): one run per queue.
             (wanted,) = set(reached.values())
             if wanted:
