@@ -165,6 +165,9 @@ class IndexedAppend(NamedTuple):
     firsts: dict[str, int]
     """Queue name -> queue offset of the batch's first entry in it; its next entries follow one by one, in
     the batch's order, for the messages whose ``AppendResult.queues`` name that queue."""
+    ends: dict[str, int] = {}
+    """Queue name -> queue offset after the batch's last entry in it (the broker's bookkeeping of what the
+    proxy was told; not sent: the proxy counts its entries itself)."""
 
 
 @runtime_checkable

@@ -15,7 +15,7 @@ import errno
 import fcntl
 import logging
 import os
-from collections import deque
+from collections import Counter, deque
 from typing import Callable, Container, Iterable, Iterator, Mapping, NamedTuple, Protocol, Sequence
 
 from twisted.internet import defer, task
@@ -588,23 +588,25 @@ class MessageStore:
         index = self._index
         if index is None:
             return None
-        counts: dict[tuple[str, ...], int] = {}
-        for queues in targets[first:]:  # a topic's records share one tuple: counted per distinct tuple
-            counts[queues] = counts.get(queues, 0) + 1
-        mine = {q for queues in set(targets[first:end]) for q in queues if q in wanted}
+        own = Counter(targets[first:end])  # a topic's records share one tuple: counted per distinct tuple
+        mine = {q for queues in own for q in queues if q in wanted}
         if not mine:
             return None
-        after: dict[str, int] = {}
-        for queues, n in counts.items():
+        ends = {q: index.max_offset(q) for q in mine}
+        for queues, n in Counter(targets[end:]).items():  # later submissions of this drain (usually none)
             for q in queues:
                 if q in mine:
-                    after[q] = after.get(q, 0) + n
-        firsts = {q: index.max_offset(q) - n for q, n in after.items()}
+                    ends[q] -= n
+        firsts = dict(ends)
+        for queues, n in own.items():
+            for q in queues:
+                if q in mine:
+                    firsts[q] -= n
         sizes = [r.size for r in requests[first:end]]
         if refused:
             for i in sorted(refused):
                 sizes.insert(i, 0)
-        return IndexedAppend("", now, tuple(sizes), firsts)
+        return IndexedAppend("", now, tuple(sizes), firsts, ends)
 
     def _notify(self, log_end: int, touched: set[str]) -> None:
         if not self.gate.shows(log_end):

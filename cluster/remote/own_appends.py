@@ -88,8 +88,10 @@ class OwnAppends:
             self._ends[queue] = end
 
     def add(self, messages: tuple[Message, ...], results: tuple[api.AppendResult, ...],
-            indexed: api.IndexedAppend) -> None:
-        """Keep the entries an answered ``append_batch`` made in the queues ``indexed`` names."""
+            indexed: api.IndexedAppend) -> dict[str, int]:
+        """Keep the entries an answered ``append_batch`` made in the queues ``indexed`` names; return where they
+        end in each (queue -> offset after the batch's last entry): the answer is news of them."""
+        ends: dict[str, int] = {}
         firsts = indexed.firsts
         queue_sets = list(map(_queues_of, results))
         distinct = set(queue_sets)  # a topic's results share one tuple: a batch has a few
@@ -100,8 +102,8 @@ class OwnAppends:
             if wanted:
                 records = self._records(messages, results, indexed)
                 for q in wanted:
-                    self._keep(q, indexed.group, firsts[q], records)
-            return
+                    ends[q] = self._keep(q, indexed.group, firsts[q], records)
+            return ends
         runs: dict[str, list] = {q: [] for q in firsts}
         ok = api.AppendStatus.PUT_OK
         for record, r, queues in zip(self._records(messages, results, indexed), results, queue_sets):
@@ -110,7 +112,8 @@ class OwnAppends:
                     runs[q].append(record)
         for queue, records in runs.items():
             if records:
-                self._keep(queue, indexed.group, firsts[queue], records)
+                ends[queue] = self._keep(queue, indexed.group, firsts[queue], records)
+        return ends
 
     @staticmethod
     def _records(messages: tuple[Message, ...], results: tuple[api.AppendResult, ...],
@@ -120,7 +123,7 @@ class OwnAppends:
         return [Record(r.offset, size, m.kind, m.qos, m.retain, ts, m.born_ts or ts, m.topic, m.client_id,
                        m.properties, m.body) for m, r, size in zip(messages, results, indexed.sizes)]
 
-    def _keep(self, queue: str, group: str, first: int, records: list) -> None:
+    def _keep(self, queue: str, group: str, first: int, records: list) -> int:
         messages = _queued(queue, group, first, records)
         self._runs.setdefault(queue, deque()).append((first, group, messages))
         self._order.append((queue, len(messages)))
@@ -133,6 +136,7 @@ class OwnAppends:
                 del self._runs[old]
                 self._ends.pop(old, None)
             self._entries -= count
+        return first + len(messages)
 
     def read(self, position: api.QueuePosition, max_count: int) -> api.ReadResult | None:
         """The answer to ``read_queue(position, max_count)`` from the kept entries, or None (ask the broker)."""

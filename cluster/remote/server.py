@@ -26,7 +26,9 @@ watches or appends there were. A watch belongs to the connection that made it
 the batch's records went in those queues, when the store can say and readers
 may see them (``store.api.IndexedAppend``, ``codec.pack_append_answer``): the
 proxy then answers its own sessions' reads of them (``own_appends``) instead
-of reading back the messages it has just sent.
+of reading back the messages it has just sent. That answer is also its news of
+those queues up to where its entries end: no event frame is sent to it for
+news that goes no further.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class _ConnectionWatches:
     def __init__(self) -> None:
         self.watches: dict[int, api.Watch] = {}
         self.watched: dict[str, int] = {}  # queue -> watches of it this connection holds
+        self.told: dict[str, int] = {}  # queue -> the end its append answers told it (news up to there is known)
         self.filters: dict[str, int] = {}  # topic filter -> references this connection took
         self.dirty: dict[str, None] = {}  # insertion-ordered set
         self.flush = None
@@ -116,15 +119,21 @@ class StoreServer:
         indexed = getattr(self.store, "append_batch_indexed", None)
         if held is None or not held.watched or indexed is None:
             return self.store.append_batch(messages).addCallback(self._pack, "append_batch")
-        return indexed(messages, held.watched).addCallback(self._pack_indexed)
+        return indexed(messages, held.watched).addCallback(self._pack_indexed, held)
 
     @staticmethod
-    def _pack_indexed(answer) -> bytes:
+    def _pack_indexed(answer, held: _ConnectionWatches) -> bytes:
         results, where = answer
         try:
-            return store_codec.pack_append_answer(results, where)
+            body = store_codec.pack_append_answer(results, where)
         except store_codec.CodecError as exc:  # the store broke the interface: a bug, reported as one
             raise api.InternalError(str(exc)) from None
+        if where is not None:  # the answer is its news of these queues up to there (RemoteStore._appended)
+            told = held.told
+            for queue, end in where.ends.items():
+                if end > told.get(queue, -1):
+                    told[queue] = end
+        return body
 
     @staticmethod
     def _pack(value, name: str) -> bytes:
@@ -184,6 +193,7 @@ class StoreServer:
             held.watched[watch.queue] = left
         else:
             held.watched.pop(watch.queue, None)
+            held.told.pop(watch.queue, None)
         return self.store.unwatch_queue(watch)
 
     def _news(self, protocol, queue: str) -> None:
@@ -199,9 +209,14 @@ class StoreServer:
         dirty, held.dirty = held.dirty, {}
         for queue in dirty:
             self.store.end_positions(queue).addCallbacks(self._end_offset, lambda _f: -1).addCallback(
-                lambda end, q=queue: protocol.send_event(QUEUE_EVENT, store_codec.pack((q, end), tuple[str, int])))
-            if self.metrics is not None:
-                self.metrics.events += 1
+                self._send_end, protocol, held, queue)
+
+    def _send_end(self, end: int, protocol, held: _ConnectionWatches, queue: str) -> None:
+        if 0 <= end <= held.told.get(queue, -1):
+            return  # its own append's answer told it all of this news already
+        protocol.send_event(QUEUE_EVENT, store_codec.pack((queue, end), tuple[str, int]))
+        if self.metrics is not None:
+            self.metrics.events += 1
 
     @staticmethod
     def _end_offset(positions) -> int:

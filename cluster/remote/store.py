@@ -37,7 +37,7 @@ from cluster.remote import codec as store_codec
 from cluster.remote.own_appends import OwnAppends
 from cluster.remote.server import QUEUE_EVENT, request_type
 from cluster.rpc.peer import PeerClient
-from cluster.rpc.protocol import RemoteError
+from cluster.rpc.protocol import CallTimeout, RemoteError
 from store import api
 
 log = logging.getLogger("twistmq.cluster.remote.store")
@@ -221,9 +221,16 @@ class RemoteStore:
             log.warning("remote_store_bad_event peer=%s", self.peer.peer_id)
             return
         self.own.news(queue, end)  # before the watchers read
+        self._tell(queue)
+
+    def _tell(self, queue: str) -> None:
+        """Call the local watchers of ``queue`` (one failing is logged: the others and the caller go on)."""
         for watched, callback, _remote in list(self._watches.values()):
             if watched == queue:
-                callback(queue)
+                try:
+                    callback(queue)
+                except Exception:  # noqa: BLE001 - a watcher's bug must not fail the append that told the news
+                    log.exception("remote_store_watcher_failed queue=%s", queue)
 
     def _rewatch(self) -> None:
         for local_id, (queue, callback, _old) in list(self._watches.items()):
@@ -245,13 +252,25 @@ class RemoteStore:
         return self._call("append", (message,), {})
 
     def append_batch(self, messages: tuple[api.Message, ...]) -> defer.Deferred[tuple[api.AppendResult, ...]]:
-        return self._call("append_batch", (messages,), {}, lambda body: self._appended(messages, body))
+        d = self._call("append_batch", (messages,), {}, lambda body: self._appended(messages, body))
+        return d.addErrback(self._answer_lost)
 
     def _appended(self, messages: tuple[api.Message, ...], body: bytes) -> tuple[api.AppendResult, ...]:
         results, indexed = store_codec.unpack_append_answer(body)
         if indexed is not None and len(results) == len(messages):
-            self.own.add(messages, results, indexed)
+            # The answer is the news of our entries: the broker sends no event of them to this connection.
+            for queue, end in self.own.add(messages, results, indexed).items():
+                self.own.news(queue, end)
+                self._tell(queue)
         return results
+
+    def _answer_lost(self, failure):
+        """An append that timed out may have been stored, and its answer was the news of it: watchers hear of
+        every queue (a read too many, never a message missed)."""
+        if failure.check(CallTimeout):
+            for queue in {queue for queue, _cb, _w in self._watches.values()}:
+                self._tell(queue)
+        return failure
 
     def first_positions(self, queue: str) -> defer.Deferred[tuple[api.QueuePosition, ...]]:
         return self._call("first_positions", (queue,), {})

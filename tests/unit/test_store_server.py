@@ -81,8 +81,9 @@ def test_news_goes_only_to_watching_connections_once_per_tick(rig):
     rig.wait(a.watch_queue(qa, heard_a.append))
     rig.wait(a.watch_queue(qa, heard_a.append))  # two watches on one connection: still one frame per tick
     rig.wait(b.watch_queue(qb, heard_b.append))
-    batch = a.append_batch((publish("a/1"), publish("a/2")))
-    single = a.append(publish("a/3"))
+    c, _pc = rig.proxy("proxy-c")  # a publisher elsewhere: a's own appends would tell it in their answers
+    batch = c.append_batch((publish("a/1"), publish("a/2")))
+    single = c.append(publish("a/3"))
     rig.wait(batch), rig.wait(single)
     assert heard_a == [qa, qa]  # one frame, two local watches called
     assert heard_b == []
@@ -280,3 +281,34 @@ def test_the_broker_keeps_no_copy_for_a_proxy_that_reads_its_own_appends(rig):
     rig.wait(b.watch_queue(q, lambda _q: None))
     rig.wait(a.append_batch((publish("solo/3"),)))
     assert rig.parts.store.kept_in_memory == kept + 1
+
+
+def test_an_append_answer_is_its_proxys_news(rig):
+    """The proxy that appended hears of its entries from the answer (no event frame for them); entries another
+    proxy appends after them still come as an event, with the queue's end."""
+    a, _pa = rig.proxy("proxy-a")
+    b, _pb = rig.proxy("proxy-b")
+    q = rig.wait(a.add_filter("told/#"))
+    heard: list = []
+    rig.wait(a.watch_queue(q, heard.append))
+    rig.wait(a.append_batch((publish("told/1"), publish("told/2"))))
+    assert heard == [q] and rig.dispatcher.metrics.events == 0 and a.events_received == 0
+    rig.wait(b.append_batch((publish("told/3"),)))
+    assert heard == [q, q] and a.events_received == 1
+    (start,) = rig.wait(b.first_positions(q))
+    whole = rig.wait(a.read_queue(start, 10))  # past a's own run: the broker's answer, b's entry included
+    assert [m.record.topic for m in whole.messages] == ["told/1", "told/2", "told/3"]
+
+
+def test_an_append_whose_answer_is_lost_tells_every_watcher(rig):
+    """An append that timed out may have been stored, and its answer was its news: every watcher hears of its queue."""
+    from cluster.rpc.protocol import CallTimeout
+    a, _pa = rig.proxy("proxy-a")
+    q = rig.wait(a.add_filter("lost/#"))
+    heard: list = []
+    rig.wait(a.watch_queue(q, heard.append))
+    out: list = []
+    a.append_batch((publish("lost/1"),)).addBoth(out.append)
+    rig.clock.advance(SETTINGS.call_timeout + 0.5)  # the connection carried nothing meanwhile: no answer came
+    assert out and out[0].check(CallTimeout)
+    assert heard == [q]
