@@ -41,6 +41,7 @@ RECENT_RECORDS = 262144
 RECENT_BYTES = 64 << 20  # ... and at most this much memory: record bytes plus Python's cost per entry
 RECENT_MAX_RECORD = 8192  # larger records are read back from the log: copying them dominates anyway
 RECENT_ENTRY_COST = 400  # bytes of Python objects behind one kept append, beside its record bytes
+RECENT_BYTES_COST = 120  # ... and behind one kept as its written bytes (a bytes object, its dict and deque slots)
 
 
 PutStatus = AppendStatus  # the outcome of a put is the store interface's (store.api), under RocketMQ's name
@@ -212,7 +213,7 @@ class MessageStore:
         self.is_open = False
         self.puts = 0
         self.bytes_in = 0
-        self._recent: dict[int, rec.Record] = {}  # commit-log offset -> the Record of a recent append
+        self._recent: dict[int, rec.Record | bytes] = {}  # commit-log offset -> a recent append (or its bytes)
         self._recent_order: deque[int] = deque()  # the offsets kept in _recent, oldest first
         self._recent_bytes = 0
         self.retention = Retention(self, clock)
@@ -484,9 +485,9 @@ class MessageStore:
         order_append = self._recent_order.append
         Record = rec.Record
         read_soon = self._observer.read_soon
-        keep: dict[tuple[str, ...], bool] = {}  # asked once per distinct queue set in the tick
+        keep: dict[tuple[str, ...], int] = {}  # asked once per distinct queue set in the tick: _KEEP_*
         kept_bytes = 0
-        last_queues, k = None, False  # a topic's records come in runs with the very same queues tuple
+        last_queues, k = None, _KEEP_NOTHING  # a topic's records come in runs with the very same queues tuple
         told = self._told(waiters)  # accepted index -> the told submitter's watches, where one starts
         excluding = None
         for i, (r, m) in enumerate(zip(requests, accepted)):
@@ -498,8 +499,14 @@ class MessageStore:
                     last_queues = queues
                     k = keep.get(queues)
                     if k is None:
-                        k = keep[queues] = read_soon(queues) if excluding is None else read_soon(queues, excluding)
-                if k:
+                        k = keep[queues] = _keep_what(read_soon, queues, excluding)
+                if k == _KEEP_BYTES:
+                    # Only its submitter watches (it reads them from what it sent): kept as written, at no cost
+                    # but a slot, and decoded only if it reads them back after all (a lagging session).
+                    recent[r.offset] = encoded[i]
+                    order_append(r.offset)
+                    kept_bytes += r.size + RECENT_BYTES_COST
+                elif k:
                     # The Record readers get, built now: one long-lived object per kept append (the request and
                     # the message die with the tick), so the collector's full passes walk a third as many. The
                     # QUEUES bookkeeping property (replay's business) is left out: readers deliver messages.
@@ -656,9 +663,9 @@ class MessageStore:
 
     def read(self, offset: int, size: int | None = None) -> defer.Deferred:
         """The record at a commit-log offset."""
-        record = self._recent.get(offset)  # a recent append: no read, no decode
+        record = self._recent.get(offset)  # a recent append: no read, no decode (but of one kept as written)
         if record is not None:
-            return defer.succeed(record)
+            return defer.succeed(rec.decode(record, 0, offset) if type(record) is bytes else record)
         return defer.maybeDeferred(self.commit_log.read, offset, size)
 
     def get(self, queue: str, offset: int, max_count: int = 32) -> defer.Deferred:
@@ -701,6 +708,8 @@ class MessageStore:
                 todo.append((len(out), new(QueueEntry, (queue_offset, cl_offset, size, store_ts))))
                 out.append(None)  # filled by _read_runs
             else:
+                if type(record) is bytes:  # kept as written (a told submission's): decoded from memory
+                    record = rec.decode(record, 0, cl_offset)
                 out.append(new(QueueMessage, (queue_offset, record)))
             budget -= size
             if budget <= 0:
@@ -873,9 +882,25 @@ def _call_each(calls) -> None:
         call()
 
 
-def _size(record: rec.Record) -> int:
+def _size(record: rec.Record | bytes) -> int:
     """Memory charged for a kept append."""
+    if type(record) is bytes:
+        return len(record) + RECENT_BYTES_COST
     return record.size + RECENT_ENTRY_COST
+
+
+_KEEP_NOTHING, _KEEP_RECORD, _KEEP_BYTES = 0, 1, 2
+
+
+def _keep_what(read_soon, queues: tuple[str, ...], excluding: Mapping[str, int] | None) -> int:
+    """How the recent cache keeps an append to ``queues``: as a Record for readers waiting on one of them; as
+    its bytes when only its submitter watches them (``excluding``: it reads them from what it sent, but for a
+    session that falls behind); else not at all."""
+    if excluding is None:
+        return _KEEP_RECORD if read_soon(queues) else _KEEP_NOTHING
+    if read_soon(queues, excluding):
+        return _KEEP_RECORD
+    return _KEEP_BYTES if any(q in excluding for q in queues) else _KEEP_NOTHING
 
 
 class _Batch:

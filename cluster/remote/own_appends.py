@@ -30,7 +30,7 @@ from operator import attrgetter, countOf
 from store import api
 from store.record import Message, Record
 
-MAX_ENTRIES = 2048
+MAX_ENTRIES = 8192
 """Entries kept over all queues: a subscriber this far behind its publishers reads from the broker."""
 
 # A frozen dataclass's __init__ sets each field through object.__setattr__: a position and a queued message per

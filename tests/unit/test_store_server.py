@@ -268,19 +268,25 @@ def test_nothing_past_the_confirm_offset_is_told(rig):
     assert [m.record.topic for m in late.messages] == ["held/1", "held/2"] and _read_calls(rig) == 2
 
 
-def test_the_broker_keeps_no_copy_for_a_proxy_that_reads_its_own_appends(rig):
-    """Appends whose only watcher is the proxy that made them (it reads them from what it sent) are not kept in the
-    broker's memory; another proxy watching the queue makes the broker keep them for its reads."""
+def test_the_broker_keeps_only_the_bytes_for_a_proxy_that_reads_its_own_appends(rig):
+    """Appends whose only watcher is the proxy that made them are kept in the broker's memory as written (no Record
+    built for them), and a read of them from the broker still has them; another watcher gets Records kept."""
+    from store.message_store import _KEEP_BYTES, _KEEP_NOTHING, _KEEP_RECORD, _keep_what
     a, _pa = rig.proxy("proxy-a")
     b, _pb = rig.proxy("proxy-b")
     q = rig.wait(a.add_filter("solo/#"))
     rig.wait(a.watch_queue(q, lambda _q: None))
+    (start,) = rig.wait(a.end_positions(q))
     kept = rig.parts.store.kept_in_memory
     rig.wait(a.append_batch((publish("solo/1"), publish("solo/2"))))
-    assert rig.parts.store.kept_in_memory == kept
-    rig.wait(b.watch_queue(q, lambda _q: None))
-    rig.wait(a.append_batch((publish("solo/3"),)))
-    assert rig.parts.store.kept_in_memory == kept + 1
+    assert rig.parts.store.kept_in_memory == kept + 2
+    late = rig.wait(b.read_queue(start, 10))  # a session that fell behind reads them from the broker
+    assert [(m.record.topic, m.record.body) for m in late.messages] == [("solo/1", b"x"), ("solo/2", b"x")]
+    watched = {q: 1}
+    assert _keep_what(lambda qs, excluding=None: excluding is None, (q,), watched) == _KEEP_BYTES
+    assert _keep_what(lambda qs, excluding=None: True, (q,), watched) == _KEEP_RECORD  # another watcher too
+    assert _keep_what(lambda qs, excluding=None: False, ("t/other",), watched) == _KEEP_NOTHING
+    assert _keep_what(lambda qs, excluding=None: False, (q,), None) == _KEEP_NOTHING
 
 
 def test_an_append_answer_is_its_proxys_news(rig):
