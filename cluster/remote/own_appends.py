@@ -14,6 +14,8 @@ only when the run of kept entries from its position fills it, or reaches the
 queue's end as the last news of the queue said (``news``): an entry someone
 else appended after ours has news of its own, so a short answer never hides one
 the broker already told of (the session would otherwise wait for the next news).
+For the same reason a read at that end, right after our newest run, is answered
+empty here (a caught-up session's read after its acknowledgements).
 Anything else (a position before or between kept runs, a run short of the known
 end, another group's position) goes to the broker as before.
 
@@ -152,6 +154,12 @@ class OwnAppends:
                 end = offset + len(out)
                 break
         if end is None:
+            last_first, last_group, last = runs[-1]
+            if offset == self._ends.get(position.queue) == last_first + len(last) and last_group == group:
+                # At the end of our newest run, which the news says is the queue's end: nothing more now (news
+                # of anything after it is still to come, and wakes the reader).
+                self.answered += 1
+                return api.ReadResult((), position, 0)
             return None
         if len(out) < max_count:  # runs that follow on where this one stops (batches in a row)
             for first, run_group, messages in runs:

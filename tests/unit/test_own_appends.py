@@ -71,3 +71,17 @@ def test_only_stored_messages_of_the_told_queues_are_kept():
     assert own.read(api.QueuePosition("dev", "g1", 4), 10) is None
     own.clear()
     assert own.read(api.QueuePosition(Q, "g1", 4), 10) is None
+
+
+def test_a_read_at_the_known_end_after_our_newest_run_is_empty_here():
+    """A caught-up reader's read at the end the news named, right after our newest run, is answered empty; once the
+    news names a later end it goes to the broker."""
+    own = OwnAppends()
+    messages, results = _batch(2)
+    own.add(messages, results, _indexed(2, first=4))
+    own.news(Q, 6)
+    empty = own.read(api.QueuePosition(Q, "g1", 6), 10)
+    assert empty.messages == () and empty.next == api.QueuePosition(Q, "g1", 6)
+    assert own.read(api.QueuePosition(Q, "g2", 6), 10) is None
+    own.news(Q, 9)
+    assert own.read(api.QueuePosition(Q, "g1", 6), 10) is None
