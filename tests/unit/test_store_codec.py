@@ -368,3 +368,57 @@ def test_where_the_records_went_off_its_shape_is_refused(extra, why):
         api.IndexedAppend("g1", 5, (1,), {"q": 0})
     with pytest.raises(codec.CodecError):
         codec.unpack_append_answer(msgpack.packb([[["q"]], [1], [0], extra]))
+
+
+def _runs_batch():
+    topics, clients = ["dev/a/temp", "dev/b/temp"], ["pub-a", "pub-b"]
+    return tuple(Message(topics[i // 8], b"%d" % i, RecordKind.MQTT_PUBLISH, 1, False, clients[i // 8], 100 + i, {})
+                 for i in range(16))
+
+
+def test_a_batch_of_long_runs_goes_as_runs_and_round_trips():
+    """A few devices' runs of one topic and client id cross as runs (each says its fields once) and come back
+    message for message, each with a dict of its own; a batch of many topics goes as rows."""
+    batch = _runs_batch()
+    packed = codec.encode(batch, tuple[Message, ...])
+    assert packed == {"runs": [["dev/a/temp", "pub-a", RecordKind.MQTT_PUBLISH, 1, False,
+                                [b"%d" % i for i in range(8)], list(range(100, 108))],
+                               ["dev/b/temp", "pub-b", RecordKind.MQTT_PUBLISH, 1, False,
+                                [b"%d" % i for i in range(8, 16)], list(range(108, 116))]]}
+    back = codec.unpack_call(codec.pack_call("append_batch", (batch,)))[1][0]
+    assert back == batch and len({id(m.properties) for m in back}) == 16
+    scattered = tuple(Message(f"dev/{i}/temp", b"x", RecordKind.MQTT_PUBLISH, 1, False, f"c{i}", 5, {})
+                      for i in range(16))
+    assert type(codec.encode(scattered, tuple[Message, ...])) is list
+    assert codec.unpack_call(codec.pack_call("append_batch", (scattered,)))[1][0] == scattered
+
+
+def test_runs_with_a_message_off_its_types_go_as_rows_or_are_refused():
+    """A run broken by properties, a bool qos or a bytearray body leaves the runs form: converted, or refused."""
+    batch = list(_runs_batch())
+    with_props = batch[:3] + [Message("dev/a/temp", b"p", RecordKind.MQTT_PUBLISH, 1, False, "pub-a", 5, {"k": "v"})]
+    assert codec.unpack_call(codec.pack_call("append_batch", (tuple(with_props),)))[1][0] == tuple(with_props)
+    loose = batch[:15] + [Message("dev/b/temp", bytearray(b"z"), RecordKind.MQTT_PUBLISH, 1, False, "pub-b", 5, {})]
+    assert codec.unpack_call(codec.pack_call("append_batch", (tuple(loose),)))[1][0][-1].body == b"z"
+    with pytest.raises(codec.CodecError):
+        codec.pack_call("append_batch", (tuple(batch[:15] + [Message("dev/b/temp", b"z", qos=True)]),))
+
+
+@pytest.mark.parametrize("run, why", [
+    (["t/a", "c", 1, 1, False, [b"x"], [5, 6]], "born times and bodies of different lengths"),
+    (["t/a", "c", 1, 1, False, [], []], "an empty run"),
+    (["t/a", "c", 99, 1, False, [b"x"], [5]], "an unknown kind"),
+    (["t/a", "c", 1, True, False, [b"x"], [5]], "qos as a bool"),
+    (["t/a", "c", 1, 1, False, ["x"], [5]], "a body as text"),
+    (["t/a", "c", 1, 1, False, [b"x"], [True]], "a born time as a bool"),
+    (["t/a", "c", 1, 1, False, [b"x"]], "a field missing"),
+])
+def test_a_run_off_its_shape_is_refused(run, why):
+    """Each run of a batch is checked: anything off its shape is a CodecError."""
+    good = ["t/a", "c", 1, 1, False, [b"x"], [5]]
+    frame = lambda r: msgpack.packb(["append_batch", [{"runs": [good, r]}]], use_bin_type=True)  # noqa: E731
+    assert len(codec.unpack_call(frame(good))[1][0]) == 2
+    with pytest.raises(codec.CodecError):
+        codec.unpack_call(frame(run))
+    with pytest.raises(codec.CodecError):
+        codec.unpack_call(msgpack.packb(["append_batch", [{"runs": [good], "more": []}]], use_bin_type=True))
