@@ -19,8 +19,11 @@ empty here (a caught-up session's read after its acknowledgements).
 Anything else (a position before or between kept runs, a run short of the known
 end, another group's position) goes to the broker as before.
 
-Sans-IO and bounded: at most ``max_entries`` entries over all queues, the oldest
-runs dropped first (a reader that far behind reads from the broker).
+Sans-IO and bounded: at most ``max_entries`` entries and ``max_bytes`` of record
+bytes over all queues, the oldest runs dropped first (a reader that far behind
+reads from the broker). As large as the proxy's read cache: a fan-in's subscriber
+falls behind its publishers by tens of thousands of messages, and each read that
+falls back to the broker costs more than the entries it would have found here.
 """
 
 from __future__ import annotations
@@ -32,8 +35,10 @@ from operator import attrgetter, countOf
 from store import api
 from store.record import Message, Record
 
-MAX_ENTRIES = 8192
+MAX_ENTRIES = 32768
 """Entries kept over all queues: a subscriber this far behind its publishers reads from the broker."""
+MAX_BYTES = 8 << 20
+"""Record bytes kept over all queues (big payloads must not multiply memory)."""
 
 # A frozen dataclass's __init__ sets each field through object.__setattr__: a position and a queued message per
 # entry are made by filling their slots a field at a time over the whole run (the same, equal, hashable objects).
@@ -43,7 +48,7 @@ _qp_queue, _qp_group, _qp_offset = (_QP.__dict__[f].__set__ for f in ("queue", "
 _qm_position, _qm_record = (_QM.__dict__[f].__set__ for f in ("position", "record"))
 
 
-_queues_of, _status_of = attrgetter("queues"), attrgetter("status")
+_queues_of, _status_of, _size_of = attrgetter("queues"), attrgetter("status"), attrgetter("size")
 _OK = api.AppendStatus.PUT_OK  # compared by identity (countOf): an Enum member hashes in Python
 
 
@@ -60,12 +65,15 @@ def _queued(queue: str, group: str, first: int, records: list) -> tuple:
 
 
 class OwnAppends:
-    """``OwnAppends(max_entries)``: ``add`` after each answered append, ``news`` with each queue event, ``read``."""
+    """``OwnAppends(max_entries, max_bytes)``: ``add`` after each answered append, ``news`` with each queue event,
+    ``read`` for each read of a session."""
 
-    def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
+    def __init__(self, max_entries: int = MAX_ENTRIES, max_bytes: int = MAX_BYTES) -> None:
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self._bytes = 0
         self._runs: dict[str, deque] = {}  # queue -> runs [(first offset, group, messages)], oldest first
-        self._order: deque = deque()  # (queue, count) per run kept, oldest first: what eviction drops
+        self._order: deque = deque()  # (queue, count, record bytes) per run kept, oldest first: what eviction drops
         self._entries = 0
         # queue -> its end as the last news told (entries before it exist), for the queues with runs only: news
         # of entries after a run of ours always comes after the answer that made the run
@@ -77,6 +85,7 @@ class OwnAppends:
         self._runs.clear()
         self._order.clear()
         self._entries = 0
+        self._bytes = 0
         self._ends.clear()
 
     def news(self, queue: str, end: int) -> None:
@@ -128,10 +137,13 @@ class OwnAppends:
     def _keep(self, queue: str, group: str, first: int, records: list) -> int:
         messages = _queued(queue, group, first, records)
         self._runs.setdefault(queue, deque()).append((first, group, messages))
-        self._order.append((queue, len(messages)))
+        size = sum(map(_size_of, records))
+        self._order.append((queue, len(messages), size))
         self._entries += len(messages)
-        while self._entries > self.max_entries and self._order:
-            old, count = self._order.popleft()
+        self._bytes += size
+        while (self._entries > self.max_entries or self._bytes > self.max_bytes) and self._order:
+            old, count, size = self._order.popleft()
+            self._bytes -= size
             runs = self._runs[old]
             runs.popleft()
             if not runs:

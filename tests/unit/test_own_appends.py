@@ -85,3 +85,13 @@ def test_a_read_at_the_known_end_after_our_newest_run_is_empty_here():
     assert own.read(api.QueuePosition(Q, "g2", 6), 10) is None
     own.news(Q, 9)
     assert own.read(api.QueuePosition(Q, "g1", 6), 10) is None
+
+
+def test_record_bytes_bound_what_is_kept():
+    """Past max_bytes of record bytes the oldest runs go, however few their entries."""
+    own = OwnAppends(max_entries=100, max_bytes=250)  # the batches' records are 50 bytes each
+    for k in range(3):
+        messages, results = _batch(2, first_cl=1000 * k)
+        own.add(messages, results, _indexed(2, first=2 * k))
+    assert own.read(api.QueuePosition(Q, "g1", 0), 10) is None
+    assert [m.position.offset for m in own.read(api.QueuePosition(Q, "g1", 2), 10).messages] == [2, 3, 4, 5]
