@@ -216,6 +216,7 @@ class MessageStore:
         self._recent: dict[int, rec.Record | bytes] = {}  # commit-log offset -> a recent append (or its bytes)
         self._recent_order: deque[int] = deque()  # the offsets kept in _recent, oldest first
         self._recent_bytes = 0
+        self._telling = True  # whether the last answer to a submitter that asked told it where its records went
         self.retention = Retention(self, clock)
         self.visible_offset = 0
         """Commit-log offset below which records are durable under the flush policy: reads stop there."""
@@ -540,14 +541,19 @@ class MessageStore:
         def answer_ok(_=None):
             new, ok = tuple.__new__, PutStatus.PUT_OK  # one result per message: built in one call each
             results = [new(PutResult, (ok, offset, queues, "")) for offset, queues in zip(offsets, targets)]
-            if log_end > self.visible_offset or not self.gate.shows(log_end):  # no reader may see them yet
+            shown = log_end <= self.visible_offset and self.gate.shows(log_end)
+            if not shown:  # no reader may see them yet
                 untold()
+            elif any(type(w) is _Batch and w.wanted for w, _first, _end, _refused in waiters):
+                self._telling = True
             for waiter, first, end, refused in waiters:
                 _answer(waiter, results[first:end], refused)
 
         def untold():
             for waiter, _first, _end, _refused in waiters:
                 if type(waiter) is _Batch:
+                    if waiter.wanted:
+                        self._telling = False
                     waiter.indexed = None
 
         def not_replicated(f):
@@ -577,9 +583,11 @@ class MessageStore:
     def _told(self, waiters: list) -> dict[int, Mapping[str, int] | None] | None:
         """Where each submission that will be told where its records went starts (accepted index -> its watches,
         whose reads it answers itself: no reason to keep its records in memory for them), and where the others
-        start (-> None); None if no submission is told. Only without a replication gate: a master tells a batch
-        only if its confirm offset passed it by the answer, which this drain cannot know."""
-        if self.gate.read_limit is not None or self.gate.ack_wait is not None:
+        start (-> None); None if no submission is told. Only while answers are told: a master tells a batch only
+        if its confirm offset passed it by the answer, which this drain cannot know, so it goes by the last
+        answer (a master alone in its group tells every one; one with slaves answers before its confirm offset
+        moves, and tells none)."""
+        if not self._telling:
             return None
         told = {first: (w.wanted if type(w) is _Batch and w.indexed is not None else None)
                 for w, first, _end, _refused in waiters}
