@@ -13,8 +13,8 @@ Rooms (sub-packages), read as the architecture:
   broker's session keeper (wills and expiry of the sessions a lost proxy held).
 - ``remote``: the store interface over RPC (``RemoteStore``), its broker-side server
   (``StoreServer``) and codec, the routed store over several groups (kept up with the
-  controllers' metadata by ``rerouting``), the proxy's native forwarding and its watch on the
-  groups it cannot reach.
+  controllers' metadata by ``rerouting``), the proxy's native forwarding, its watch on the
+  groups it cannot reach, and the entries of its own appends that answer its sessions' reads (``own_appends``).
 - ``rpc``: frames, connection state machine and Twisted protocol between nodes.
 - ``admin``: the admin HTTP API, the dashboard and ``twistmq-admin``; the cluster-wide routes of the
   ``admin`` role and the calls a proxy answers it (``cluster_handlers``, ``member_calls``).

@@ -9,7 +9,7 @@ already); ``notify`` merges a tick's events first, for callers whose news is not
 from __future__ import annotations
 
 import logging
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 log = logging.getLogger("twistmq.push")
 
@@ -37,11 +37,12 @@ class Notifier:
             if not watchers:
                 del self._watchers[queue]
 
-    def watched(self, queues: Iterable[str]) -> bool:
-        """Whether anyone watches one of ``queues`` (the store keeps such appends in memory)."""
+    def watched(self, queues: Iterable[str], excluding: Mapping[str, int] | None = None) -> bool:
+        """Whether anyone watches one of ``queues`` (the store keeps such appends in memory); ``excluding``:
+        queue -> watches that do not count (a proxy's, for the appends it reads from what it sent)."""
         watchers = self._watchers
         for q in queues:
-            if q in watchers:
+            if q in watchers and (excluding is None or len(watchers[q]) > excluding.get(q, 0)):
                 return True
         return False
 

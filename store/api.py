@@ -147,6 +147,29 @@ class AppendResult(NamedTuple):
         return self.status is AppendStatus.PUT_OK
 
 
+class IndexedAppend(NamedTuple):
+    """Where a batch's records went in queues its submitter asked about, told with the batch's answer.
+
+    A broker tells it to the proxy that appended the batch (``append_batch_indexed``), for the queues that
+    proxy watches, so the proxy answers its sessions' reads of those entries from the messages it sent instead
+    of reading them back. Given only once readers may see the records (written under the flush policy, below
+    a master's confirm offset), so nothing is delivered that a read of the broker would not return.
+    """
+
+    group: str
+    """The broker group whose queues these are (the group of the positions)."""
+    store_ts: int
+    """The records' store time (ms): one per batch."""
+    sizes: tuple[int, ...]
+    """Each message's record size, in the batch's order (0 for a message that was not stored)."""
+    firsts: dict[str, int]
+    """Queue name -> queue offset of the batch's first entry in it; its next entries follow one by one, in
+    the batch's order, for the messages whose ``AppendResult.queues`` name that queue."""
+    ends: dict[str, int] = {}
+    """Queue name -> queue offset after the batch's last entry in it (the broker's bookkeeping of what the
+    proxy was told; not sent: the proxy counts its entries itself)."""
+
+
 @runtime_checkable
 class MessageLog(Protocol):
     """Writing messages: each is stored once, in the commit log, and indexed in its target queues."""

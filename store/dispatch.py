@@ -8,7 +8,7 @@ queue reads. ``StoreObserver`` is what the store tells the one who composed it.
 
 from __future__ import annotations
 
-from typing import Container, Iterable, Iterator, NamedTuple, Protocol, Sequence
+from typing import Container, Iterable, Iterator, Mapping, NamedTuple, Protocol, Sequence
 
 from store import record as rec
 
@@ -129,9 +129,10 @@ class QueueIndex(Dispatcher, Protocol):
 class StoreObserver:
     """What a ``MessageStore`` tells the one who composed it, passed in at construction; the defaults do nothing."""
 
-    def read_soon(self, queues: tuple[str, ...]) -> bool:
+    def read_soon(self, queues: tuple[str, ...], excluding: Mapping[str, int] | None = None) -> bool:
         """Keep a new append to ``queues`` in memory, because a reader waits on one of them? (An offline
-        subscriber's backlog then costs disk, not memory.)"""
+        subscriber's backlog then costs disk, not memory.) ``excluding``: queue -> watches that do not count
+        (those of the submitter, which is told where its appends went and reads them from what it sent)."""
         return True
 
     def appended(self, seconds: float) -> None:

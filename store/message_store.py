@@ -15,13 +15,13 @@ import errno
 import fcntl
 import logging
 import os
-from collections import deque
-from typing import Callable, Container, Sequence
+from collections import Counter, deque
+from typing import Callable, Container, Mapping, Sequence
 
 from twisted.internet import defer, task
 
 from store import record as rec
-from store.api import AppendResult, AppendStatus
+from store.api import AppendResult, AppendStatus, IndexedAppend
 from store.commit_log import CommitLog, CommitLogError
 from store.config import StoreConfig
 from store.dispatch import DispatchRequest, Dispatcher, QueueIndex, QueueMessage, StoreObserver
@@ -42,6 +42,7 @@ RECENT_RECORDS = 262144
 RECENT_BYTES = 64 << 20  # ... and at most this much memory: record bytes plus Python's cost per entry
 RECENT_MAX_RECORD = 8192  # larger records are read back from the log: copying them dominates anyway
 RECENT_ENTRY_COST = 400  # bytes of Python objects behind one kept append, beside its record bytes
+RECENT_BYTES_COST = 120  # ... and behind one kept as its written bytes (a bytes object, its dict and deque slots)
 
 
 PutStatus = AppendStatus  # the outcome of a put is the store interface's (store.api), under RocketMQ's name
@@ -84,9 +85,10 @@ class MessageStore:
         self.is_open = False
         self.puts = 0
         self.bytes_in = 0
-        self._recent: dict[int, rec.Record] = {}  # commit-log offset -> the Record of a recent append
+        self._recent: dict[int, rec.Record | bytes] = {}  # commit-log offset -> a recent append (or its bytes)
         self._recent_order: deque[int] = deque()  # the offsets kept in _recent, oldest first
         self._recent_bytes = 0
+        self._telling = True  # whether the last answer to a submitter that asked told it where its records went
         self.retention = Retention(self, clock)
         self.visible_offset = 0
         """Commit-log offset below which records are durable under the flush policy: reads stop there."""
@@ -243,19 +245,24 @@ class MessageStore:
         if self._drain_call is None:
             self._drain_call = self._clock.callLater(0, self._drain)
 
-    def submit_batch(self, messages: Sequence[rec.Message], on_done: Callable[[list[PutResult]], None]) -> None:
+    def submit_batch(self, messages: Sequence[rec.Message], on_done: Callable[..., None],
+                     wanted: Mapping[str, int] | None = None) -> None:
         """Like ``submit`` for many messages: ``on_done(results)`` runs once, a result per message in order.
 
         A proxy hands every PUBLISH of a tick over at once: the batch stays one
         unit through the append (one callback, its results made in one pass).
+        With ``wanted`` (queue -> watches of it the submitter holds), ``on_done(results,
+        indexed)``: ``indexed`` is an ``IndexedAppend`` without its group
+        (``group`` empty) for the wanted queues the batch reached, or None when
+        readers may not see the records yet (a master's confirm offset short of
+        them) or it reached none. The submitter reads those entries from what it
+        sent, so its watches do not make the store keep the records in memory.
         """
-        if not messages:
-            on_done([])
+        if not messages or not self.is_open or self.replica_of:
+            results = [self._not_writable()] * len(messages) if messages else []
+            on_done(results) if wanted is None else on_done(results, None)
             return
-        if not self.is_open or self.replica_of:
-            on_done([self._not_writable()] * len(messages))
-            return
-        self._pending.append((messages, _Batch(on_done)))
+        self._pending.append((messages, _Batch(on_done, wanted)))
         if self._drain_call is None:
             self._drain_call = self._clock.callLater(0, self._drain)
 
@@ -344,22 +351,35 @@ class MessageStore:
             gained = disp.dispatch(requests)
             if gained:
                 touched.update(gained)
+        for waiter, first, end, refused in waiters:
+            if type(waiter) is _Batch and waiter.wanted:
+                waiter.indexed = self._indexed(waiter.wanted, requests, targets, first, end, refused, now)
         recent = self._recent
         order_append = self._recent_order.append
         Record = rec.Record
-        wanted = self._observer.read_soon
-        keep: dict[tuple[str, ...], bool] = {}  # asked once per distinct queue set in the tick
+        read_soon = self._observer.read_soon
+        keep: dict[tuple[str, ...], int] = {}  # asked once per distinct queue set in the tick: _KEEP_*
         kept_bytes = 0
-        last_queues, k = None, False  # a topic's records come in runs with the very same queues tuple
-        for r, m in zip(requests, accepted):
+        last_queues, k = None, _KEEP_NOTHING  # a topic's records come in runs with the very same queues tuple
+        told = self._told(waiters)  # accepted index -> the told submitter's watches, where one starts
+        excluding = None
+        for i, (r, m) in enumerate(zip(requests, accepted)):
+            if told is not None and i in told:  # another submission: its own readers differ
+                excluding, keep, last_queues = told[i], {}, None
             if r.size <= RECENT_MAX_RECORD:
                 queues = r.queues
                 if queues is not last_queues:
                     last_queues = queues
                     k = keep.get(queues)
                     if k is None:
-                        k = keep[queues] = wanted(queues)
-                if k:
+                        k = keep[queues] = _keep_what(read_soon, queues, excluding)
+                if k == _KEEP_BYTES:
+                    # Only its submitter watches (it reads them from what it sent): kept as written, at no cost
+                    # but a slot, and decoded only if it reads them back after all (a lagging session).
+                    recent[r.offset] = encoded[i]
+                    order_append(r.offset)
+                    kept_bytes += r.size + RECENT_BYTES_COST
+                elif k:
                     # The Record readers get, built now: one long-lived object per kept append (the request and
                     # the message die with the tick), so the collector's full passes walk a third as many. The
                     # QUEUES bookkeeping property (replay's business) is left out: readers deliver messages.
@@ -393,10 +413,23 @@ class MessageStore:
         def answer_ok(_=None):
             new, ok = tuple.__new__, PutStatus.PUT_OK  # one result per message: built in one call each
             results = [new(PutResult, (ok, offset, queues, "")) for offset, queues in zip(offsets, targets)]
+            shown = log_end <= self.visible_offset and self.gate.shows(log_end)
+            if not shown:  # no reader may see them yet
+                untold()
+            elif any(type(w) is _Batch and w.wanted for w, _first, _end, _refused in waiters):
+                self._telling = True
             for waiter, first, end, refused in waiters:
                 _answer(waiter, results[first:end], refused)
 
+        def untold():
+            for waiter, _first, _end, _refused in waiters:
+                if type(waiter) is _Batch:
+                    if waiter.wanted:
+                        self._telling = False
+                    waiter.indexed = None
+
         def not_replicated(f):
+            untold()
             reason = f"not replicated to the broker group in time: {f.getErrorMessage() or f.type.__name__}"
             log.warning("put_not_replicated log_end=%d messages=%d reason=%s", log_end, len(offsets), reason)
             for waiter, first, end, refused in waiters:
@@ -404,6 +437,7 @@ class MessageStore:
                                  for off, q in zip(offsets[first:end], targets[first:end])], refused)
 
         def fsync_failed(f):
+            untold()
             if log_end > self.visible_offset:  # refused, but written: the records after it are read past them
                 self.visible_offset = log_end
             reason = f.getErrorMessage()
@@ -417,6 +451,49 @@ class MessageStore:
 
         flushed.addCallbacks(acknowledge, fsync_failed)
         flushed.addBoth(notify)  # watchers hear of new entries once they are visible
+
+    def _told(self, waiters: list) -> dict[int, Mapping[str, int] | None] | None:
+        """Where each submission that will be told where its records went starts (accepted index -> its watches,
+        whose reads it answers itself: no reason to keep its records in memory for them), and where the others
+        start (-> None); None if no submission is told. Only while answers are told: a master tells a batch only
+        if its confirm offset passed it by the answer, which this drain cannot know, so it goes by the last
+        answer (a master alone in its group tells every one; one with slaves answers before its confirm offset
+        moves, and tells none)."""
+        if not self._telling:
+            return None
+        told = {first: (w.wanted if type(w) is _Batch and w.indexed is not None else None)
+                for w, first, _end, _refused in waiters}
+        return told if any(v is not None for v in told.values()) else None
+
+    def _indexed(self, wanted: Mapping[str, int], requests: list, targets: list, first: int, end: int,
+                 refused: dict | None, now: int) -> IndexedAppend | None:
+        """Where one submission's records ``first``..``end`` (of this drain) went in the ``wanted`` queues.
+
+        Called right after the dispatch: a queue's end now is the end of this drain's run in it, so the
+        submission's first entry there is that end less the entries this drain gave it from ``first`` on.
+        """
+        index = self._index
+        if index is None:
+            return None
+        own = Counter(targets[first:end])  # a topic's records share one tuple: counted per distinct tuple
+        mine = {q for queues in own for q in queues if q in wanted}
+        if not mine:
+            return None
+        ends = {q: index.max_offset(q) for q in mine}
+        for queues, n in Counter(targets[end:]).items():  # later submissions of this drain (usually none)
+            for q in queues:
+                if q in mine:
+                    ends[q] -= n
+        firsts = dict(ends)
+        for queues, n in own.items():
+            for q in queues:
+                if q in mine:
+                    firsts[q] -= n
+        sizes = [r.size for r in requests[first:end]]
+        if refused:
+            for i in sorted(refused):
+                sizes.insert(i, 0)
+        return IndexedAppend("", now, tuple(sizes), firsts, ends)
 
     def _notify(self, log_end: int, touched: set[str]) -> None:
         if not self.gate.shows(log_end):
@@ -438,6 +515,11 @@ class MessageStore:
         if released:
             for listener in self._listeners:
                 listener(released)
+
+    @property
+    def kept_in_memory(self) -> int:
+        """Recent appends kept in memory for the readers waiting on their queues (``read_soon``)."""
+        return len(self._recent)
 
     def _trim_recent(self) -> None:
         """Drop the oldest kept appends until both bounds hold again.
@@ -461,9 +543,9 @@ class MessageStore:
 
     def read(self, offset: int, size: int | None = None) -> defer.Deferred:
         """The record at a commit-log offset."""
-        record = self._recent.get(offset)  # a recent append: no read, no decode
+        record = self._recent.get(offset)  # a recent append: no read, no decode (but of one kept as written)
         if record is not None:
-            return defer.succeed(record)
+            return defer.succeed(rec.decode(record, 0, offset) if type(record) is bytes else record)
         return defer.maybeDeferred(self.commit_log.read, offset, size)
 
     def get(self, queue: str, offset: int, max_count: int = 32) -> defer.Deferred:
@@ -506,6 +588,8 @@ class MessageStore:
                 todo.append((len(out), queue_offset, cl_offset, size))
                 out.append(None)  # filled by _read_runs
             else:
+                if type(record) is bytes:  # kept as written (a told submission's): decoded from memory
+                    record = rec.decode(record, 0, cl_offset)
                 out.append(new(QueueMessage, (queue_offset, record)))
             budget -= size
             if budget <= 0:
@@ -684,18 +768,36 @@ def _call_each(calls) -> None:
         call()
 
 
-def _size(record: rec.Record) -> int:
+def _size(record: rec.Record | bytes) -> int:
     """Memory charged for a kept append."""
+    if type(record) is bytes:
+        return len(record) + RECENT_BYTES_COST
     return record.size + RECENT_ENTRY_COST
+
+
+_KEEP_NOTHING, _KEEP_RECORD, _KEEP_BYTES = 0, 1, 2
+
+
+def _keep_what(read_soon, queues: tuple[str, ...], excluding: Mapping[str, int] | None) -> int:
+    """How the recent cache keeps an append to ``queues``: as a Record for readers waiting on one of them; as
+    its bytes when only its submitter watches them (``excluding``: it reads them from what it sent, but for a
+    session that falls behind); else not at all."""
+    if excluding is None:
+        return _KEEP_RECORD if read_soon(queues) else _KEEP_NOTHING
+    if read_soon(queues, excluding):
+        return _KEEP_RECORD
+    return _KEEP_BYTES if any(q in excluding for q in queues) else _KEEP_NOTHING
 
 
 class _Batch:
     """A ``submit_batch``'s callback: it takes the batch's results as one list."""
 
-    __slots__ = ("on_done",)
+    __slots__ = ("on_done", "wanted", "indexed")
 
-    def __init__(self, on_done: Callable[[list[PutResult]], None]) -> None:
+    def __init__(self, on_done: Callable[..., None], wanted: Mapping[str, int] | None = None) -> None:
         self.on_done = on_done
+        self.wanted = wanted  # queue names whose entries the submitter wants told (``IndexedAppend``)
+        self.indexed: IndexedAppend | None = None
 
 
 def _answer(waiter, results: list[PutResult], refused: dict[int, PutResult] | None) -> None:
@@ -705,7 +807,10 @@ def _answer(waiter, results: list[PutResult], refused: dict[int, PutResult] | No
             results.insert(i, refused[i])
     kind = type(waiter)
     if kind is _Batch:
-        waiter.on_done(results)
+        if waiter.wanted is None:
+            waiter.on_done(results)
+        else:
+            waiter.on_done(results, waiter.indexed)
     elif kind is defer.Deferred:
         waiter.callback(results[0])
     else:

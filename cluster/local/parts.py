@@ -72,9 +72,10 @@ class StoreParts(StoreObserver):
 
     # -- the store's observer --------------------------------------------------------------------
 
-    def read_soon(self, queues: tuple[str, ...]) -> bool:
-        """Appends stay in memory for MQTT watchers and for native consumers near the tail alike."""
-        return self.notifier.watched(queues) or self.native.engine.reads_soon(queues)
+    def read_soon(self, queues: tuple[str, ...], excluding=None) -> bool:
+        """Appends stay in memory for MQTT watchers (but those ``excluding`` names) and for native consumers near
+        the tail alike."""
+        return self.notifier.watched(queues, excluding) or self.native.engine.reads_soon(queues)
 
     def appended(self, seconds: float) -> None:
         self.append_latency.observe(seconds)

@@ -116,6 +116,22 @@ class LocalStore:
         self._store.submit_batch(batch, lambda results: done.callback(tuple(results)))
         return done
 
+    @_typed
+    def append_batch_indexed(self, messages: tuple[rec.Message, ...], wanted) -> defer.Deferred:
+        """``append_batch``, firing with ``(results, indexed)``: ``indexed`` an ``api.IndexedAppend`` of where the
+        records went in the ``wanted`` queues (queue -> watches of it the caller holds), or None (not readable
+        yet, or none)."""
+        batch = messages if all(type(m) is rec.Message for m in messages) else [_check_message(m) for m in messages]
+        if not batch:
+            return defer.succeed(((), None))
+        done: defer.Deferred = defer.Deferred()
+
+        def answered(results, indexed):
+            done.callback((tuple(results), indexed._replace(group=self.group) if indexed is not None else None))
+
+        self._store.submit_batch(batch, answered, wanted=wanted)
+        return done
+
     # -- queues --------------------------------------------------------------------------------------
 
     def _position(self, queue: str, offset: int) -> api.QueuePosition:

@@ -119,11 +119,20 @@ class RoutedStore:
         return self.groups[self.table.group_of_topic(message.topic)].append(message)
 
     def append_batch(self, messages: tuple[Message, ...]) -> defer.Deferred:
+        if set(map(type, messages)) - {Message}:
+            for message in messages:
+                if not isinstance(message, Message):
+                    return defer.fail(api.InvalidArgument(f"expected a Message, got {type(message).__name__}"))
+        if len(self.table.groups) == 1:  # every topic is the one group's: no hashing per message
+            return self.groups[self.table.groups[0]].append_batch(tuple(messages))
         by_group: dict[str, list[int]] = {}
+        group_of: dict[str, str] = {}  # a tick's publishes come from few topics: each is hashed once
         for i, message in enumerate(messages):
-            if not isinstance(message, Message):
-                return defer.fail(api.InvalidArgument(f"expected a Message, got {type(message).__name__}"))
-            by_group.setdefault(self.table.group_of_topic(message.topic), []).append(i)
+            topic = message.topic
+            group = group_of.get(topic)
+            if group is None:
+                group = group_of[topic] = self.table.group_of_topic(topic)
+            by_group.setdefault(group, []).append(i)
         if len(by_group) == 1:
             (group,) = by_group
             return self.groups[group].append_batch(tuple(messages))

@@ -16,11 +16,19 @@ a proxy that reconnects registers its interest and watches again
 (``NotFound``).
 
 ``watch_queue`` becomes an event stream on the caller's connection: the news of
-a watched queue is sent as an ``EVENT`` frame (topic ``queue``, body the queue
-name) to the connections that watch it and no other, one frame per queue per
-connection per tick however many watches or appends there were. A watch
-belongs to the connection that made it (another one cannot unwatch it) and is
-dropped when that connection goes.
+a watched queue is sent as an ``EVENT`` frame (topic ``queue``, body ``[queue
+name, its end offset]``, -1 when the store cannot say) to the connections that
+watch it and no other, one frame per queue per connection per tick however many
+watches or appends there were. A watch belongs to the connection that made it
+(another one cannot unwatch it) and is dropped when that connection goes.
+
+``append_batch`` from a connection that watches queues is answered with where
+the batch's records went in those queues, when the store can say and readers
+may see them (``store.api.IndexedAppend``, ``codec.pack_append_answer``): the
+proxy then answers its own sessions' reads of them (``own_appends``) instead
+of reading back the messages it has just sent. That answer is also its news of
+those queues up to where its entries end: no event frame is sent to it for
+news that goes no further.
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ from store import api
 log = logging.getLogger("twistmq.cluster.remote.server")
 
 QUEUE_EVENT = "queue"
-"""Topic of the event frame that carries a watched queue's news."""
+"""Topic of the event frame that carries a watched queue's news: ``[queue, end offset]``."""
 SESSION_EVENT = "session"
 """Topic of the event frame telling a session's old holder that another took it over: ``[client id, epoch]``."""
 STORE_PREFIX = "store."
@@ -53,6 +61,8 @@ class _ConnectionWatches:
 
     def __init__(self) -> None:
         self.watches: dict[int, api.Watch] = {}
+        self.watched: dict[str, int] = {}  # queue -> watches of it this connection holds
+        self.told: dict[str, int] = {}  # queue -> the end its append answers told it (news up to there is known)
         self.filters: dict[str, int] = {}  # topic filter -> references this connection took
         self.dirty: dict[str, None] = {}  # insertion-ordered set
         self.flush = None
@@ -79,6 +89,8 @@ class StoreServer:
     def _operation(self, name: str):
         special = {"watch_queue": self._watch, "unwatch_queue": self._unwatch, "add_filter": self._add_filter,
                    "remove_filter": self._remove_filter}.get(name)
+        if name == "append_batch":
+            return self._append_batch
 
         def serve(protocol, body: bytes) -> defer.Deferred:
             self._seen(protocol)
@@ -92,6 +104,36 @@ class StoreServer:
             return d.addCallback(self._pack, name)
 
         return serve
+
+    def _append_batch(self, protocol, body: bytes) -> defer.Deferred:
+        """``append_batch``, answered with where the records went in the queues the caller watches (when the
+        store can say): the proxy then answers its sessions' reads of them without reading them back."""
+        self._seen(protocol)
+        try:
+            called, (messages,) = store_codec.unpack_call(body)
+        except (store_codec.CodecError, ValueError) as exc:
+            raise api.InvalidArgument(str(exc)) from None
+        if called != "append_batch":
+            raise api.InvalidArgument(f"request type {request_type('append_batch')} carries a call of {called}")
+        held = self._connections.get(protocol)
+        indexed = getattr(self.store, "append_batch_indexed", None)
+        if held is None or not held.watched or indexed is None:
+            return self.store.append_batch(messages).addCallback(self._pack, "append_batch")
+        return indexed(messages, held.watched).addCallback(self._pack_indexed, held)
+
+    @staticmethod
+    def _pack_indexed(answer, held: _ConnectionWatches) -> bytes:
+        results, where = answer
+        try:
+            body = store_codec.pack_append_answer(results, where)
+        except store_codec.CodecError as exc:  # the store broke the interface: a bug, reported as one
+            raise api.InternalError(str(exc)) from None
+        if where is not None:  # the answer is its news of these queues up to there (RemoteStore._appended)
+            told = held.told
+            for queue, end in where.ends.items():
+                if end > told.get(queue, -1):
+                    told[queue] = end
+        return body
 
     @staticmethod
     def _pack(value, name: str) -> bytes:
@@ -136,6 +178,7 @@ class StoreServer:
                 self.store.unwatch_queue(watch)
             else:
                 held.watches[watch.watch_id] = watch
+                held.watched[watch.queue] = held.watched.get(watch.queue, 0) + 1
             return watch
 
         return d.addCallback(registered)
@@ -145,6 +188,12 @@ class StoreServer:
         if held is None or held.watches.get(watch.watch_id) != watch:
             raise api.NotFound(f"no watch {watch.watch_id} on {watch.queue!r} from this connection")
         del held.watches[watch.watch_id]
+        left = held.watched.get(watch.queue, 0) - 1
+        if left > 0:
+            held.watched[watch.queue] = left
+        else:
+            held.watched.pop(watch.queue, None)
+            held.told.pop(watch.queue, None)
         return self.store.unwatch_queue(watch)
 
     def _news(self, protocol, queue: str) -> None:
@@ -159,9 +208,21 @@ class StoreServer:
         held.flush = None
         dirty, held.dirty = held.dirty, {}
         for queue in dirty:
-            protocol.send_event(QUEUE_EVENT, store_codec.pack(queue, str))
-            if self.metrics is not None:
-                self.metrics.events += 1
+            self.store.end_positions(queue).addCallbacks(self._end_offset, lambda _f: -1).addCallback(
+                self._send_end, protocol, held, queue)
+
+    def _send_end(self, end: int, protocol, held: _ConnectionWatches, queue: str) -> None:
+        if 0 <= end <= held.told.get(queue, -1):
+            return  # its own append's answer told it all of this news already
+        protocol.send_event(QUEUE_EVENT, store_codec.pack((queue, end), tuple[str, int]))
+        if self.metrics is not None:
+            self.metrics.events += 1
+
+    @staticmethod
+    def _end_offset(positions) -> int:
+        """The queue's end in this group (an upper bound of what readers may see: entries past a confirm offset
+        count), or -1 when unknown."""
+        return positions[0].offset if len(positions) == 1 else -1
 
     def connection_lost(self, protocol) -> None:
         """Drop every watch and every filter interest the connection held."""

@@ -27,15 +27,17 @@ from __future__ import annotations
 
 import itertools
 import logging
+from operator import attrgetter, countOf
 from typing import Callable
 
 from twisted.internet import defer
 from twisted.python.failure import Failure as failure_type
 
 from cluster.remote import codec as store_codec
+from cluster.remote.own_appends import OwnAppends
 from cluster.remote.server import QUEUE_EVENT, request_type
 from cluster.rpc.peer import PeerClient
-from cluster.rpc.protocol import RemoteError
+from cluster.rpc.protocol import CallTimeout, RemoteError
 from store import api
 
 log = logging.getLogger("twistmq.cluster.remote.store")
@@ -52,10 +54,16 @@ def not_master(result) -> bool:
     if isinstance(result, api.AppendResult):
         return not result.ok and NOT_MASTER in result.reason
     if isinstance(result, tuple) and result and isinstance(result[0], api.AppendResult):
+        # A batch's answer is nearly always all stored: counted by identity at C speed (an Enum hashes in Python).
+        if countOf(map(_status_of, result), api.AppendStatus.PUT_OK) == len(result):
+            return False
         return any(not_master(r) for r in result)
     if isinstance(result, dict):
         return result.get("code") == -1 and NOT_MASTER in str(result.get("reason", ""))
     return False
+
+
+_status_of = attrgetter("status")
 
 
 def _as_store_error(failure):
@@ -81,22 +89,27 @@ class RemoteStore:
         self.redirects = 0
         """Calls made again after a slave's not-master answer (for metrics and tests)."""
         self._move_waiters: list[defer.Deferred] = []
+        self.own = OwnAppends()
+        """The entries this proxy's appends made in the queues it watches: reads of them need no call."""
         peer.on_event(self._event)
         peer.on_connected(self._reconnected)
 
-    def _call(self, name: str, args: tuple, kwargs: dict) -> defer.Deferred:
+    def _call(self, name: str, args: tuple, kwargs: dict, unpack: Callable[[bytes], object] | None = None
+              ) -> defer.Deferred:
         try:
             frame = store_codec.pack_call(name, args, kwargs)
         except store_codec.CodecError as exc:
             return defer.fail(api.InvalidArgument(str(exc)))
+        if unpack is None:
+            unpack = lambda body: store_codec.unpack_result(name, body)  # noqa: E731
         if self.wait_connected > 0 and not self.peer.connected:
             d = self._when_connected().addCallback(lambda _: self.peer.call(request_type(name), frame))
         else:
             d = self.peer.call(request_type(name), frame)
-        d.addCallbacks(lambda body: store_codec.unpack_result(name, body), _as_store_error)
-        return d.addBoth(self._redirect, name, frame, self.moves)
+        d.addCallbacks(unpack, _as_store_error)
+        return d.addBoth(self._redirect, name, frame, self.moves, unpack)
 
-    def _redirect(self, result, name: str, frame: bytes, moves: int):
+    def _redirect(self, result, name: str, frame: bytes, moves: int, unpack: Callable[[bytes], object]):
         """A slave answered (a stale route): once this store points at the master, make the call there."""
         if not not_master(result):
             return result
@@ -107,7 +120,7 @@ class RemoteStore:
         def again(_=None):
             d = self.peer.call(request_type(name), frame) if self.peer.connected or self.wait_connected <= 0 else \
                 self._when_connected().addCallback(lambda _: self.peer.call(request_type(name), frame))
-            return d.addCallbacks(lambda body: store_codec.unpack_result(name, body), _as_store_error)
+            return d.addCallbacks(unpack, _as_store_error)
 
         if self.moves != moves:  # already moved while the answer was on its way
             return again()
@@ -125,6 +138,7 @@ class RemoteStore:
     def moved(self) -> None:
         """The proxy pointed this store at its group's new master: calls a slave refused are made there."""
         self.moves += 1
+        self.own.clear()
         waiters, self._move_waiters = self._move_waiters, []
         for waiter in waiters:
             waiter.callback(None)
@@ -162,6 +176,7 @@ class RemoteStore:
         return self._call("remove_filter", (topic_filter,), {}).addCallback(removed)
 
     def _reconnected(self) -> None:
+        self.own.clear()  # another broker, perhaps, and news missed meanwhile
         for topic_filter, count in list(self._filters.items()):
             for _ in range(count):
                 # taken again after a reconnect: accepted before, never refused for the shape bound
@@ -201,13 +216,21 @@ class RemoteStore:
             return
         self.events_received += 1
         try:
-            queue = store_codec.unpack(body, str)
+            queue, end = store_codec.unpack(body, tuple[str, int])
         except store_codec.CodecError:
             log.warning("remote_store_bad_event peer=%s", self.peer.peer_id)
             return
+        self.own.news(queue, end)  # before the watchers read
+        self._tell(queue)
+
+    def _tell(self, queue: str) -> None:
+        """Call the local watchers of ``queue`` (one failing is logged: the others and the caller go on)."""
         for watched, callback, _remote in list(self._watches.values()):
             if watched == queue:
-                callback(queue)
+                try:
+                    callback(queue)
+                except Exception:  # noqa: BLE001 - a watcher's bug must not fail the append that told the news
+                    log.exception("remote_store_watcher_failed queue=%s", queue)
 
     def _rewatch(self) -> None:
         for local_id, (queue, callback, _old) in list(self._watches.items()):
@@ -229,7 +252,25 @@ class RemoteStore:
         return self._call("append", (message,), {})
 
     def append_batch(self, messages: tuple[api.Message, ...]) -> defer.Deferred[tuple[api.AppendResult, ...]]:
-        return self._call("append_batch", (messages,), {})
+        d = self._call("append_batch", (messages,), {}, lambda body: self._appended(messages, body))
+        return d.addErrback(self._answer_lost)
+
+    def _appended(self, messages: tuple[api.Message, ...], body: bytes) -> tuple[api.AppendResult, ...]:
+        results, indexed = store_codec.unpack_append_answer(body)
+        if indexed is not None and len(results) == len(messages):
+            # The answer is the news of our entries: the broker sends no event of them to this connection.
+            for queue, end in self.own.add(messages, results, indexed).items():
+                self.own.news(queue, end)
+                self._tell(queue)
+        return results
+
+    def _answer_lost(self, failure):
+        """An append that timed out may have been stored, and its answer was the news of it: watchers hear of
+        every queue (a read too many, never a message missed)."""
+        if failure.check(CallTimeout):
+            for queue in {queue for queue, _cb, _w in self._watches.values()}:
+                self._tell(queue)
+        return failure
 
     def first_positions(self, queue: str) -> defer.Deferred[tuple[api.QueuePosition, ...]]:
         return self._call("first_positions", (queue,), {})
@@ -238,6 +279,10 @@ class RemoteStore:
         return self._call("end_positions", (queue,), {})
 
     def read_queue(self, position: api.QueuePosition, max_count: int) -> defer.Deferred[api.ReadResult]:
+        if type(position) is api.QueuePosition and type(max_count) is int:
+            kept = self.own.read(position, max_count)  # what this proxy appended itself, if all the answer
+            if kept is not None:
+                return defer.succeed(kept)
         return self._call("read_queue", (position, max_count), {})
 
     def claim_session(self, client_id: str, holder: str, owner: str = "") -> defer.Deferred[int]:

@@ -55,9 +55,9 @@ class Parts(StoreObserver):
     """The in-process parts of one broker group, built and opened as the node does."""
 
 
-    def read_soon(self, queues) -> bool:
+    def read_soon(self, queues, excluding=None) -> bool:
         """The store's observer: keep appends in memory for queues a watcher reads (as the node does)."""
-        return self.notifier.watched(queues)
+        return self.notifier.watched(queues, excluding)
 
     def __init__(self, path: str, clock: task.Clock) -> None:
         self.store = MessageStore(path, StoreConfig(segment_size=1 << 20), clock, SynchronousExecutor(), observer=self)

@@ -46,7 +46,7 @@ class _Watched(StoreObserver):
 
     watched = staticmethod(lambda queues: True)
 
-    def read_soon(self, queues) -> bool:
+    def read_soon(self, queues, excluding=None) -> bool:
         return self.watched(queues)
 
 

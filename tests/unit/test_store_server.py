@@ -81,8 +81,9 @@ def test_news_goes_only_to_watching_connections_once_per_tick(rig):
     rig.wait(a.watch_queue(qa, heard_a.append))
     rig.wait(a.watch_queue(qa, heard_a.append))  # two watches on one connection: still one frame per tick
     rig.wait(b.watch_queue(qb, heard_b.append))
-    batch = a.append_batch((publish("a/1"), publish("a/2")))
-    single = a.append(publish("a/3"))
+    c, _pc = rig.proxy("proxy-c")  # a publisher elsewhere: a's own appends would tell it in their answers
+    batch = c.append_batch((publish("a/1"), publish("a/2")))
+    single = c.append(publish("a/3"))
     rig.wait(batch), rig.wait(single)
     assert heard_a == [qa, qa]  # one frame, two local watches called
     assert heard_b == []
@@ -228,3 +229,119 @@ def test_native_requests_go_whole_to_the_engine(rig):
     consumed = rig.wait(a.native_request({"action": "consume", "queue": "jobs"}))
     assert (consumed["msg_id"], consumed["data"]) == (produced["msg_id"], "hello")
     assert rig.wait(a.native_request({"action": "consume", "queue": ""}))["code"] == -1
+
+
+def _read_calls(rig) -> int:
+    return rig.dispatcher.metrics.calls["store.read_queue"]
+
+
+def test_a_proxy_reads_its_own_appends_without_a_call(rig):
+    """The append's answer says where the proxy's messages went in a queue it watches: a read of them is answered
+    by the proxy with what the broker would answer, and no read reaches the broker."""
+    a, _pa = rig.proxy("proxy-a")
+    b, _pb = rig.proxy("proxy-b")
+    q = rig.wait(a.add_filter("own/#"))
+    rig.wait(a.watch_queue(q, lambda _q: None))
+    rig.wait(b.watch_queue(q, lambda _q: None))  # b reads from the broker: the broker keeps them in memory
+    (start,) = rig.wait(a.end_positions(q))
+    sent = (publish("own/1"), Message("own/2", b"yy", RecordKind.MQTT_PUBLISH, 0, False, "c", 0, {"k": "v"}),
+            publish("other/1"), publish("own/3"))
+    results = rig.wait(a.append_batch(sent))
+    assert [r.ok for r in results] == [True] * 4
+    mine = rig.wait(a.read_queue(start, 10))
+    assert _read_calls(rig) == 0 and a.own.answered == 1
+    theirs = rig.wait(b.read_queue(start, 10))  # b appended nothing: its read is the broker's answer
+    assert _read_calls(rig) == 1
+    assert mine == theirs and len(mine.messages) == 3
+    assert [m.record.topic for m in mine.messages] == ["own/1", "own/2", "own/3"]
+
+
+def test_a_read_past_the_own_entries_goes_to_the_broker(rig):
+    """Entries another proxy appended after ours (told by the news) are not hidden: a read wanting more than our
+    own run is the broker's, and both proxies' appends in one drain get their right queue offsets."""
+    a, _pa = rig.proxy("proxy-a")
+    b, _pb = rig.proxy("proxy-b")
+    q = rig.wait(a.add_filter("mix/#"))
+    for store in (a, b):
+        rig.wait(store.watch_queue(q, lambda _q: None))
+    (start,) = rig.wait(a.end_positions(q))
+    da = a.append_batch((publish("mix/a1"), publish("mix/a2")))
+    db = b.append_batch((publish("mix/b1"), publish("mix/b2"), publish("mix/b3")))
+    rig.wait(da), rig.wait(db)  # one drain: a's records first, then b's
+    two = rig.wait(a.read_queue(start, 2))
+    assert _read_calls(rig) == 0 and [m.record.topic for m in two.messages] == ["mix/a1", "mix/a2"]
+    whole = rig.wait(a.read_queue(start, 10))
+    assert _read_calls(rig) == 1 and [m.record.topic for m in whole.messages] == \
+        ["mix/a1", "mix/a2", "mix/b1", "mix/b2", "mix/b3"]
+    b_own = rig.wait(b.read_queue(two.next, 3))
+    assert _read_calls(rig) == 1 and b_own.messages == whole.messages[2:] and b_own.next == whole.next
+
+
+def test_nothing_past_the_confirm_offset_is_told(rig):
+    """On a master whose confirm offset is short of a batch, the answer tells nothing: the proxy's read goes to the
+    broker, which shows nothing past the confirm offset; once it passes, the broker's read has them."""
+    a, _pa = rig.proxy("proxy-a")
+    q = rig.wait(a.add_filter("held/#"))
+    rig.wait(a.watch_queue(q, lambda _q: None))
+    (start,) = rig.wait(a.end_positions(q))
+    store = rig.parts.store
+    store.set_confirm_offset(store.commit_log.max_offset)  # a master whose slaves hold nothing newer
+    rig.wait(a.append_batch((publish("held/1"), publish("held/2"))))
+    early = rig.wait(a.read_queue(start, 10))
+    assert early.messages == () and a.own.answered == 0 and _read_calls(rig) == 1
+    store.set_confirm_offset(store.commit_log.max_offset)
+    rig.settle()
+    late = rig.wait(a.read_queue(start, 10))
+    assert [m.record.topic for m in late.messages] == ["held/1", "held/2"] and _read_calls(rig) == 2
+
+
+def test_the_broker_keeps_only_the_bytes_for_a_proxy_that_reads_its_own_appends(rig):
+    """Appends whose only watcher is the proxy that made them are kept in the broker's memory as written (no Record
+    built for them), and a read of them from the broker still has them; another watcher gets Records kept."""
+    from store.message_store import _KEEP_BYTES, _KEEP_NOTHING, _KEEP_RECORD, _keep_what
+    a, _pa = rig.proxy("proxy-a")
+    b, _pb = rig.proxy("proxy-b")
+    q = rig.wait(a.add_filter("solo/#"))
+    rig.wait(a.watch_queue(q, lambda _q: None))
+    (start,) = rig.wait(a.end_positions(q))
+    kept = rig.parts.store.kept_in_memory
+    rig.wait(a.append_batch((publish("solo/1"), publish("solo/2"))))
+    assert rig.parts.store.kept_in_memory == kept + 2
+    late = rig.wait(b.read_queue(start, 10))  # a session that fell behind reads them from the broker
+    assert [(m.record.topic, m.record.body) for m in late.messages] == [("solo/1", b"x"), ("solo/2", b"x")]
+    watched = {q: 1}
+    assert _keep_what(lambda qs, excluding=None: excluding is None, (q,), watched) == _KEEP_BYTES
+    assert _keep_what(lambda qs, excluding=None: True, (q,), watched) == _KEEP_RECORD  # another watcher too
+    assert _keep_what(lambda qs, excluding=None: False, ("t/other",), watched) == _KEEP_NOTHING
+    assert _keep_what(lambda qs, excluding=None: False, (q,), None) == _KEEP_NOTHING
+
+
+def test_an_append_answer_is_its_proxys_news(rig):
+    """The proxy that appended hears of its entries from the answer (no event frame for them); entries another
+    proxy appends after them still come as an event, with the queue's end."""
+    a, _pa = rig.proxy("proxy-a")
+    b, _pb = rig.proxy("proxy-b")
+    q = rig.wait(a.add_filter("told/#"))
+    heard: list = []
+    rig.wait(a.watch_queue(q, heard.append))
+    rig.wait(a.append_batch((publish("told/1"), publish("told/2"))))
+    assert heard == [q] and rig.dispatcher.metrics.events == 0 and a.events_received == 0
+    rig.wait(b.append_batch((publish("told/3"),)))
+    assert heard == [q, q] and a.events_received == 1
+    (start,) = rig.wait(b.first_positions(q))
+    whole = rig.wait(a.read_queue(start, 10))  # past a's own run: the broker's answer, b's entry included
+    assert [m.record.topic for m in whole.messages] == ["told/1", "told/2", "told/3"]
+
+
+def test_an_append_whose_answer_is_lost_tells_every_watcher(rig):
+    """An append that timed out may have been stored, and its answer was its news: every watcher hears of its queue."""
+    from cluster.rpc.protocol import CallTimeout
+    a, _pa = rig.proxy("proxy-a")
+    q = rig.wait(a.add_filter("lost/#"))
+    heard: list = []
+    rig.wait(a.watch_queue(q, heard.append))
+    out: list = []
+    a.append_batch((publish("lost/1"),)).addBoth(out.append)
+    rig.clock.advance(SETTINGS.call_timeout + 0.5)  # the connection carried nothing meanwhile: no answer came
+    assert out and out[0].check(CallTimeout)
+    assert heard == [q]
