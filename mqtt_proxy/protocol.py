@@ -297,10 +297,7 @@ class MQTTServerProtocol:
             return
         corked = self._corked
         if corked is None:
-            # Straight to the socket when nothing is queued (a CONNACK, a SUBACK): Twisted's write would register
-            # the socket for writing and wait for a poll round (two epoll_ctl calls and a wake-up per packet).
-            t = self.transport
-            send(t, data, can_send_directly(t))
+            self.transport.write(data)
             return
         corked.append(data)
         self._corked_bytes += len(data)
