@@ -4,8 +4,8 @@ AlterSyncStateSet, GetReplicaInfo through the heartbeat's answer).
 Before the broker serves, ``start()`` registers it (``controller.register_broker``; it may master an empty
 group only when it has no epoch yet and its config names no master) and follows the answer: the broker named
 master becomes master of the answer's master epoch, with the controllers' SyncStateSet and set epoch; any
-other broker replicates from the master's advertised ``ha`` address. Then it heartbeats the controllers'
-leader every ``heartbeat_interval`` (its max offset with each beat) and follows every answer, so a master
+other broker replicates from the master's advertised ``ha`` address. Then it heartbeats the controllers
+every ``heartbeat_interval`` (its max offset with each beat) and follows every answer, so a master
 elected while it was away (or a lost notification) switches it at the next beat: a killed master relaunched
 with its old argv comes back as a slave. The member agent's pushed metadata (``follow_metadata``) switches it
 sooner: a master deposed by hand stops taking writes as soon as it hears.
@@ -15,9 +15,12 @@ controllers' leader at its master epoch and current set epoch; it fires True onc
 when refused (the agent then re-reads the replica info at once) or unreachable: the master keeps its old set.
 
 While no controller answers, the broker keeps its role: a controller outage never stops a running broker.
-``not_leader``, a controller that is down, or a heartbeat unanswered for two heartbeat intervals (a
-stopped leader keeps its connection open; the new one's grace would end before a 5 s call timeout) moves
-the agent to the next controller at once.
+Registration goes to one controller at a time (``not_leader``, a controller that is down, or no answer
+moves it to the next at once). Each heartbeat goes to every controller in the same beat: whichever leads
+hears this broker within one interval, however often the lead moved (a resumed controller's election, then
+another's, each new leader giving brokers only one lease of grace), and a controller that does not answer
+(SIGSTOPped, its connection still open) holds up no beat: it gets no new heartbeat while one to it is
+unanswered, and that one gives up after two heartbeat intervals.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ class ReplicaAgent(service.Service):
         """Role changes made (for metrics and tests)."""
         self._turn = 0
         self._busy = False
+        self._beating: set[int] = set()  # controllers with a heartbeat unanswered
         self._switching: defer.Deferred | None = None
         self._pending: dict | None = None
         self._loop: task.LoopingCall | None = None
@@ -98,15 +102,37 @@ class ReplicaAgent(service.Service):
     def _beat(self) -> None:
         if self._busy or not self.running:
             return
+        registering = self._registered is not None and not self._registered.called
+        if not registering and self.info is not None:
+            self._heartbeat_all()
+            return
         self._busy = True
         self._attempt(len(self.controllers)).addBoth(self._done)
+
+    def _heartbeat_all(self) -> None:
+        body = msgpack.packb({"group": self.group, "broker": self.broker, "max_offset": self._max_offset()})
+        for index, peer in enumerate(self.controllers):
+            if index in self._beating:
+                continue
+            self._beating.add(index)
+            d = peer.call("controller.broker_heartbeat", body, HEARTBEAT_TIMEOUT * self.heartbeat_interval)
+            d.addCallbacks(self._heard_from, self._not_heard_from, callbackArgs=(index,), errbackArgs=(peer,))
+            d.addBoth(lambda result, index=index: self._beating.discard(index) or result)
+            d.addErrback(lambda failure: log.error("replica_agent_heartbeat_failed error=%s", failure.getTraceback()))
+
+    def _heard_from(self, body: bytes, index: int) -> None:
+        self._turn = index  # the leader: registration and AlterSyncStateSet go there first
+        self._answered(body)
+
+    def _not_heard_from(self, failure, peer) -> None:
+        log.debug("replica_agent_controller_unavailable controller=%s reason=%s", peer.peer_id,
+                  failure.getErrorMessage())
 
     def _done(self, _result) -> None:
         self._busy = False
 
     def _attempt(self, left: int) -> defer.Deferred:
-        registering = self._registered is not None and not self._registered.called
-        d = self._register() if registering or self.info is None else self._heartbeat()
+        d = self._register()
 
         def failed(failure):
             code = getattr(failure.value, "code", None)
@@ -125,11 +151,6 @@ class ReplicaAgent(service.Service):
         body = {"group": self.group, "broker": self.broker, "address": self.ha_address(),
                 "can_master": bool(self.can_master()), "max_offset": self._max_offset()}
         return self._leader().call("controller.register_broker", msgpack.packb(body))
-
-    def _heartbeat(self) -> defer.Deferred:
-        body = {"group": self.group, "broker": self.broker, "max_offset": self._max_offset()}
-        return self._leader().call("controller.broker_heartbeat", msgpack.packb(body),
-                                   HEARTBEAT_TIMEOUT * self.heartbeat_interval)
 
     def _answered(self, body: bytes) -> None:
         answer = msgpack.unpackb(body, raw=False)

@@ -58,6 +58,18 @@ def _controller_logs_since(cluster: Cluster, needle: str, since: float) -> list[
             if _first_log_time(os.path.join(cluster.root, c["id"] + ".log"), needle, since)]
 
 
+def _controller_story(cluster: Cluster, since: float) -> str:
+    """The controllers' leadership and liveness lines since ``since``, in time order (for a failure's message)."""
+    keep = ("raft_state", "controller_leading", "controller_paused", "broker_dead", "broker_alive", "lead_not_taken")
+    lines = []
+    for c in cluster.procs("controller"):
+        with open(os.path.join(cluster.root, c["id"] + ".log"), encoding="utf-8", errors="replace") as f:
+            lines += [f"{line[:23]} {c['id']} {line[24:].strip()[:160]}" for line in f
+                      if any(k in line for k in keep) and line[:19] >= time.strftime("%Y-%m-%d %H:%M:%S",
+                                                                                      time.localtime(since - 1))]
+    return "\n".join(sorted(lines))
+
+
 def _down(cluster: Cluster, controllers: list[dict], how: str) -> None:
     for c in controllers:
         if how == "kill":
@@ -114,7 +126,8 @@ def _check_no_election(cluster: Cluster, load: Load, before: dict, since: float,
     load.stop()
     _check_all_delivered(load, what)
     assert _controller_logs_since(cluster, "master_elected", since) == [], what
-    assert _controller_logs_since(cluster, "broker_dead", since) == [], f"{what}: a live broker declared dead"
+    assert _controller_logs_since(cluster, "broker_dead", since) == [], \
+        f"{what}: a live broker declared dead\n" + _controller_story(cluster, since)
     assert _controller_logs_since(cluster, "reason=evicted", since) == [], f"{what}: a live member evicted"
     print(f"{what}: acked {len(load.acked)}, delivered {load.deliveries} "
           f"({load.deliveries - len(load.received)} duplicates), publisher reconnects {load.reconnects}, "

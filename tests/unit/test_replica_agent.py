@@ -174,3 +174,21 @@ def test_a_stopped_leader_is_left_for_the_new_one_within_two_heartbeats():
     for _ in range(15):
         clock.advance(0.1)
     assert ("controller.broker_heartbeat", {"group": "g1", "broker": "b1", "max_offset": 1234}) in c2.calls
+
+
+def test_each_heartbeat_reaches_every_controller_so_a_new_leader_hears_it_within_one_beat():
+    """The agent's turn points at a SIGSTOPped controller and the third one leads: the new leader hears this broker
+    at the next beat (not after the stopped one's timeout and a not_leader), and the stopped one, unanswered,
+    holds up no beat."""
+    clock = task.Clock()
+    c1, c2, c3 = _Stopped("c1", clock), _Controller("c2"), _Controller("c3")
+    agent = ReplicaAgent(_Role(), clock, [c1, c2, c3], "g1", "b1", lambda: "tcp:127.0.0.1:7001", lambda: True)
+    c1.answers.append(_answer(_info("b1", 1, ["b1"], 1)))
+    agent.start()
+    c1.stopped = True
+    c3.answers.extend(_answer(_info("b1", 1, ["b1"], 1)) for _ in range(10))
+    clock.advance(0.5)
+    assert [call[0] for call in c3.calls] == ["controller.broker_heartbeat"]
+    for _ in range(10):
+        clock.advance(0.1)
+    assert len(c3.calls) == 3 and len(c1.calls) <= 3  # one unanswered heartbeat at a time to the stopped one
