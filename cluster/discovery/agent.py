@@ -5,10 +5,12 @@ every ``heartbeat_interval``:
 
 - while it has no lease, registers on the controller it believes leads, else on the next one
   (``not_leader`` or a controller that is down moves it on, so it finds a new leader by itself);
-- once registered, heartbeats there; ``not_leader``, or no answer within two heartbeat intervals
-  (a leader that is stopped, not dead: its connection stays open), moves it on with the same
-  generation (a new leader lists the records its predecessor committed and gives them one lease,
-  which a 5 s call timeout would outlast), ``stale_lease`` or ``unknown_member``
+- once registered, heartbeats every controller in the same beat with its generation: whichever
+  leads renews the lease (a new leader lists the records its predecessor committed and gives them
+  one lease, so it must hear each member within that lease however often the lead moved), the
+  others answer ``not_leader``; a controller that does not answer (stopped, not dead: its
+  connection stays open) holds up no beat and gets no new heartbeat while one to it is out (it
+  gives up after two heartbeat intervals); ``stale_lease`` or ``unknown_member`` from the leader
   (evicted, or forgotten) makes it register again;
 - reads the metadata (``controller.metadata``, any controller: a healthy one, the leader first) when a heartbeat's answer or a
   pushed ``metadata`` event shows a version newer than the one it holds: push for speed, the
@@ -60,6 +62,7 @@ class MemberAgent(service.Service):
         self.version = -1
         self._turn = 0  # index of the controller believed to lead
         self._busy = False
+        self._beating: set[int] = set()  # controllers with a heartbeat unanswered
         self._reading = False
         self._listeners: list[Callable[[dict], None]] = []
         self._ids: SnowflakeIds | None = None
@@ -118,15 +121,18 @@ class MemberAgent(service.Service):
         self._turn = (self._turn + 1) % len(self.controllers)
 
     def _beat(self) -> None:
-        if self._busy:  # the previous call is still out (a slow controller): do not pile up
+        if self._busy:  # a registration is still out (a slow controller): do not pile up
+            return
+        if self.generation:
+            self._heartbeat_all()
             return
         self._busy = True
         self._attempt(len(self.controllers)).addBoth(self._done)
 
     def _attempt(self, left: int) -> defer.Deferred:
-        """Register or heartbeat; on a controller that is not the leader (or down) try the next at once, each
-        controller at most once per beat."""
-        d = self._heartbeat() if self.generation else self._register()
+        """Register; on a controller that is not the leader (or down) try the next at once, each controller at
+        most once per beat."""
+        d = self._register()
 
         def failed(failure):
             if self._failed(failure) and left > 1 and self.running:
@@ -153,12 +159,31 @@ class MemberAgent(service.Service):
             self._saw_version(answer.get("version", 0))
         return d.addCallback(registered)
 
-    def _heartbeat(self) -> defer.Deferred:
+    def _heartbeat_all(self) -> None:
         record = self.record()
+        generation = self.generation
         body = msgpack.packb({"cluster_id": record.cluster_id, "node_id": record.node_id,
-                              "generation": self.generation, "healthy": bool(self.health())})
-        d = self._leader().call("controller.heartbeat", body, HEARTBEAT_TIMEOUT * self.heartbeat_interval)
-        return d.addCallback(lambda answer: self._saw_version(msgpack.unpackb(answer, raw=False)["version"]))
+                              "generation": generation, "healthy": bool(self.health())})
+        for index, peer in enumerate(self.controllers):
+            if index in self._beating:
+                continue
+            self._beating.add(index)
+            d = peer.call("controller.heartbeat", body, HEARTBEAT_TIMEOUT * self.heartbeat_interval)
+            d.addCallbacks(self._renewed, self._not_renewed, callbackArgs=(index,), errbackArgs=(peer, generation))
+            d.addBoth(lambda result, index=index: self._beating.discard(index) or result)
+            d.addErrback(lambda failure: log.error("member_heartbeat_failed error=%s", failure.getTraceback()))
+
+    def _renewed(self, answer: bytes, index: int) -> None:
+        self._turn = index  # the leader: registration, goodbye and metadata reads go there first
+        self._saw_version(msgpack.unpackb(answer, raw=False)["version"])
+
+    def _not_renewed(self, failure, peer, generation: int) -> None:
+        code = getattr(failure.value, "code", None)
+        if code in _REGISTER_AGAIN and generation == self.generation:
+            log.warning("member_lease_lost code=%s generation=%d: registering again", code, self.generation)
+            self.generation = 0
+            return
+        log.debug("member_controller_unavailable controller=%s reason=%s", peer.peer_id, failure.getErrorMessage())
 
     def _failed(self, failure) -> bool:
         """Handle a failed call; True when another controller should be tried now."""

@@ -1,7 +1,7 @@
 """The client side: one connection per peer node, kept up with back-off, and calls to one peer or any.
 
-``PeerClient`` runs a ``ClientService`` (reconnect with exponential back-off)
-to one peer and fails calls at once with ``NotConnected`` while no handshaken
+``PeerClient`` runs a ``ClientService`` (reconnect with exponential back-off,
+at most about a second apart, longer only after refused handshakes) to one peer and fails calls at once with ``NotConnected`` while no handshaken
 connection is up, so a caller is never parked behind a dead peer. ``Peers``
 holds one ``PeerClient`` per member and offers ``call_any``: a request without
 a fixed target goes to a connected, healthy candidate (Turms' isHealthy) and,
@@ -13,6 +13,7 @@ requests that are safe to repeat: a timed-out call may have been served.
 from __future__ import annotations
 
 import logging
+import random
 from typing import Callable
 
 from twisted.application import internet, service
@@ -25,7 +26,13 @@ from store import api
 log = logging.getLogger("twistmq.rpc")
 
 MAX_RETRY_DELAY = 5.0
-"""Longest wait between two connection attempts to a peer (seconds)."""
+"""Longest wait between two connection attempts to a peer whose handshake refused this node (seconds)."""
+REDIAL_MAX_DELAY = 1.0
+"""Longest wait between two attempts to reach a peer that was down (seconds): well under one member lease
+(3 s), the grace a new controllers' leader gives members and brokers before it counts them gone; a peer
+restarted after a few seconds down (and often elected at once) is reached again within about a second."""
+REDIAL_JITTER = 0.25
+"""Up to this much is added to each such wait at random (seconds), so members do not redial in step."""
 
 
 class _PeerFactory(protocol.Factory):
@@ -62,10 +69,12 @@ class PeerClient(service.Service):
         self._service = self._client_service(endpoint)
 
     def _client_service(self, endpoint) -> internet.ClientService:
-        backoff = internet.backoffPolicy(initialDelay=0.1, maxDelay=MAX_RETRY_DELAY, factor=2.0)
+        redial = internet.backoffPolicy(initialDelay=0.1, maxDelay=REDIAL_MAX_DELAY, factor=2.0,
+                                        jitter=lambda: random.random() * REDIAL_JITTER)
+        refused = internet.backoffPolicy(initialDelay=0.1, maxDelay=MAX_RETRY_DELAY, factor=2.0)
         # ClientService counts a connection as a success even when its handshake is refused: back off on those
-        # too, or a member with the wrong secret would redial (and log) several times a second.
-        policy = lambda attempt: backoff(max(attempt, self._refusals))  # noqa: E731
+        # further, or a member with the wrong secret would redial (and log) several times a second.
+        policy = lambda attempt: refused(max(attempt, self._refusals)) if self._refusals else redial(attempt)  # noqa: E731
         return internet.ClientService(endpoint, _PeerFactory(self), retryPolicy=policy, clock=self.clock)
 
     @property

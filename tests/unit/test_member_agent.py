@@ -74,14 +74,16 @@ def _agent(controllers):
 
 
 def test_finds_the_leader_registers_and_heartbeats():
-    """A follower's not_leader moves the agent on; the leader registers it (worker id), then gets heartbeats."""
+    """A follower's not_leader moves the agent on; the leader registers it (worker id), then gets heartbeats (as
+    does the follower, which answers not_leader: every controller hears each beat)."""
     follower, leader = StandIn("c1"), StandIn("c2", leader=True)
     clock, agent = _agent([follower, leader])
     agent.startService()
     assert agent.joined and agent.worker == 7 and follower.kinds() == ["register"]
     clock.advance(1.0)
     clock.advance(1.0)
-    assert leader.kinds() == ["register", "metadata", "heartbeat", "heartbeat"] and follower.kinds() == ["register"]
+    assert leader.kinds() == ["register", "metadata", "heartbeat", "heartbeat"]
+    assert follower.kinds() == ["register", "heartbeat", "heartbeat"] and agent.leader is leader
 
 
 def test_a_lost_lease_means_registering_again():
@@ -150,7 +152,7 @@ def test_one_beat_tries_each_controller_until_the_leader():
 
 def test_metadata_is_read_from_a_healthy_controller():
     """Reading the metadata has no fixed target: an unhealthy leader is skipped for a healthy follower, while
-    registering and heartbeats stay with the leader; with every controller unhealthy the leader answers."""
+    registering and the lease stay with the leader; with every controller unhealthy the leader answers."""
     follower, leader = StandIn("c1"), StandIn("c2", leader=True)
     clock, agent = _agent([leader, follower])
     leader.health_flag = False
@@ -160,7 +162,7 @@ def test_metadata_is_read_from_a_healthy_controller():
     assert leader.kinds() == ["register"] and follower.kinds() == ["metadata"] and len(seen) == 1
     follower.version = leader.version = 2
     clock.advance(1.0)
-    assert leader.kinds() == ["register", "heartbeat"] and follower.kinds() == ["metadata", "metadata"]
+    assert leader.kinds() == ["register", "heartbeat"] and follower.kinds() == ["metadata", "metadata", "heartbeat"]
     follower.health_flag = False
     follower.version = leader.version = 3
     clock.advance(1.0)
@@ -199,4 +201,22 @@ def test_a_stopped_leader_is_left_for_the_new_one_within_three_heartbeats():
         clock.advance(0.1)
     assert ("controller.heartbeat", "c2") in [(kind, "c2") for kind, _ in new.calls]
     assert agent.generation == 1
+    agent.stopService()
+
+
+def test_each_heartbeat_reaches_every_controller_so_a_new_leader_renews_within_one_beat():
+    """The agent's leader is SIGSTOPped and the third controller leads with the same records: it renews this
+    member's lease at the next beat (not after the stopped one's timeout and a not_leader), and the stopped one,
+    unanswered, holds up no beat."""
+    clock = task.Clock()
+    old, follower, new = Stopped("c1", clock, leader=True), StandIn("c2"), StandIn("c3")
+    agent = MemberAgent(clock, [old, follower, new], lambda: MemberRecord("twistmq", "p1", "proxy"),
+                        heartbeat_interval=1.0)
+    agent.startService()
+    old.stopped, new.leader, new.generation = True, True, agent.generation
+    clock.advance(1.0)
+    assert new.kinds() == ["heartbeat"] and agent.leader is new
+    clock.advance(1.0)
+    clock.advance(1.0)
+    assert new.kinds() == ["heartbeat"] * 3 and old.kinds().count("heartbeat") <= 2 and agent.generation == 1
     agent.stopService()

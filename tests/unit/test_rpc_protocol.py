@@ -9,7 +9,7 @@ from twisted.test import iosim
 
 from cluster.rpc.dispatch import Dispatcher
 from cluster.rpc.frames import Hello
-from cluster.rpc.peer import PeerClient, Peers
+from cluster.rpc.peer import REDIAL_JITTER, REDIAL_MAX_DELAY, PeerClient, Peers
 from cluster.rpc.protocol import CallTimeout, NotConnected, RemoteError, RpcProtocol, RpcSettings
 from cluster.rpc.server import RpcServerFactory
 from store import api
@@ -164,6 +164,26 @@ def test_a_refused_handshake_is_redialled_with_back_off_and_its_reason_kept():
             elapsed += 0.05
         waited.append(elapsed)
     assert waited[-1] >= 5.0 and waited[-2] >= 5.0, waited  # the back-off's ceiling (plus jitter)
+    pc.stopService()
+
+
+def test_a_peer_that_is_down_is_redialled_at_most_about_a_second_apart():
+    """A peer down for a while (every dial fails) is redialled at most REDIAL_MAX_DELAY plus jitter apart, so it is
+    reached within about a second of its restart: well inside the one-lease grace a new leader gives members."""
+    reactor = MemoryReactorClock()
+    pc = PeerClient("c1", TCP4ClientEndpoint(reactor, "127.0.0.1", 7801), Hello("twistmq", "p1", "proxy", 1),
+                    SETTINGS, reactor)
+    pc.startService()
+    completer = iosim.ConnectionCompleter(reactor)
+    waited = []
+    for _ in range(10):
+        completer.failOnce()
+        elapsed = 0.0
+        while not reactor.tcpClients and elapsed < 30:
+            reactor.advance(0.05)
+            elapsed += 0.05
+        waited.append(elapsed)
+    assert waited[0] < 0.5 and max(waited) <= REDIAL_MAX_DELAY + REDIAL_JITTER + 0.05, waited
     pc.stopService()
 
 
