@@ -458,8 +458,9 @@ class MessageStore(ReplicaWrites):
         whose reads it answers itself: no reason to keep its records in memory for them), and where the others
         start (-> None); None if no submission is told. Only while answers are told: a master tells a batch only
         if its confirm offset passed it by the answer, which this drain cannot know, so it goes by the last
-        answer (a master alone in its group tells every one; one with slaves answers before its confirm offset
-        moves, and tells none)."""
+        answer (a master alone in its group tells every one; one with slaves tells those its confirm offset passed
+        when the acknowledgement policy answered: all of them under ``all_ack_in_sync_state_set``, whose
+        confirm offset moves before the answers go)."""
         if not self._telling:
             return None
         told = {first: (w.wanted if type(w) is _Batch and w.indexed is not None else None)

@@ -199,13 +199,14 @@ class HAMaster(service.Service):
     def update_confirm(self) -> int:
         """Recompute the confirm offset and fire the waiters it passed."""
         master_max = self.store.commit_log.max_offset
-        self.waiters.advance(self.sync.confirm_offset(master_max))
+        confirm = max(self.waiters.confirm_offset, self.sync.confirm_offset(master_max))
+        if self.running:  # readers first: an append acknowledged below it then tells its submitter where it went
+            self.store.set_confirm_offset(confirm)
+        self.waiters.advance(confirm)
         s = self.settings
         ack = self.sync.ack_offset(master_max, s.all_ack, s.min_in_sync_replicas)
         if ack is not None:
             self.acks.advance(ack)
-        if self.running:
-            self.store.set_confirm_offset(self.waiters.confirm_offset)
         return self.waiters.confirm_offset
 
     def _ack_wait(self, log_end: int) -> defer.Deferred | None:

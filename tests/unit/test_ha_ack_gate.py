@@ -169,3 +169,21 @@ def test_ack_offset_follows_the_policy():
     assert s.ack_offset(150, False, 2) == 100
     assert s.ack_offset(150, False, 3) == 40
     assert s.ack_offset(150, True, 4) is None
+
+
+def test_a_batch_acknowledged_by_the_group_tells_its_submitter_where_its_records_went(tmp_path):
+    """With slaves, the confirm offset reaches readers before the acknowledgement fires: the batch's answer carries
+    its entries in the watched queue (the proxy answers its own sessions' reads from them), not None."""
+    master, store, clock, heard = _master(tmp_path)
+    (slave,) = _joined(master, clock, "b2")
+    answers = []
+    store.submit_batch([Message("t/1", b"x", qos=1), Message("t/1", b"y", qos=1)],
+                       lambda results, indexed: answers.append((results, indexed)), wanted={"%TOPIC%t": 1})
+    clock.advance(0)
+    assert answers == []
+    slave.dataReceived(codec.encode(codec.Ack(store.commit_log.max_offset)))
+    ((results, indexed),) = answers
+    assert [r.status for r in results] == [PutStatus.PUT_OK] * 2
+    assert indexed is not None and indexed.firsts == {"%TOPIC%t": 0}
+    master.stopService()
+    store.close()
