@@ -42,7 +42,7 @@ class ControllerConfig:
     compaction_seconds: float = 300.0
     """Seconds after which the metadata is snapshotted even with fewer entries."""
     broker_heartbeat_interval: float = 0.5
-    """Seconds between a broker's heartbeats to the controllers' leader (told to brokers when they register): faster than the member heartbeat, since a dead master is replaced on it."""
+    """Seconds between a broker's heartbeats, sent to every controller at once so a new leader hears each broker within one interval (told to brokers when they register): faster than the member heartbeat, since a dead master is replaced on it."""
     broker_timeout: float = 1.5
     """Seconds without a broker heartbeat after which the leader counts the broker dead; a dead master's group gets a new master from its SyncStateSet. A new leader first gives every broker one member lease."""
     broker_scan_interval: float = 0.5

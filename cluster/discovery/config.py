@@ -13,7 +13,7 @@ class DiscoveryConfig:
     """The ``[discovery]`` section: how members keep their place in the cluster (the controllers' Raft leader keeps the leases and tells members the heartbeat interval)."""
 
     heartbeat_interval: float = 1.0
-    """Seconds between a member's heartbeats to the controllers' leader."""
+    """Seconds between a member's heartbeats, sent to every controller at once (the leader renews the lease)."""
     lease: float = 3.0
     """Seconds a member's lease lasts without a heartbeat; then it is evicted (listed with joined false, sent no notify events). A new controller leader gives every member one lease before evicting any. Also how long a broker waits for a proxy whose RPC connection is gone before its group takes over the proxy's sessions (wills, expiry), and how long a proxy waits for a broker group it cannot reach before it closes the sessions with a part there."""
     wheel_tick: float = 0.1
