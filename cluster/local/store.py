@@ -88,12 +88,12 @@ class LocalStore:
 
     def __init__(self, store: MessageStore, notifier: Notifier, retained: RetainedIndex, timers: TimerService,
                  sessions: SessionStore, native: NativeEngine, group: str = DEFAULT_GROUP,
-                 native_topic_limits: native_codec.TopicLimits | None = None) -> None:
+                 native_topic_limits: native_codec.TopicLimits | None = None, own_holder: str = "") -> None:
         self._store = store
         self._notifier = notifier
         self._retained = retained
         self._timers = timers
-        self._sessions = LocalSessions(sessions, group)
+        self._sessions = LocalSessions(sessions, group, own_holder)  # own_holder: LocalSessions' doc
         self._engine = native
         self._topic_limits = native_topic_limits
         self.group = group

@@ -41,7 +41,7 @@ from store.timer_service import TimerService
 class Harness:
     """A broker over a real store in a temp dir, with a fake clock and in-memory transports."""
 
-    def __init__(self, path, limits=None, store_config=None, executor=None) -> None:
+    def __init__(self, path, limits=None, store_config=None, executor=None, own_holder="") -> None:
         self.clock = task.Clock()
         self.clock.advance(1_700_000_000)
         self.executor = executor or SynchronousExecutor()
@@ -60,7 +60,7 @@ class Harness:
         self.timers.start()
         engine = NativeEngine(self.store, self.native_kv, NativeConfig(), self.clock, self.timers)
         self.local = LocalStore(self.store, self.notifier, self.retained, self.timers, SessionStore(self.session_log),
-                                engine)
+                                engine, own_holder=own_holder)
         self.broker = build_front_end(self.local, self.clock, MQTTConfig(sys_interval=0), limits or LimitsConfig())
         self.factory = MQTTServerFactory(self.broker, self.clock)
 
