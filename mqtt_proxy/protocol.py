@@ -292,6 +292,20 @@ class MQTTServerProtocol:
         if self.phase is not CLOSING:
             self.write(encode(packet, self.level))
 
+    def send_connack(self, packet: ConnAck) -> None:
+        """CONNACK, the first packet of the connection: straight to the socket when nothing is queued.
+
+        Through ``transport.write`` it would register the socket for writing, wait for a poll round and
+        unregister it (two ``epoll_ctl`` calls and a wake-up per client: a connect storm's share). Only this
+        packet: whatever follows goes through the transport's buffer, whose size is what bounds a client
+        that does not read (the retained queue's bound counts on it).
+        """
+        if self.phase is not CLOSING and self._corked is None:
+            t = self.transport
+            send(t, encode(packet, self.level), can_send_directly(t))
+        else:
+            self.send(packet)
+
     def write(self, data: bytes) -> None:
         if self.phase is CLOSING:
             return

@@ -262,7 +262,7 @@ class SessionRegistry:
             conn.client_id = client_id
             conn.session = session
             self.acl.hold(conn.acl_username, client_id)  # a MongoDB ACL keeps a connected client's rules fresh
-            conn.send(ConnAck(session_present, ReasonCode.SUCCESS, ack_props or Properties()))
+            conn.send_connack(ConnAck(session_present, ReasonCode.SUCCESS, ack_props or Properties()))
             self.stats.clients_connected += 1
             session.attach(conn)  # resends what was in flight
             session.pump()

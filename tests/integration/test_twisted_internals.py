@@ -116,3 +116,39 @@ def test_http_channel_knows_the_target_before_the_body():
     channel.dataReceived(b"POST /api/v1/publish HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n")
     assert request_target(channel) == b"/api/v1/publish"
     channel.connectionLost(None)
+
+
+@pytest.fixture()
+def tcp_pair():
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    client = socket.create_connection(listener.getsockname(), timeout=5)
+    server, _ = listener.accept()
+    listener.close()
+    server.setblocking(False)
+    yield server, client
+    server.close()
+    client.close()
+
+
+def test_connack_goes_straight_to_the_socket(tcp_pair, tmp_path):
+    """A CONNACK leaves at once, with no poll round (nothing queued before it); later packets queue as before."""
+    from mqtt_proxy.codec import ConnAck, Connect, MQTTParser, PingReq, encode
+    from tests.unit.test_mqtt_broker import Harness
+
+    front = Harness(tmp_path)
+    try:
+        proto = front.factory.buildProtocol(None)
+        transport = tcp.Server(tcp_pair[0], proto, ("127.0.0.1", 50000), SimpleNamespace(_realPortNumber=1883), 1,
+                               MemoryReactor())  # never started: only a direct send reaches the socket
+        proto.makeConnection(transport)
+        proto.dataReceived(encode(Connect(client_id="direct", protocol_level=4), 4))
+        front.tick()
+        (ack,) = MQTTParser(server_side=False, protocol_level=4).feed(tcp_pair[1].recv(64))
+        assert isinstance(ack, ConnAck) and ack.reason_code == 0
+        proto.dataReceived(encode(PingReq(), 4))
+        assert transport._tempDataLen == 2  # a PINGRESP waits for the reactor, as every other packet
+    finally:
+        proto.connectionLost(None)  # the registry lets the session go; the fixture closes the sockets
+        front.close()
