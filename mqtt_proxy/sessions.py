@@ -47,7 +47,8 @@ class SessionRegistry:
     """Sessions by client id, connected or not, and the timers of their expiry and delayed wills."""
 
     def __init__(self, ctx: SessionContext, router: SubscriptionRouter, inbound: InboundBatcher, auth, acl: ACL,
-                 config: MQTTConfig, limits: LimitsConfig, holder: str = "node", publisher=None) -> None:
+                 config: MQTTConfig, limits: LimitsConfig, holder: str = "node", publisher=None,
+                 log_connections: bool = True) -> None:
         self.ctx = ctx
         self.router = router
         self.store: Sessions = ctx.sessions  # claims, session state
@@ -63,6 +64,9 @@ class SessionRegistry:
         self.sessions: dict[str, Session] = {}
         self._connecting: dict[str, int] = {}  # client id -> CONNECTs that claimed it and are not done yet
         self._on_fenced = self._fenced  # one bound method for every session, not one each
+        # Off, the routine connect and disconnect lines are not even made: a record each (the caller's frame
+        # looked up) was a share of a connect storm, only for the log's filter to drop it.
+        self.log_connections = log_connections
 
     def now_ms(self) -> int:
         return int(self.clock.seconds() * 1000)
@@ -266,8 +270,9 @@ class SessionRegistry:
             self.stats.clients_connected += 1
             session.attach(conn)  # resends what was in flight
             session.pump()
-            log.info("client_connected client=%s level=%d clean=%s expiry=%d present=%s peer=%s",
-                     client_id, level, packet.clean_start, expiry, session_present, conn.peer_host)
+            if self.log_connections:
+                log.info("client_connected client=%s level=%d clean=%s expiry=%d present=%s peer=%s",
+                         client_id, level, packet.clean_start, expiry, session_present, conn.peer_host)
         finally:
             if assigned is None:
                 self._connect_done(client_id, epoch)
@@ -470,7 +475,8 @@ class SessionRegistry:
                                              session.owner))
             session.stored = True
             self._schedule_expiry(session, self.now_ms())
-        log.info("client_disconnected client=%s will=%s", session.client_id, bool(will_actions))
+        if self.log_connections:
+            log.info("client_disconnected client=%s will=%s", session.client_id, bool(will_actions))
 
     def _schedule_expiry(self, session: Session, since_ms: int) -> None:
         deadline = session.state.expiry_deadline_ms(since_ms)

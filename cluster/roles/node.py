@@ -84,7 +84,8 @@ class NodeParts:
         self.bridges = store_bridges(reactor, cfg, self.state, self.local_store, self.mongodb)
         deliver_latency = Histogram()
         self.mqtt = build_front_end(self.local_store, reactor, mqtt, cfg.limits, auth, acl, holder=NODE_HOLDER,
-                                    deliver_latency=deliver_latency)
+                                    deliver_latency=deliver_latency,
+                                    log_connections=cfg.log.connection_messages)
         # Retention keeps what sessions and shared groups still owe (native consumers and retained messages:
         # StoreParts).
         self.store.retention.add_holder(self.mqtt.owed)
