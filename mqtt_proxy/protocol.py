@@ -27,7 +27,9 @@ from mqtt_proxy.codec.reason import DISCONNECT_CODES
 from mqtt_proxy.codec.packets import PING_RESP, Auth, Properties
 from mqtt_proxy.session_state import Phase, PhaseEvent
 from mqtt_proxy.subscribe import handle_subscribe, handle_unsubscribe
-from mqtt_proxy.twisted_internals import can_send_directly, raise_send_limit, send, share_log_strings, share_transport_keys
+from mqtt_proxy.twisted_internals import (
+    can_send_directly, raise_send_limit, read_into_shared_buffer, send, share_log_strings, share_transport_keys,
+)
 from store.api import AppendStatus as PutStatus
 
 log = logging.getLogger("twistmq.mqtt.protocol")
@@ -454,6 +456,11 @@ class MQTTServerFactory(protocol.Factory):
     def startFactory(self) -> None:
         # Before the first connection: then no idle connection's transport needs a dict of its own.
         share_transport_keys()
+
+    def prepare_port(self, port) -> None:
+        """The listening port this factory serves: its TCP transports read through a shared buffer (a read of
+        ``bufferSize``, which the protocol raises to ``max_queued_bytes``, would allocate that much each time)."""
+        read_into_shared_buffer(port)
 
     def buildProtocol(self, addr):
         p = MQTTServerProtocol(self.front, self.clock)

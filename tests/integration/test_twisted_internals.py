@@ -152,3 +152,47 @@ def test_connack_goes_straight_to_the_socket(tcp_pair, tmp_path):
     finally:
         proto.connectionLost(None)  # the registry lets the session go; the fixture closes the sockets
         front.close()
+
+
+def test_a_port_prepared_by_the_mqtt_factory_builds_shared_buffer_transports():
+    """The MQTT factory makes its TCP port build SharedBufferServer transports; other ports are left alone."""
+    from mqtt_proxy.protocol import MQTTServerFactory
+    from mqtt_proxy.twisted_internals import SharedBufferServer
+
+    port = tcp.Port(0, protocol.Factory(), reactor=MemoryReactor())
+    MQTTServerFactory(None, None).prepare_port(port)
+    assert port.transport is SharedBufferServer and tcp.Port.transport is tcp.Server
+    MQTTServerFactory(None, None).prepare_port(SimpleNamespace(transport=None))  # not a TCP port: no-op
+
+
+def test_a_shared_buffer_read_is_twisteds_without_allocating_the_buffer_size(pair):
+    """SharedBufferServer.doRead hands the protocol what came (small, up to bufferSize, then the end) and a
+    small read does not allocate bufferSize bytes, as Twisted's recv(bufferSize) does."""
+    import tracemalloc
+
+    from mqtt_proxy.twisted_internals import SharedBufferServer
+
+    got = []
+    proto = protocol.Protocol()
+    proto.dataReceived = got.append
+    transport = SharedBufferServer(pair[0], proto, ("127.0.0.1", 50000), SimpleNamespace(_realPortNumber=1883), 1,
+                                   MemoryReactor())
+    transport.bufferSize = 1 << 20
+    transport.doRead()  # the shared buffer grows to bufferSize once
+    pair[1].sendall(b"\x10\x0c" + b"c" * 12)
+    tracemalloc.start()
+    try:
+        assert transport.doRead() is None
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got == [b"\x10\x0c" + b"c" * 12]
+    assert peak < 64 * 1024, peak  # Twisted's own read allocates the whole megabyte
+    big = bytes(range(256)) * 400  # within the socket pair's buffer: sendall returns before the reads
+    pair[1].sendall(big)
+    while sum(map(len, got[1:])) < len(big):
+        transport.doRead()
+    assert b"".join(got[1:]) == big
+    pair[1].close()
+    from twisted.internet import main
+    assert transport.doRead() is main.CONNECTION_DONE
