@@ -17,7 +17,7 @@ import uuid
 from twisted.internet import defer
 
 from mqtt_proxy.auth.acl import ACL, ReadCheck
-from mqtt_proxy.codec import MQTT_5, ConnAck, Properties, ReasonCode
+from mqtt_proxy.codec import MQTT_5, NO_PROPERTIES, ConnAck, Properties, ReasonCode
 from mqtt_proxy.config import LimitsConfig, MQTTConfig
 from mqtt_proxy.delivery import SessionContext
 from mqtt_proxy.inbound import InboundBatcher
@@ -29,6 +29,9 @@ from store.api import NotAuthorized, Owed, SessionMeta, SessionState, Sessions, 
 log = logging.getLogger("twistmq.mqtt.broker")  # the logger name is a stable, greppable part of the log lines
 
 ANONYMOUS = "anonymous"
+_ACCEPTED = {present: ConnAck(present, ReasonCode.SUCCESS, NO_PROPERTIES) for present in (False, True)}
+"""The CONNACKs without properties (every 3.1.1 one), made once: a frozen dataclass and an empty Properties
+(a field per MQTT 5 property) per CONNECT were a connect storm's share."""
 
 
 def identity_of(acl_username: str | None, cert_identity: str | None) -> str:
@@ -266,7 +269,8 @@ class SessionRegistry:
             conn.client_id = client_id
             conn.session = session
             self.acl.hold(conn.acl_username, client_id)  # a MongoDB ACL keeps a connected client's rules fresh
-            conn.send_connack(ConnAck(session_present, ReasonCode.SUCCESS, ack_props or Properties()))
+            conn.send_connack(ConnAck(session_present, ReasonCode.SUCCESS, ack_props) if ack_props is not None
+                              else _ACCEPTED[session_present])
             self.stats.clients_connected += 1
             session.attach(conn)  # resends what was in flight
             session.pump()
