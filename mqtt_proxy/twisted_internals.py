@@ -91,7 +91,7 @@ class SharedBufferServer(tcp.Server):
     """``tcp.Server`` whose reads go through one buffer shared by every connection (see the module doc)."""
 
     def doRead(self):
-        size = self.bufferSize
+        size = min(self.bufferSize, READ_LIMIT)
         view = _read_buffer(size)
         try:
             n = self.socket.recv_into(view, size)
@@ -102,6 +102,9 @@ class SharedBufferServer(tcp.Server):
         return self._dataReceived(view[:n].tobytes())
 
 
+READ_LIMIT = 1 << 20
+"""Bytes one read takes at most (a larger ``max_queued_bytes`` would make the shared buffer, which is
+zero-filled when made, that large)."""
 _buffer = [memoryview(bytearray(1 << 16))]
 
 
