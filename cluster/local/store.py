@@ -20,6 +20,7 @@ import logging
 from typing import Callable
 
 from twisted.internet import defer
+from twisted.python.failure import Failure
 
 from cluster.local.sessions import LocalSessions, position_offset
 from lightqueue.names import QueueNameError
@@ -43,9 +44,19 @@ DEFAULT_GROUP = "local"
 def _typed(fn: Callable) -> Callable:
     """Run ``fn`` as a Deferred-returning call whose failures are all StoreErrors."""
 
+    name = fn.__name__
+
     @functools.wraps(fn)
     def call(self, *args, **kwargs) -> defer.Deferred:
-        return defer.maybeDeferred(fn, self, *args, **kwargs).addErrback(_as_store_error, fn.__name__)
+        try:
+            result = fn(self, *args, **kwargs)
+        except Exception:  # noqa: BLE001 - every failure reaches the caller, typed
+            return defer.fail().addErrback(_as_store_error, name)
+        if not isinstance(result, defer.Deferred):
+            return defer.succeed(result)
+        if result.called and not result.paused and not isinstance(result.result, (Failure, defer.Deferred)):
+            return result  # answered already, and well (a claim, a session read): nothing to type
+        return result.addErrback(_as_store_error, name)
 
     return call
 
