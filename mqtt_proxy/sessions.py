@@ -346,19 +346,27 @@ class SessionRegistry:
         self.store.release_session(client_id, epoch).addErrback(
             lambda f: log.warning("session_release_failed client=%s error=%s", client_id, f.getErrorMessage()))
 
-    @defer.inlineCallbacks
-    def _load(self, client_id: str, epoch: int, clean_start: bool, identity: str):
+    def _load(self, client_id: str, epoch: int, clean_start: bool, identity: str) -> defer.Deferred:
         """The stored session of ``client_id`` (held elsewhere before, or by nobody since a restart), or None.
 
         A clean start by its owner deletes what was stored instead (another identity's is loaded and kept).
+        A new client id (nothing stored: the common case) costs no generator of its own.
         """
-        try:
-            state = yield self.store.get_session(client_id)
-        except StoreError as exc:
-            log.error("session_load_failed client=%s error=%s", client_id, exc)
-            return None
-        if state is None:
-            return None
+        return self.store.get_session(client_id).addCallbacks(
+            self._loaded, self._load_failed, callbackArgs=(client_id, epoch, clean_start, identity),
+            errbackArgs=(client_id,))
+
+    @staticmethod
+    def _load_failed(failure, client_id: str) -> None:
+        failure.trap(StoreError)
+        log.error("session_load_failed client=%s error=%s", client_id, failure.value)
+        return None
+
+    def _loaded(self, state: SessionState | None, client_id: str, epoch: int, clean_start: bool, identity: str):
+        return None if state is None else self._load_stored(state, client_id, epoch, clean_start, identity)
+
+    @defer.inlineCallbacks
+    def _load_stored(self, state: SessionState, client_id: str, epoch: int, clean_start: bool, identity: str):
         if clean_start and state.meta.owner in (None, identity):
             try:
                 yield self.store.delete_session(client_id, epoch)
