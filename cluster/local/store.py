@@ -54,7 +54,9 @@ def _typed(fn: Callable) -> Callable:
             return defer.fail().addErrback(_as_store_error, name)
         if not isinstance(result, defer.Deferred):
             return defer.succeed(result)
-        if result.called and not result.paused and not isinstance(result.result, (Failure, defer.Deferred)):
+        # Paused: waiting on another Deferred (its result is that one). Failure is a plain class: Deferred's
+        # ABCMeta makes isinstance against it a slow call for anything else.
+        if result.called and not result.paused and not isinstance(result.result, Failure):
             return result  # answered already, and well (a claim, a session read): nothing to type
         return result.addErrback(_as_store_error, name)
 

@@ -149,11 +149,11 @@ class Authenticator:
         wait = self.delay_for(peer_host, username)
         if wait <= 0 and self._acl_loader is None:
             # Decided now in the common case (anonymous, a certificate): one Deferred, not a chain of three.
-            try:
+            try:  # (isinstance against AuthResult: Deferred's ABCMeta makes a check against it slow)
                 result = self._decide(username, password, cert_identity)
-                if not isinstance(result, defer.Deferred):
+                if isinstance(result, AuthResult):
                     result = self._finish(result, client_id, peer_host, username, cert_identity)
-                    return result if isinstance(result, defer.Deferred) else defer.succeed(result)
+                    return defer.succeed(result) if isinstance(result, AuthResult) else result
             except Exception:  # noqa: BLE001 - as in the chain below: the caller sees a failed Deferred
                 return defer.fail()
             return result.addCallback(self._finish, client_id, peer_host, username, cert_identity)
