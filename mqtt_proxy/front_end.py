@@ -118,9 +118,11 @@ class MQTTFrontEnd:
 
 
 def build_front_end(store: Store, clock, config: MQTTConfig, limits: LimitsConfig, auth=None, acl=None,
-                    holder: str = "node", read_cache: ReadCache | None = None, deliver_latency=None) -> MQTTFrontEnd:
+                    holder: str = "node", read_cache: ReadCache | None = None, deliver_latency=None,
+                    log_connections: bool = True) -> MQTTFrontEnd:
     """Delivery pump, router, registry, publisher and front end over ``store``; ``holder`` claims sessions;
-    ``deliver_latency`` (an object with ``observe(seconds)``) hears publish-to-deliver times."""
+    ``deliver_latency`` (an object with ``observe(seconds)``) hears publish-to-deliver times;
+    ``log_connections``: log each client's connect and disconnect (``[log] connection_messages``)."""
     acl = acl or ACL.allow_all()
     stats = BrokerStats()
     read_cache = read_cache or ReadCache(store)
@@ -129,5 +131,6 @@ def build_front_end(store: Store, clock, config: MQTTConfig, limits: LimitsConfi
     inbound = InboundBatcher(store, clock)
     router = SubscriptionRouter(store, ctx, acl, limits)
     publisher = Publisher(inbound, store, acl, config, limits, stats, clock)
-    registry = SessionRegistry(ctx, router, inbound, auth or AllowAll(), acl, config, limits, holder, publisher)
+    registry = SessionRegistry(ctx, router, inbound, auth or AllowAll(), acl, config, limits, holder, publisher,
+                               log_connections)
     return MQTTFrontEnd(registry, router, publisher)

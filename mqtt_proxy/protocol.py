@@ -27,7 +27,9 @@ from mqtt_proxy.codec.reason import DISCONNECT_CODES
 from mqtt_proxy.codec.packets import PING_RESP, Auth, Properties
 from mqtt_proxy.session_state import Phase, PhaseEvent
 from mqtt_proxy.subscribe import handle_subscribe, handle_unsubscribe
-from mqtt_proxy.twisted_internals import can_send_directly, raise_send_limit, send, share_log_strings, share_transport_keys
+from mqtt_proxy.twisted_internals import (
+    can_send_directly, raise_send_limit, read_into_shared_buffer, send, share_log_strings, share_transport_keys,
+)
 from store.api import AppendStatus as PutStatus
 
 log = logging.getLogger("twistmq.mqtt.protocol")
@@ -292,6 +294,20 @@ class MQTTServerProtocol:
         if self.phase is not CLOSING:
             self.write(encode(packet, self.level))
 
+    def send_connack(self, packet: ConnAck) -> None:
+        """CONNACK, the first packet of the connection: straight to the socket when nothing is queued.
+
+        Through ``transport.write`` it would register the socket for writing, wait for a poll round and
+        unregister it (two ``epoll_ctl`` calls and a wake-up per client: a connect storm's share). Only this
+        packet: whatever follows goes through the transport's buffer, whose size is what bounds a client
+        that does not read (the retained queue's bound counts on it).
+        """
+        if self.phase is not CLOSING and self._corked is None:
+            t = self.transport
+            send(t, encode(packet, self.level), can_send_directly(t))
+        else:
+            self.send(packet)
+
     def write(self, data: bytes) -> None:
         if self.phase is CLOSING:
             return
@@ -440,6 +456,11 @@ class MQTTServerFactory(protocol.Factory):
     def startFactory(self) -> None:
         # Before the first connection: then no idle connection's transport needs a dict of its own.
         share_transport_keys()
+
+    def prepare_port(self, port) -> None:
+        """The listening port this factory serves: its TCP transports read through a shared buffer (a read of
+        ``bufferSize``, which the protocol raises to ``max_queued_bytes``, would allocate that much each time)."""
+        read_into_shared_buffer(port)
 
     def buildProtocol(self, addr):
         p = MQTTServerProtocol(self.front, self.clock)

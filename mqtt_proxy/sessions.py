@@ -17,7 +17,7 @@ import uuid
 from twisted.internet import defer
 
 from mqtt_proxy.auth.acl import ACL, ReadCheck
-from mqtt_proxy.codec import MQTT_5, ConnAck, Properties, ReasonCode
+from mqtt_proxy.codec import MQTT_5, NO_PROPERTIES, ConnAck, Properties, ReasonCode
 from mqtt_proxy.config import LimitsConfig, MQTTConfig
 from mqtt_proxy.delivery import SessionContext
 from mqtt_proxy.inbound import InboundBatcher
@@ -29,6 +29,9 @@ from store.api import NotAuthorized, Owed, SessionMeta, SessionState, Sessions, 
 log = logging.getLogger("twistmq.mqtt.broker")  # the logger name is a stable, greppable part of the log lines
 
 ANONYMOUS = "anonymous"
+_ACCEPTED = {present: ConnAck(present, ReasonCode.SUCCESS, NO_PROPERTIES) for present in (False, True)}
+"""The CONNACKs without properties (every 3.1.1 one), made once: a frozen dataclass and an empty Properties
+(a field per MQTT 5 property) per CONNECT were a connect storm's share."""
 
 
 def identity_of(acl_username: str | None, cert_identity: str | None) -> str:
@@ -47,7 +50,8 @@ class SessionRegistry:
     """Sessions by client id, connected or not, and the timers of their expiry and delayed wills."""
 
     def __init__(self, ctx: SessionContext, router: SubscriptionRouter, inbound: InboundBatcher, auth, acl: ACL,
-                 config: MQTTConfig, limits: LimitsConfig, holder: str = "node", publisher=None) -> None:
+                 config: MQTTConfig, limits: LimitsConfig, holder: str = "node", publisher=None,
+                 log_connections: bool = True) -> None:
         self.ctx = ctx
         self.router = router
         self.store: Sessions = ctx.sessions  # claims, session state
@@ -63,6 +67,9 @@ class SessionRegistry:
         self.sessions: dict[str, Session] = {}
         self._connecting: dict[str, int] = {}  # client id -> CONNECTs that claimed it and are not done yet
         self._on_fenced = self._fenced  # one bound method for every session, not one each
+        # Off, the routine connect and disconnect lines are not even made: a record each (the caller's frame
+        # looked up) was a share of a connect storm, only for the log's filter to drop it.
+        self.log_connections = log_connections
 
     def now_ms(self) -> int:
         return int(self.clock.seconds() * 1000)
@@ -262,12 +269,14 @@ class SessionRegistry:
             conn.client_id = client_id
             conn.session = session
             self.acl.hold(conn.acl_username, client_id)  # a MongoDB ACL keeps a connected client's rules fresh
-            conn.send(ConnAck(session_present, ReasonCode.SUCCESS, ack_props or Properties()))
+            conn.send_connack(ConnAck(session_present, ReasonCode.SUCCESS, ack_props) if ack_props is not None
+                              else _ACCEPTED[session_present])
             self.stats.clients_connected += 1
             session.attach(conn)  # resends what was in flight
             session.pump()
-            log.info("client_connected client=%s level=%d clean=%s expiry=%d present=%s peer=%s",
-                     client_id, level, packet.clean_start, expiry, session_present, conn.peer_host)
+            if self.log_connections:
+                log.info("client_connected client=%s level=%d clean=%s expiry=%d present=%s peer=%s",
+                         client_id, level, packet.clean_start, expiry, session_present, conn.peer_host)
         finally:
             if assigned is None:
                 self._connect_done(client_id, epoch)
@@ -337,19 +346,27 @@ class SessionRegistry:
         self.store.release_session(client_id, epoch).addErrback(
             lambda f: log.warning("session_release_failed client=%s error=%s", client_id, f.getErrorMessage()))
 
-    @defer.inlineCallbacks
-    def _load(self, client_id: str, epoch: int, clean_start: bool, identity: str):
+    def _load(self, client_id: str, epoch: int, clean_start: bool, identity: str) -> defer.Deferred:
         """The stored session of ``client_id`` (held elsewhere before, or by nobody since a restart), or None.
 
         A clean start by its owner deletes what was stored instead (another identity's is loaded and kept).
+        A new client id (nothing stored: the common case) costs no generator of its own.
         """
-        try:
-            state = yield self.store.get_session(client_id)
-        except StoreError as exc:
-            log.error("session_load_failed client=%s error=%s", client_id, exc)
-            return None
-        if state is None:
-            return None
+        return self.store.get_session(client_id).addCallbacks(
+            self._loaded, self._load_failed, callbackArgs=(client_id, epoch, clean_start, identity),
+            errbackArgs=(client_id,))
+
+    @staticmethod
+    def _load_failed(failure, client_id: str) -> None:
+        failure.trap(StoreError)
+        log.error("session_load_failed client=%s error=%s", client_id, failure.value)
+        return None
+
+    def _loaded(self, state: SessionState | None, client_id: str, epoch: int, clean_start: bool, identity: str):
+        return None if state is None else self._load_stored(state, client_id, epoch, clean_start, identity)
+
+    @defer.inlineCallbacks
+    def _load_stored(self, state: SessionState, client_id: str, epoch: int, clean_start: bool, identity: str):
         if clean_start and state.meta.owner in (None, identity):
             try:
                 yield self.store.delete_session(client_id, epoch)
@@ -470,7 +487,8 @@ class SessionRegistry:
                                              session.owner))
             session.stored = True
             self._schedule_expiry(session, self.now_ms())
-        log.info("client_disconnected client=%s will=%s", session.client_id, bool(will_actions))
+        if self.log_connections:
+            log.info("client_disconnected client=%s will=%s", session.client_id, bool(will_actions))
 
     def _schedule_expiry(self, session: Session, since_ms: int) -> None:
         deadline = session.state.expiry_deadline_ms(since_ms)

@@ -426,7 +426,10 @@ class Sessions(Protocol):
         ``owner`` is the identity connecting: a session stored by another
         identity, or claimed by one now, fails the claim with ``NotAuthorized``
         and nobody is fenced (empty: not checked; a session stored without an
-        owner is anybody's).
+        owner is anybody's). A store whose holder lives in its own process (a
+        node's front end) may keep that holder's claim of an id nobody else
+        holds in memory until the session's first write: it fences only
+        writers that die with that memory (``cluster.local.sessions``).
         """
 
     def release_session(self, client_id: str, epoch: int) -> defer.Deferred[None]:

@@ -88,10 +88,12 @@ class StoreParts(StoreObserver):
         there, not in memory; the node's front end holds its live sessions itself)."""
         self.store.retention.add_holder(lambda: stored_sessions_owed(SessionStore(self.session_log)))
 
-    def local_store(self, group: str) -> LocalStore:
-        """The store interface over these parts, as broker group ``group``."""
+    def local_store(self, group: str, own_holder: str = "") -> LocalStore:
+        """The store interface over these parts, as broker group ``group``; ``own_holder``: the holder of the
+        front end in this process, if any (its claims wait for its sessions' writes: ``LocalSessions``)."""
         return LocalStore(self.store, self.notifier, self.retained, self.timers, SessionStore(self.session_log),
-                          self.native.engine, group=group, native_topic_limits=self.native.topic_limits)
+                          self.native.engine, group=group, native_topic_limits=self.native.topic_limits,
+                          own_holder=own_holder)
 
     def tree_parts(self) -> list[Part]:
         """The parts as service-tree children, in start order (the tree stops them in reverse)."""

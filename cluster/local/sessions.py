@@ -22,6 +22,16 @@ the group, so the claims are read once and then kept in memory; a broker that
 becomes master (its KV followed another's) reads them again (``reload``). Listeners added with ``add_claim_listener`` hear
 of every claim that moves a session to another holder: the way the old holder
 learns it was taken over (the RPC layer carries the event to it).
+
+A claim by the store's own holder (``own_holder``: the front end in the same
+process, a node's) of an id nobody else claimed is not written at once: it is
+kept in memory and written just before the first write of that session
+(``_fence``), or never if the session stores nothing (a clean session without
+a will: CONNECT to release costs no record). It only fences writers in this
+process, which die with the memory that holds it; after a restart no writer
+of it is left, and the epoch mark still keeps every epoch it handed out from
+being handed out again. A claim that moves an id from another holder, or finds
+one written, is written before it is answered, as every other claim is.
 """
 
 from __future__ import annotations
@@ -74,9 +84,11 @@ def position_offset(position: api.QueuePosition, group: str, queue: str | None =
 class LocalSessions:
     """``store.api.Sessions`` over a SessionStore, for broker group ``group``."""
 
-    def __init__(self, sessions: SessionStore, group: str) -> None:
+    def __init__(self, sessions: SessionStore, group: str, own_holder: str = "") -> None:
         self._db = sessions
         self._group = group
+        self._own_holder = own_holder  # the holder in this process, whose claims wait for a write (module doc)
+        self._unwritten: set[str] = set()  # client ids whose claim (own_holder's) is in memory only
         self._claims: dict[str, tuple[str, int]] | None = None  # client id -> (holder, epoch); all, once read
         self._claim_owners: dict[str, str] = {}  # client id -> the identity whose CONNECT made the claim
         self._next_epoch = 0  # the epoch of the next claim
@@ -110,6 +122,7 @@ class LocalSessions:
         self._claims = None
         self._claim_owners = {}
         self._wills = set()
+        self._unwritten = set()
 
     def claim_session(self, client_id: str, holder: str, owner: str = "") -> defer.Deferred:
         return self._claim(client_id, holder, owner, keep_will=False)
@@ -137,12 +150,19 @@ class LocalSessions:
         if epoch > self._epoch_mark:
             self._epoch_mark = epoch + EPOCH_BLOCK - 1
             writes.append(self._db.save_epoch_mark(self._epoch_mark).addErrback(self._mark_failed, epoch))
+        # In memory only (module doc): this process's holder, nobody else's claim moved, no written one replaced.
+        unwritten = holder == self._own_holder and not keep_will and client_id not in self._wills and (
+            client_id not in claims or client_id in self._unwritten)
         claims[client_id] = (holder, epoch)
         if owner:
             self._claim_owners[client_id] = owner
         else:
             self._claim_owners.pop(client_id, None)
-        writes.append(self._db.save_claim(client_id, holder, epoch, owner))
+        if unwritten:
+            self._unwritten.add(client_id)
+        else:
+            self._unwritten.discard(client_id)
+            writes.append(self._db.save_claim(client_id, holder, epoch, owner))
         if not keep_will and client_id in self._wills:
             self._wills.discard(client_id)
             # A new connection's CONNECT stores its own will: the old connection's is published by its live
@@ -154,9 +174,24 @@ class LocalSessions:
                     listener(client_id, old_holder, epoch)
                 except Exception:  # noqa: BLE001 - a broken listener must not fail the claim
                     log.exception("claim_listener_failed client=%s", client_id)
+        if not writes:
+            return defer.succeed(epoch)
         d = writes[0] if len(writes) == 1 else defer.gatherResults(writes, consumeErrors=True).addErrback(
             lambda f: f.value.subFailure)
         return d.addCallback(lambda _: epoch)
+
+    def _write_claim(self, client_id: str) -> None:
+        """Write the in-memory claim of ``client_id`` now, ahead of its session's first write (the log keeps
+        the order, so the claim is durable before that write is answered)."""
+        self._unwritten.discard(client_id)
+        holder, epoch = self._claims[client_id]
+        self._db.save_claim(client_id, holder, epoch, self._claim_owners.get(client_id, "")).addErrback(
+            self._claim_write_failed, client_id, holder, epoch)
+
+    def _claim_write_failed(self, failure, client_id: str, holder: str, epoch: int) -> None:
+        log.error("claim_write_failed client=%s epoch=%d error=%s", client_id, epoch, failure.getErrorMessage())
+        if self._claims is not None and self._claims.get(client_id) == (holder, epoch):
+            self._unwritten.add(client_id)  # the session's next write tries again
 
     def _mark_failed(self, failure, epoch: int):
         # The block is not durable: the next claim writes the mark again (its claim fails with this one).
@@ -175,6 +210,11 @@ class LocalSessions:
         claims = self.claims
         claim = claims.get(client_id)
         if claim is None or claim[1] != epoch:
+            return defer.succeed(None)
+        if client_id in self._unwritten:  # never written, so nothing of the session was (and no will)
+            self._unwritten.discard(client_id)
+            del claims[client_id]
+            self._claim_owners.pop(client_id, None)
             return defer.succeed(None)
         if client_id in self._wills:  # the holder that lets go published it or cancelled it
             self._wills.discard(client_id)
@@ -202,6 +242,8 @@ class LocalSessions:
                              f"this write carries epoch {epoch}")
         if epoch > current:
             raise api.InvalidArgument(f"session {client_id!r} epoch {epoch} was never claimed (last: {current})")
+        if client_id in self._unwritten:
+            self._write_claim(client_id)  # before the write the caller makes next
 
     # -- positions ----------------------------------------------------------------------------------
 

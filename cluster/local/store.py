@@ -20,6 +20,7 @@ import logging
 from typing import Callable
 
 from twisted.internet import defer
+from twisted.python.failure import Failure
 
 from cluster.local.sessions import LocalSessions, position_offset
 from lightqueue.names import QueueNameError
@@ -43,9 +44,21 @@ DEFAULT_GROUP = "local"
 def _typed(fn: Callable) -> Callable:
     """Run ``fn`` as a Deferred-returning call whose failures are all StoreErrors."""
 
+    name = fn.__name__
+
     @functools.wraps(fn)
     def call(self, *args, **kwargs) -> defer.Deferred:
-        return defer.maybeDeferred(fn, self, *args, **kwargs).addErrback(_as_store_error, fn.__name__)
+        try:
+            result = fn(self, *args, **kwargs)
+        except Exception:  # noqa: BLE001 - every failure reaches the caller, typed
+            return defer.fail().addErrback(_as_store_error, name)
+        if not isinstance(result, defer.Deferred):
+            return defer.succeed(result)
+        # Paused: waiting on another Deferred (its result is that one). Failure is a plain class: Deferred's
+        # ABCMeta makes isinstance against it a slow call for anything else.
+        if result.called and not result.paused and not isinstance(result.result, Failure):
+            return result  # answered already, and well (a claim, a session read): nothing to type
+        return result.addErrback(_as_store_error, name)
 
     return call
 
@@ -88,12 +101,12 @@ class LocalStore:
 
     def __init__(self, store: MessageStore, notifier: Notifier, retained: RetainedIndex, timers: TimerService,
                  sessions: SessionStore, native: NativeEngine, group: str = DEFAULT_GROUP,
-                 native_topic_limits: native_codec.TopicLimits | None = None) -> None:
+                 native_topic_limits: native_codec.TopicLimits | None = None, own_holder: str = "") -> None:
         self._store = store
         self._notifier = notifier
         self._retained = retained
         self._timers = timers
-        self._sessions = LocalSessions(sessions, group)
+        self._sessions = LocalSessions(sessions, group, own_holder)  # own_holder: LocalSessions' doc
         self._engine = native
         self._topic_limits = native_topic_limits
         self.group = group

@@ -198,7 +198,8 @@ def client_security(reactor, cfg, mongodb: MongoPool | None = None):
                          use_identity_as_username=cfg.node.use_identity_as_username,
                          base_delay=mqtt.auth_fail_delay, max_delay=mqtt.auth_fail_delay_max,
                          address_limit=mqtt.auth_fail_address_limit, forget_after=mqtt.auth_fail_window,
-                         chain=chain, acl_loader=acl.load if users is not None else None)
+                         chain=chain, acl_loader=acl.load if users is not None else None,
+                         log_ok=cfg.log.connection_messages)
     return ClientSecurity(executor, mongodb, users), auth, acl
 
 

@@ -79,12 +79,13 @@ class NodeParts:
         self.auth_executor, auth, acl = client_security(reactor, cfg, self.mongodb)
         # The MQTT front end reaches the parts above only through the store interface, served in-process
         # here by one broker group (a proxy runs the same front end over the remote store).
-        self.local_store = self.state.local_store(cfg.cluster.group)
+        self.local_store = self.state.local_store(cfg.cluster.group, own_holder=NODE_HOLDER)
         # [[bridge.mongodb]]: durable subscribers inside the store, with their own positions (cluster/bridges).
         self.bridges = store_bridges(reactor, cfg, self.state, self.local_store, self.mongodb)
         deliver_latency = Histogram()
         self.mqtt = build_front_end(self.local_store, reactor, mqtt, cfg.limits, auth, acl, holder=NODE_HOLDER,
-                                    deliver_latency=deliver_latency)
+                                    deliver_latency=deliver_latency,
+                                    log_connections=cfg.log.connection_messages)
         # Retention keeps what sessions and shared groups still owe (native consumers and retained messages:
         # StoreParts).
         self.store.retention.add_holder(self.mqtt.owed)

@@ -127,7 +127,8 @@ class ProxyParts:
         mqtt = cfg.mqtt
         self.mongodb = mongodb_pool(reactor, cfg)  # None unless the config uses MongoDB
         self.auth_executor, auth, acl = client_security(reactor, cfg, self.mongodb)
-        self.mqtt = build_front_end(self.store, reactor, mqtt, cfg.limits, auth, acl, holder=cluster.node_id)
+        self.mqtt = build_front_end(self.store, reactor, mqtt, cfg.limits, auth, acl, holder=cluster.node_id,
+                                    log_connections=cfg.log.connection_messages)
         self.native = ProxyNativeService(ForwardingEngine(self.store), native_config, topic_limits(cfg.limits))
         self.lag = ReactorLagProbe(reactor)
         self.streams, self.datagrams = self._listeners()

@@ -147,6 +147,9 @@ class ListenerService(internet.StreamServerEndpointService):
 
     def _bound(self, port):
         self.port = port
+        prepare = getattr(self.factory, "prepare_port", None)  # the factory's say in how the port serves
+        if prepare is not None:
+            prepare(port)
         return port
 
     def _not_bound(self, failure):

@@ -103,8 +103,12 @@ class Authenticator:
                  executor: Any = None, *, use_identity_as_username: bool = False,
                  base_delay: float = 1.0, max_delay: float = 30.0, forget_after: float = 600.0,
                  max_tracked: int = 10000, address_limit: int = 100, chain: Any = None,
-                 acl_loader: Callable[[str | None, str], defer.Deferred] | None = None) -> None:
+                 acl_loader: Callable[[str | None, str], defer.Deferred] | None = None,
+                 log_ok: bool = True) -> None:
         """*executor* has ``submit(fn, *args) -> Deferred`` (``store.executor``); required with a password file.
+
+        *log_ok*: log each accepted login (``mqtt.auth.ok``; ``[log] connection_messages``). Off, the event
+        is not even made (the log would drop it, after it cost a connect storm its making).
 
         *chain* (a ``PasswordChain``) replaces the password file's check; *acl_loader(username, client_id)*
         reads an accepted client's ACL rules before it is answered (failing when it cannot).
@@ -116,6 +120,7 @@ class Authenticator:
         self._passwords = password_file
         self._chain = chain
         self._acl_loader = acl_loader
+        self.log_ok = log_ok
         self.allow_anonymous = allow_anonymous
         self.use_identity_as_username = use_identity_as_username
         self._clock = clock
@@ -142,6 +147,16 @@ class Authenticator:
                      peer_host: str, cert_identity: str | None = None) -> defer.Deferred:
         """Check one CONNECT; the Deferred fires with an ``AuthResult`` (never errbacks except on cancel)."""
         wait = self.delay_for(peer_host, username)
+        if wait <= 0 and self._acl_loader is None:
+            # Decided now in the common case (anonymous, a certificate): one Deferred, not a chain of three.
+            try:  # (isinstance against AuthResult: Deferred's ABCMeta makes a check against it slow)
+                result = self._decide(username, password, cert_identity)
+                if isinstance(result, AuthResult):
+                    result = self._finish(result, client_id, peer_host, username, cert_identity)
+                    return defer.succeed(result) if isinstance(result, AuthResult) else result
+            except Exception:  # noqa: BLE001 - as in the chain below: the caller sees a failed Deferred
+                return defer.fail()
+            return result.addCallback(self._finish, client_id, peer_host, username, cert_identity)
         if wait > 0:
             d = task.deferLater(self._clock, wait, lambda: None)
         else:
@@ -227,11 +242,12 @@ class Authenticator:
         if result.ok:
             if result.verified and result.username == username:
                 self._failures.succeeded(username)  # only the name it proved: not the address, not other names
-            self.log.info(
-                "mqtt.auth.ok client_id={client_id!r} username={username!r} peer={peer} "
-                "cert={cert!r} verified={verified}",
-                client_id=client_id, username=result.username, peer=peer_host, cert=cert_identity,
-                verified=result.verified)
+            if self.log_ok:
+                self.log.info(
+                    "mqtt.auth.ok client_id={client_id!r} username={username!r} peer={peer} "
+                    "cert={cert!r} verified={verified}",
+                    client_id=client_id, username=result.username, peer=peer_host, cert=cert_identity,
+                    verified=result.verified)
             return result
         delay = self._failures.failed(username, peer_host)
         user_failures, address_failures = self._failures.failures(username, peer_host)

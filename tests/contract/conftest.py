@@ -77,9 +77,9 @@ class Parts(StoreObserver):
         self.timers.start()
         self.engine.open()
 
-    def local(self) -> LocalStore:
+    def local(self, own_holder: str = "") -> LocalStore:
         return LocalStore(self.store, self.notifier, self.retained, self.timers, SessionStore(self.session_log),
-                          self.engine, group=GROUP)
+                          self.engine, group=GROUP, own_holder=own_holder)
 
     def close(self, clock: task.Clock) -> None:
         self.session_log.stop()

@@ -116,3 +116,83 @@ def test_http_channel_knows_the_target_before_the_body():
     channel.dataReceived(b"POST /api/v1/publish HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n")
     assert request_target(channel) == b"/api/v1/publish"
     channel.connectionLost(None)
+
+
+@pytest.fixture()
+def tcp_pair():
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    client = socket.create_connection(listener.getsockname(), timeout=5)
+    server, _ = listener.accept()
+    listener.close()
+    server.setblocking(False)
+    yield server, client
+    server.close()
+    client.close()
+
+
+def test_connack_goes_straight_to_the_socket(tcp_pair, tmp_path):
+    """A CONNACK leaves at once, with no poll round (nothing queued before it); later packets queue as before."""
+    from mqtt_proxy.codec import ConnAck, Connect, MQTTParser, PingReq, encode
+    from tests.unit.test_mqtt_broker import Harness
+
+    front = Harness(tmp_path)
+    try:
+        proto = front.factory.buildProtocol(None)
+        transport = tcp.Server(tcp_pair[0], proto, ("127.0.0.1", 50000), SimpleNamespace(_realPortNumber=1883), 1,
+                               MemoryReactor())  # never started: only a direct send reaches the socket
+        proto.makeConnection(transport)
+        proto.dataReceived(encode(Connect(client_id="direct", protocol_level=4), 4))
+        front.tick()
+        (ack,) = MQTTParser(server_side=False, protocol_level=4).feed(tcp_pair[1].recv(64))
+        assert isinstance(ack, ConnAck) and ack.reason_code == 0
+        proto.dataReceived(encode(PingReq(), 4))
+        assert transport._tempDataLen == 2  # a PINGRESP waits for the reactor, as every other packet
+    finally:
+        proto.connectionLost(None)  # the registry lets the session go; the fixture closes the sockets
+        front.close()
+
+
+def test_a_port_prepared_by_the_mqtt_factory_builds_shared_buffer_transports():
+    """The MQTT factory makes its TCP port build SharedBufferServer transports; other ports are left alone."""
+    from mqtt_proxy.protocol import MQTTServerFactory
+    from mqtt_proxy.twisted_internals import SharedBufferServer
+
+    port = tcp.Port(0, protocol.Factory(), reactor=MemoryReactor())
+    MQTTServerFactory(None, None).prepare_port(port)
+    assert port.transport is SharedBufferServer and tcp.Port.transport is tcp.Server
+    MQTTServerFactory(None, None).prepare_port(SimpleNamespace(transport=None))  # not a TCP port: no-op
+
+
+def test_a_shared_buffer_read_is_twisteds_without_allocating_the_buffer_size(pair):
+    """SharedBufferServer.doRead hands the protocol what came (small, up to bufferSize, then the end) and a
+    small read does not allocate bufferSize bytes, as Twisted's recv(bufferSize) does."""
+    import tracemalloc
+
+    from mqtt_proxy.twisted_internals import SharedBufferServer
+
+    got = []
+    proto = protocol.Protocol()
+    proto.dataReceived = got.append
+    transport = SharedBufferServer(pair[0], proto, ("127.0.0.1", 50000), SimpleNamespace(_realPortNumber=1883), 1,
+                                   MemoryReactor())
+    transport.bufferSize = 1 << 20
+    transport.doRead()  # the shared buffer grows to bufferSize once
+    pair[1].sendall(b"\x10\x0c" + b"c" * 12)
+    tracemalloc.start()
+    try:
+        assert transport.doRead() is None
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got == [b"\x10\x0c" + b"c" * 12]
+    assert peak < 64 * 1024, peak  # Twisted's own read allocates the whole megabyte
+    big = bytes(range(256)) * 400  # within the socket pair's buffer: sendall returns before the reads
+    pair[1].sendall(big)
+    while sum(map(len, got[1:])) < len(big):
+        transport.doRead()
+    assert b"".join(got[1:]) == big
+    pair[1].close()
+    from twisted.internet import main
+    assert transport.doRead() is main.CONNECTION_DONE

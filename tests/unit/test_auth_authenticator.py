@@ -185,3 +185,15 @@ def test_logs_never_contain_passwords(passwords):
     assert "c-ok" in text and "10.1.1.2" in text and "alice" in text
     assert SECRET not in text
     assert all(SECRET not in repr(value) for e in events for value in e.values())
+
+
+def test_accepted_logins_unlogged_when_connection_lines_are_off(passwords):
+    """log_ok=False ([log] connection_messages = false): no mqtt.auth.ok event is made; failures are logged."""
+    events = []
+    auth, clock = make(passwords, allow_anonymous=True, events=events, base_delay=1.0, log_ok=False)
+    assert result_of(auth.authenticate(None, None, "anon", "10.1.1.1")).ok
+    assert result_of(auth.authenticate("alice", SECRET, "c-ok", "10.1.1.1")).ok
+    auth.authenticate("alice", "wrong", "c-bad", "10.1.1.2")
+    clock.advance(10)
+    text = "\n".join(formatEvent(e) for e in events)
+    assert "mqtt.auth.ok" not in text and "mqtt.auth.fail" in text

@@ -41,7 +41,8 @@ from store.timer_service import TimerService
 class Harness:
     """A broker over a real store in a temp dir, with a fake clock and in-memory transports."""
 
-    def __init__(self, path, limits=None, store_config=None, executor=None) -> None:
+    def __init__(self, path, limits=None, store_config=None, executor=None, own_holder="",
+                 log_connections=True) -> None:
         self.clock = task.Clock()
         self.clock.advance(1_700_000_000)
         self.executor = executor or SynchronousExecutor()
@@ -60,8 +61,9 @@ class Harness:
         self.timers.start()
         engine = NativeEngine(self.store, self.native_kv, NativeConfig(), self.clock, self.timers)
         self.local = LocalStore(self.store, self.notifier, self.retained, self.timers, SessionStore(self.session_log),
-                                engine)
-        self.broker = build_front_end(self.local, self.clock, MQTTConfig(sys_interval=0), limits or LimitsConfig())
+                                engine, own_holder=own_holder)
+        self.broker = build_front_end(self.local, self.clock, MQTTConfig(sys_interval=0), limits or LimitsConfig(),
+                                      log_connections=log_connections)
         self.factory = MQTTServerFactory(self.broker, self.clock)
 
     def connect(self, client_id, level=5, **kw):
@@ -389,3 +391,31 @@ def test_expired_messages_are_counted_once_when_back_pressure_stops_a_read(h):
         received += conn.parser.feed(transport.drained())
     assert sum(1 for p in received if isinstance(p, Publish)) == 100
     assert h.broker.stats.messages_expired - before == 5
+
+
+def test_connection_lines_off_make_no_log_record(tmp_path):
+    """With connection lines off ([log] connection_messages = false) connect and disconnect make no log record
+    at all (not one made and filtered); other lines of the registry still come."""
+    import logging
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("twistmq.mqtt.broker")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    quiet = Harness(tmp_path, log_connections=False)
+    try:
+        first = quiet.connect("quiet", level=5)
+        first.received()
+        second = quiet.connect("quiet", level=5)  # a takeover is still logged
+        second.received()
+        second.send(Disconnect())
+        events = [str(r.msg).split(" ", 1)[0] for r in records]
+        assert "client_connected" not in events and "client_disconnected" not in events
+        assert "session_taken_over" in events
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        quiet.close()

@@ -103,20 +103,71 @@ def test_a_clean_start_over_a_stored_session_keeps_its_claim(front):
     assert front.local.claims == 0
 
 
+# -- a node: the front end in the store's own process -------------------------------------------------------------
+
+def _records(front) -> int:
+    return front.session_log.appended
+
+
+def test_a_nodes_clean_sessions_cost_no_session_record_from_connect_to_their_end(tmp_path):
+    """On a node (its front end the store's own holder), clean sessions without a will write nothing to the log
+    from CONNECT to their end, and a second CONNECT of an id still takes the first link over."""
+    front = FrontEnd(tmp_path, own_holder="node")
+    try:
+        front.connect("warm-up", clean_start=True).lose()  # the first claim writes the epoch mark's block
+        front.tick()
+        before = _records(front)
+        for n in range(20):
+            conn = front.connect(f"dev-{n}", level=4 if n % 2 else 5, clean_start=True)
+            assert conn.received()[0].reason_code == ReasonCode.SUCCESS
+            conn.send(Disconnect()) if n % 3 else conn.lose()
+        first = front.connect("twin", clean_start=True)
+        first.received()
+        second = front.connect("twin", clean_start=True)
+        assert isinstance(second.received()[0], ConnAck)
+        assert first.transport.disconnecting and not second.transport.disconnecting  # MQTT-3.1.4-3
+        front.tick()
+        assert _records(front) == before
+        assert front.local.claims == 1 and _claim_keys(front.kv) == []
+        second.lose()
+        front.tick()
+        assert front.local.claims == 0 and _records(front) == before
+    finally:
+        front.close()
+
+
+def test_a_nodes_claim_is_written_before_its_sessions_first_write(tmp_path):
+    """A persistent session on a node stores its claim ahead of its meta: both are in the log, in that order."""
+    front = FrontEnd(tmp_path, own_holder="node")
+    try:
+        conn = front.connect("keeper", properties=Properties(session_expiry_interval=60))
+        assert isinstance(conn.received()[0], ConnAck)
+        front.tick()
+        keys = [k for k, _ in front.kv.scan(b"")]
+        assert b"e/keeper" in keys and b"s/keeper" in keys
+        wheres = {k: v for k, v in front.kv.scan(b"\x01w/")}
+        assert wheres[b"\x01w/e/keeper"] < wheres[b"\x01w/s/keeper"]  # the claim's record comes first
+        epoch = front.local.session_claims.claims["keeper"][1]
+        assert SessionStore(front.kv).load_claims()["keeper"] == ("node", epoch)
+    finally:
+        front.close()
+
+
 # -- one broker group: the epoch counter -------------------------------------------------------------------------
 
 class Group:
     """A LocalStore on Parts in ``path``; ``reopen`` closes and opens them again as a broker restart does."""
 
-    def __init__(self, path) -> None:
+    def __init__(self, path, own_holder: str = "") -> None:
         self.path = str(path)
+        self.own_holder = own_holder
         self.clock = task.Clock()
         self.clock.advance(T0)
         self._open()
 
     def _open(self) -> None:
         self.parts = Parts(self.path, self.clock)
-        self.h = Harness(self.parts.local(), self.clock, self.parts)
+        self.h = Harness(self.parts.local(self.own_holder), self.clock, self.parts)
 
     def reopen(self) -> None:
         self.parts.close(self.clock)
@@ -265,3 +316,29 @@ def test_a_group_down_at_the_claim_costs_the_connect_one_call_timeout(two):
     assert refused and refused[0].check(api.Unavailable)
     clock.advance(0)
     assert two.groups["g2"].claims == 1  # the refused client's claim in g2 was released
+
+
+def test_an_unwritten_claim_still_fences_and_a_restart_never_hands_its_epoch_out_again(tmp_path, monkeypatch):
+    """A node's claims kept in memory fence stale epochs as written ones do; after a restart (which forgets
+    them) old epochs stay fenced and new ones are above every epoch handed out."""
+    monkeypatch.setattr(local_sessions, "EPOCH_BLOCK", 4)
+    g = Group(tmp_path, own_holder="node")
+    try:
+        old = g.claim("c1", "node")
+        new = g.claim("c1", "node")
+        assert new > old and _claim_keys(g.parts.kv) == []
+        assert isinstance(g.h.error(g.write("c1", old)), api.Fenced)
+        epochs = [g.claim(f"d{n}", "node") for n in range(5)]
+        g.h.wait(g.h.store.release_session("c1", new))
+        assert isinstance(g.h.error(g.write("c1", new)), api.Fenced)  # released: nobody's any more
+        top = max(epochs)
+        g.reopen()
+        assert g.h.store.claims == 0
+        assert isinstance(g.h.error(g.write("d0", epochs[0])), api.Fenced)
+        assert g.claim("d0", "node") > top
+        # Another holder's claim is written at once, also over an unwritten one.
+        e = g.claim("d1", "node")
+        other = g.claim("d1", "proxy-2")
+        assert SessionStore(g.parts.kv).load_claims()["d1"] == ("proxy-2", other) and other > e
+    finally:
+        g.parts.close(g.clock)
