@@ -14,9 +14,15 @@ proxy held here, the lease being the test of loss:
 
 A group takes over the sessions that live in it (the client id's group) and, of the others, those
 with a part here: a will (kept in the group of its topic) or a subscription whose filter spans this
-group; a mere copy of the meta is left to the session's own group. A proxy cut off from a group for
-a lease closes exactly these sessions (``cluster.roles.proxy``), so none of it happens to a client
-still connected.
+group. A proxy cut off from a group for a lease closes exactly these sessions (``cluster.roles.proxy``),
+so none of it happens to a client still connected.
+
+A mere copy of the meta (every group keeps one of every session) is left to the session's own group,
+which publishes the will and ends the session; but that group cannot delete the copies, so each group
+drops its own: on the same loss, at the same deadline (the loss + the session's expiry interval, the
+loss stored as the copy's ``disconnected_at``, so a restart keeps it), and only if the claim is still
+the lost holder's (holder and epoch): a client that connected again anywhere claimed it anew in
+every group, and its copies are its new holder's.
 
 Taking over is a claim by the group itself (``group:<name>``, keeping the owner and the stored
 will), so the lost proxy's writes are fenced; then the loss is stored as the session's
@@ -63,6 +69,7 @@ class SessionKeeper:
         self.store = store
         self.sessions = sessions
         self.db = db
+        self.group = group
         self.holder = group_holder(group)
         self.clock = clock
         self.tick = tick
@@ -74,9 +81,12 @@ class SessionKeeper:
         self._connections: dict[str, int] = {}  # member id -> its open RPC connections to this broker
         self._evicted: set[str] = set()  # proxies the controllers' metadata lists as not joined
         self._loop: task.LoopingCall | None = None
+        self.copies = SessionDeadlines()  # when the copies of lost holders' sessions homed elsewhere are dropped
+        self._copy_claims: dict[str, tuple[str, int]] = {}  # client id -> its claim (holder, epoch) at the loss
         self.takeovers = 0
         self.wills_published = 0
         self.sessions_expired = 0
+        self.copies_dropped = 0
         sessions.add_claim_listener(self._claimed)
 
     def now_ms(self) -> int:
@@ -112,6 +122,8 @@ class SessionKeeper:
         self.stop()
         self.deadlines = SessionDeadlines()
         self._epochs.clear()
+        self.copies = SessionDeadlines()  # re-held when their holders are found lost again (the loss is stored)
+        self._copy_claims.clear()
         # absences counted while it was a slave (proxies dial the master, not it) are not absences: each holder
         # gets a lease and the start grace from now to reach it
         self.absences = Absences(self.absences.lease)
@@ -150,7 +162,7 @@ class SessionKeeper:
         mine = [cid for cid, (h, _e) in self.sessions.claims.items() if h == holder]
         if mine:
             log.info("sessions_taken_over holder=%s reason=%s sessions=%d", holder, why, len(mine))
-        taken = 0
+        taken = copies = 0
         for cid in mine:
             stored = self.db.has_session(cid)
             if not stored and self.db.load_will(cid) is None:
@@ -158,14 +170,46 @@ class SessionKeeper:
                 epoch = self.sessions.claims[cid][1]
                 self.store.release_session(cid, epoch).addErrback(self._failed, "release", cid)
                 continue
-            if stored and not self.homed(cid) and self.db.load_will(cid) is None and not self.db.load(cid).subscriptions:
-                # only the copy of the meta every group keeps: its home group ends the session; the holder
-                # may well be alive and serving the client, cut off from this group only
+            if stored and self._mere_copy(cid):
+                # only the copy of the meta every group keeps: its home group publishes the will and ends the
+                # session, this group drops the copy then (the holder may be alive, cut off from this group
+                # only: the claim is left as it is, not fenced)
+                copies += self._hold_copy(cid, holder, self.sessions.claims[cid][1])
                 continue
             # the claim's listener (``_claimed``) arms it, as for a session handed over in the group's name
             self.sessions.adopt(cid, self.holder).addErrback(self._failed, "take_over", cid)
             taken += 1
+        if copies:
+            log.info("session_copies_held holder=%s reason=%s sessions=%d", holder, why, copies)
         return taken
+
+    def _mere_copy(self, client_id: str) -> bool:
+        """Whether all this group keeps of a stored session is the copy of its meta: it lives in another group, and
+        neither its will nor any of its subscriptions is kept here."""
+        if self.homed(client_id) or self.db.load_will(client_id) is not None:
+            return False
+        stored = self.db.load(client_id)
+        return stored is not None and not stored.subscriptions
+
+    def _hold_copy(self, client_id: str, holder: str, epoch: int) -> bool:
+        """Drop the copy of ``client_id`` when its home group would expire the session ``holder`` lost now; True if
+        held (not already, and it expires)."""
+        if self._copy_claims.get(client_id) == (holder, epoch):
+            return False  # already held: the controllers evicted the holder and it was gone for a lease
+        meta = self.db.load_meta(client_id)
+        lost_ms = self.now_ms()
+        end = expiry_due(meta.expiry, meta.disconnected_at, lost_ms)
+        if end is None:
+            return False  # never expires: neither does its home group's session
+        self._copy_claims[client_id] = (holder, epoch)
+        self.copies.hold(client_id, None, end)
+        if meta.disconnected_at is None:
+            # the loss stored as the home group stores it, so a restart drops the copy at the same time (written
+            # with the holder's epoch: the claim stays the holder's)
+            d = defer.maybeDeferred(self.sessions.put_session, api.SessionMeta(
+                client_id, meta.expiry, meta.level, lost_ms, meta.owner), epoch)
+            d.addErrback(self._failed, "hold_copy", client_id)
+        return True
 
     @defer.inlineCallbacks
     def _took(self, client_id: str, epoch: int, lost_ms: int):
@@ -200,6 +244,8 @@ class SessionKeeper:
     # -- events of the claims ------------------------------------------------------------------------
 
     def _claimed(self, client_id: str, old_holder: str, epoch: int) -> None:
+        if self._copy_claims.pop(client_id, None) is not None:
+            self.copies.forget(client_id)  # claimed again: the copy is its new holder's
         if self.sessions.claims.get(client_id) == (self.holder, epoch) and old_holder != self.holder:
             # our own takeover, or a session handed over in the group's name by a holder that let it go
             if client_id not in self._epochs:
@@ -216,16 +262,20 @@ class SessionKeeper:
     def _tick(self) -> None:
         for holder in self.absences.lost(self.clock.seconds()):
             self.take_over(holder, "connection gone for a lease")
-        if self.deadlines.next_due() is None:
-            return
-        for action in self.deadlines.due(self.now_ms(), ENDS_PER_TICK):
-            epoch = self._epochs.get(action.client_id)
-            if epoch is None or self.sessions.claims.get(action.client_id) != (self.holder, epoch):
-                continue  # back elsewhere
-            if isinstance(action, ExpireSession):
-                self._expire(action.client_id, epoch).addErrback(self._failed, "expire", action.client_id)
-            else:
-                self._publish_will(action.client_id, epoch)
+        ends = 0
+        if self.deadlines.next_due() is not None:
+            for action in self.deadlines.due(self.now_ms(), ENDS_PER_TICK):
+                ends += isinstance(action, ExpireSession)
+                epoch = self._epochs.get(action.client_id)
+                if epoch is None or self.sessions.claims.get(action.client_id) != (self.holder, epoch):
+                    continue  # back elsewhere
+                if isinstance(action, ExpireSession):
+                    self._expire(action.client_id, epoch).addErrback(self._failed, "expire", action.client_id)
+                else:
+                    self._publish_will(action.client_id, epoch)
+        if ends < ENDS_PER_TICK and self.copies.next_due() is not None:  # a drop costs the same KV scans
+            for action in self.copies.due(self.now_ms(), ENDS_PER_TICK - ends):
+                self._drop_copy(action.client_id)
 
     def _publish_will(self, client_id: str, epoch: int) -> None:
         will = self.db.load_will(client_id)
@@ -256,10 +306,26 @@ class SessionKeeper:
         self.sessions_expired += 1
         log.info("session_expired client=%s by=%s", client_id, self.holder)
 
+    def _drop_copy(self, client_id: str) -> None:
+        lost = self._copy_claims.pop(client_id, None)
+        if lost is None or self.sessions.claims.get(client_id) != lost:
+            return  # claimed again (its client is back, on any proxy): the copy is its new holder's
+        if not self._mere_copy(client_id):
+            return  # more than a copy now (the slots moved its home here, or a holder cut off only wrote a part)
+        self._drop(client_id, *lost).addErrback(self._failed, "drop_copy", client_id)
+
+    @defer.inlineCallbacks
+    def _drop(self, client_id: str, holder: str, epoch: int):
+        yield self.store.delete_session(client_id, epoch)
+        yield self.store.release_session(client_id, epoch)
+        self.copies_dropped += 1
+        log.info("session_copy_dropped client=%s holder=%s group=%s", client_id, holder, self.group)
+
     @staticmethod
     def _failed(failure, what: str, client_id: str) -> None:
         log.warning("session_keeper_failed op=%s client=%s reason=%s", what, client_id, failure.getErrorMessage())
 
     def stats(self) -> dict:
         return {"held": len(self.deadlines), "takeovers": self.takeovers, "wills_published": self.wills_published,
-                "sessions_expired": self.sessions_expired}
+                "sessions_expired": self.sessions_expired, "copies_held": len(self.copies),
+                "copies_dropped": self.copies_dropped}

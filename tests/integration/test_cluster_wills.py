@@ -7,7 +7,8 @@ interest released and the commit-log segments it pinned freed by retention (smal
 retention age under a second make that visible). A client back on the other proxy within its will
 delay gets no will published; a taken-over session keeps its will and expiry across a restart of its
 broker; a proxy cut off from a SIGSTOPped broker closes the sessions living there (and publishes their
-wills itself). The killed proxy is relaunched for the next test. The same cluster
+wills itself); the copies of a killed proxy's session that its other groups keep go with its expiry, unless
+its client came back. The killed proxy is relaunched for the next test. The same cluster
 serves a virtual queue whose real queues hash to other groups than its name: a produce through one
 proxy reaches every real queue, and a consume through the other finds them.
 """
@@ -24,9 +25,14 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from cluster.remote import codec as store_codec
+from cluster.remote.server import request_type
 from cluster.routing import SlotTable
+from cluster.rpc.connection import Opened
+from cluster.rpc.frames import Result
 from cluster.tools import launcher
 from mqtt_proxy.native.client import BlockingClient
+from tests.integration.test_rpc_broker import Peer
 from tests.integration.waiting import metric_value, wait_until
 
 pytestmark = pytest.mark.slow
@@ -323,6 +329,66 @@ def test_a_taken_over_sessions_will_and_expiry_survive_a_restart_of_its_broker(c
     finally:
         watcher.stop()
         relaunch(cluster, proxy)
+
+
+class _Ports:
+    """A process of cluster.json as ``Peer`` dials it."""
+
+    def __init__(self, proc: dict) -> None:
+        self.proc = proc
+
+    def port(self, name: str) -> int:
+        return self.proc["ports"][name]
+
+
+def stored_part(doc, broker: dict, client_id: str):
+    """Broker ``broker``'s stored part of ``client_id``'s session (a ``SessionState``, or None), read over RPC."""
+    peer = Peer(_Ports(broker), cluster_id=doc["cluster_id"], secret="")
+    try:
+        assert isinstance(peer.next_event(), Opened)
+        result = peer.call(request_type("get_session"), store_codec.pack_call("get_session", (client_id,)))
+    finally:
+        peer.sock.close()
+    assert isinstance(result, Result), result
+    return store_codec.unpack_result("get_session", result.body)
+
+
+def test_a_killed_proxys_session_copies_in_other_groups_go_with_its_expiry_unless_its_client_came_back(cluster):
+    """SIGKILL the proxy of two clients homed in g1 with only the copy of their meta in g2 (expiry 3 s); once g2
+    found the proxy lost, one reconnects through the other proxy: after g1 expired the other, g2 drops its copy
+    and the dead proxy's claim (not before the expiry), while the one that came back keeps its copy in g2,
+    claimed by its new proxy."""
+    victim_proxy, other = procs(cluster, "proxy")
+    g1, g2 = (next(b for b in procs(cluster, "broker") if b["group"] == g) for g in ("g1", "g2"))
+    gone_id, back_id = named("copy-gone", "g1"), named("copy-back", "g1")
+    logs = {b["id"]: os.path.getsize(b["data_dir"] + ".log") for b in (g1, g2)}
+    gone = Client(gone_id, victim_proxy["ports"]["mqtt"], expiry=3)
+    back = Client(back_id, victim_proxy["ports"]["mqtt"], expiry=3)
+    assert stored_part(cluster, g2, gone_id).holder == victim_proxy["id"]
+    killed = kill(cluster, victim_proxy)
+    gone.drop()
+    back.drop()
+    returned = None
+    try:
+        wait_until(lambda: logged_since(g2, logs[g2["id"]], f"sessions_taken_over holder={victim_proxy['id']}"),
+                   10, what="g2 finding the proxy lost")
+        returned = Client(back_id, other["ports"]["mqtt"], expiry=3, clean=False)
+        assert returned.acks == [(True, False)], "the session was not found"
+        wait_until(lambda: logged_since(g1, logs[g1["id"]], f"session_expired client={gone_id} by=group:g1"), 15,
+                   what="g1 expiring the session")
+        wait_until(lambda: stored_part(cluster, g2, gone_id) is None, 10, what="g2 dropping its copy")
+        assert time.monotonic() - killed >= 3.0, "dropped before the session's expiry"
+        assert logged_since(g2, logs[g2["id"]], f"session_copy_dropped client={gone_id} "
+                                                f"holder={victim_proxy['id']} group=g2")
+        assert metric_value(g2["ports"]["http"], "twistmq_session_keeper_copies_dropped") >= 1
+        # its deadline in g2 was the other's (same loss, same expiry): passed, and nothing dropped
+        kept = stored_part(cluster, g2, back_id)
+        assert kept is not None and kept.holder == other["id"]
+        assert not logged_since(g2, logs[g2["id"]], f"session_copy_dropped client={back_id} ")
+    finally:
+        if returned is not None:
+            returned.stop()
+        relaunch(cluster, victim_proxy)
 
 
 def test_a_virtual_queue_spanning_groups_works_through_either_proxy(cluster):

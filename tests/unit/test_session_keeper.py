@@ -188,7 +188,8 @@ def test_a_proxy_gone_for_a_lease_has_its_wills_published_and_its_sessions_expir
     broker.advance(3 * TICK)
     assert broker.h.wait(broker.h.store.get_session("c1")) is None
     assert broker.served.held == 0 and "c1" not in broker.parts.local().session_claims.claims
-    assert broker.keeper.stats() == {"held": 0, "takeovers": 1, "wills_published": 1, "sessions_expired": 1}
+    assert broker.keeper.stats() == {"held": 0, "takeovers": 1, "wills_published": 1, "sessions_expired": 1,
+                                     "copies_held": 0, "copies_dropped": 0}
     assert broker.wills() == ["c1"]  # once
 
 
@@ -309,7 +310,8 @@ def test_a_lost_proxys_clean_sessions_without_a_will_leave_no_claim(broker):
     broker.keeper.take_over("proxy-1", "test")
     broker.advance(2 * TICK)
     assert "bare" not in broker.parts.local().session_claims.claims
-    assert broker.keeper.stats() == {"held": 0, "takeovers": 0, "wills_published": 0, "sessions_expired": 0}
+    assert broker.keeper.stats() == {"held": 0, "takeovers": 0, "wills_published": 0, "sessions_expired": 0,
+                                     "copies_held": 0, "copies_dropped": 0}
 
 
 def test_a_session_of_another_group_is_taken_over_only_for_the_part_kept_here(broker):
@@ -326,6 +328,84 @@ def test_a_session_of_another_group_is_taken_over_only_for_the_part_kept_here(br
     assert holders == {"meta-only": "proxy-1", "with-will": group_holder(GROUP), "with-sub": group_holder(GROUP)}
     assert broker.wills() == ["with-will"]
 
+
+
+def copy_of(broker, cid: str):
+    """This group's stored copy of ``cid`` (None once dropped) and its claim (None once released)."""
+    return broker.h.wait(broker.h.store.get_session(cid)), broker.parts.local().session_claims.claims.get(cid)
+
+
+def test_a_copy_of_a_session_living_elsewhere_is_dropped_when_its_home_group_would_expire_it(broker):
+    """The holder of a session homed in another group (only the copy of its meta here, expiry 5 s) is gone for a
+    lease: the claim stays the holder's, the loss is stored as the copy's disconnect time, and 5 s after the loss
+    the copy and its claim are deleted (no will published, nothing taken over)."""
+    broker.keeper.homed = lambda cid: False
+    epoch = broker.connect("copy", expiry=5, will_delay=None, subscribe=None)
+    broker.keeper.member_up("proxy-1")
+    broker.keeper.member_down("proxy-1")
+    broker.advance(LEASE + TICK)
+    lost_ms = broker.h.now_ms()
+    state, claim = copy_of(broker, "copy")
+    assert claim == ("proxy-1", epoch) and broker.keeper.stats()["copies_held"] == 1
+    assert lost_ms - 1000 <= state.meta.disconnected_at_ms <= lost_ms
+    broker.advance(5 - 3 * TICK)
+    assert copy_of(broker, "copy") != (None, None)
+    broker.advance(3 * TICK)
+    assert copy_of(broker, "copy") == (None, None)
+    assert broker.keeper.stats() == {"held": 0, "takeovers": 0, "wills_published": 0, "sessions_expired": 0,
+                                     "copies_held": 0, "copies_dropped": 1}
+    assert broker.wills() == []
+
+
+def test_a_copy_claimed_again_before_its_expiry_is_kept(broker):
+    """A client back before the expiry claimed its session anew in every group: on another proxy, or on its
+    proxy relaunched under the same id (a new epoch); its copy stays, with the new claim."""
+    broker.keeper.homed = lambda cid: False
+    broker.connect("elsewhere", expiry=5, will_delay=None, subscribe=None)
+    broker.connect("same-proxy", expiry=5, will_delay=None, subscribe=None)
+    broker.keeper.take_over("proxy-1", "test")
+    broker.advance(2 * TICK)
+    assert broker.keeper.stats()["copies_held"] == 2
+    e2 = broker.claim("elsewhere", "proxy-2")
+    e1 = broker.claim("same-proxy", "proxy-1")
+    broker.advance(20)
+    assert copy_of(broker, "elsewhere")[1] == ("proxy-2", e2)
+    assert copy_of(broker, "same-proxy")[1] == ("proxy-1", e1)
+    assert copy_of(broker, "elsewhere")[0] is not None and copy_of(broker, "same-proxy")[0] is not None
+    assert broker.keeper.stats()["copies_dropped"] == 0
+
+
+def test_a_copys_drop_keeps_its_time_across_a_broker_restart(broker):
+    """Held at the loss (expiry 5 s), then the broker restarts 3 s later and the holder never connects: found lost
+    a lease after the start, the copy is dropped at once (its stored loss + 5 s is past), not 5 s later."""
+    broker.keeper.homed = lambda cid: False
+    broker.connect("copy", expiry=5, will_delay=None, subscribe=None)
+    broker.keeper.take_over("proxy-1", "test")
+    broker.advance(3)
+    broker.reopen()
+    broker.keeper.homed = lambda cid: False
+    broker.advance(LEASE + 2 * TICK)
+    assert copy_of(broker, "copy") == (None, None)
+    assert broker.keeper.stats()["copies_dropped"] == 1
+
+
+def test_a_copy_ends_as_its_home_group_ends_the_session_at_once_or_never(broker):
+    """Expiry 0 (a session that ends with its connection): dropped at the loss; 0xFFFFFFFF: never dropped; a copy
+    that is more than a copy by its drop (a subscription written by a holder cut off from this group only) is
+    left alone."""
+    broker.keeper.homed = lambda cid: False
+    broker.connect("zero", expiry=0, will_delay=None, subscribe=None)
+    broker.connect("never", expiry=NEVER_EXPIRES, will_delay=None, subscribe=None)
+    epoch = broker.connect("grew", expiry=5, will_delay=None, subscribe=None)
+    broker.keeper.take_over("proxy-1", "test")
+    broker.advance(2 * TICK)
+    assert copy_of(broker, "zero") == (None, None)
+    queue = broker.h.wait(broker.h.store.add_filter("late/#"))
+    end = broker.h.wait(broker.h.store.end_positions(queue))
+    broker.h.wait(broker.h.store.put_subscription("grew", api.SubscriptionState("late/#", 1, end), epoch))
+    broker.advance(3600)
+    assert copy_of(broker, "never")[0] is not None and copy_of(broker, "grew")[0] is not None
+    assert broker.keeper.stats()["copies_dropped"] == 1 and broker.wills() == []
 
 def test_a_wills_message_expiry_counts_from_its_publish_by_the_group(broker):
     """A will set with a Message Expiry Interval of 60 s at CONNECT and published by the group an hour later
