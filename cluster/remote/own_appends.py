@@ -1,5 +1,9 @@
 """``OwnAppends``: the entries a proxy's own appends made in the queues it watches, to answer reads without a call.
 
+It keeps the entries a broker's news carried the same way (``add_read``): a
+publisher on another proxy, read by a session here at the tail, then costs no
+read either.
+
 A proxy stores what its clients publish and, in a fan-in, reads the very same
 messages back for its subscribers: a second round trip that carries every
 message's bytes back to where they came from. A broker's answer to
@@ -49,6 +53,7 @@ _qm_position, _qm_record = (_QM.__dict__[f].__set__ for f in ("position", "recor
 
 
 _queues_of, _status_of, _size_of = attrgetter("queues"), attrgetter("status"), attrgetter("size")
+_record_of = attrgetter("record")
 _OK = api.AppendStatus.PUT_OK  # compared by identity (countOf): an Enum member hashes in Python
 
 
@@ -65,8 +70,8 @@ def _queued(queue: str, group: str, first: int, records: list) -> tuple:
 
 
 class OwnAppends:
-    """``OwnAppends(max_entries, max_bytes)``: ``add`` after each answered append, ``news`` with each queue event,
-    ``read`` for each read of a session."""
+    """``OwnAppends(max_entries, max_bytes)``: ``add`` after each answered append, ``add_read`` with the entries
+    of a queue event, ``news`` with each queue event, ``read`` for each read of a session."""
 
     def __init__(self, max_entries: int = MAX_ENTRIES, max_bytes: int = MAX_BYTES) -> None:
         self.max_entries = max_entries
@@ -134,8 +139,23 @@ class OwnAppends:
         return [Record(r.offset, size, m.kind, m.qos, m.retain, ts, m.born_ts or ts, m.topic, m.client_id,
                        m.properties, m.body) for m, r, size in zip(messages, results, indexed.sizes)]
 
+    def add_read(self, result: api.ReadResult) -> None:
+        """Keep the entries a news event carried (``result``: a run of one queue and group, offsets one after
+        another, as the broker's read answered them); a run that is not so is not kept."""
+        messages = result.messages
+        if not messages or result.lost:
+            return
+        start, nxt = messages[0].position, result.next
+        first = start.offset
+        if nxt.offset != first + len(messages) or nxt.queue != start.queue or nxt.group != start.group \
+                or messages[-1].position.offset != nxt.offset - 1:
+            return
+        self._keep_run(start.queue, start.group, first, tuple(messages), list(map(_record_of, messages)))
+
     def _keep(self, queue: str, group: str, first: int, records: list) -> int:
-        messages = _queued(queue, group, first, records)
+        return self._keep_run(queue, group, first, _queued(queue, group, first, records), records)
+
+    def _keep_run(self, queue: str, group: str, first: int, messages: tuple, records: list) -> int:
         self._runs.setdefault(queue, deque()).append((first, group, messages))
         size = sum(map(_size_of, records))
         self._order.append((queue, len(messages), size))

@@ -17,7 +17,8 @@ proxy moved this store to the master's address (``moved``), or after ``wait_conn
 native and MQTT clients never see that answer.
 
 ``watch_queue``'s callback stays here: the broker sends an event frame naming
-the queue, and every local callback watching that queue is called. After a
+the queue (and carrying the news' entries, kept in ``own`` for the reads it
+wakes), and every local callback watching that queue is called. After a
 reconnect the watches are registered again (the broker dropped them with the
 old connection) and each callback is called once, since news may have been
 missed in between; the ``Watch`` a caller holds stays valid.
@@ -90,7 +91,8 @@ class RemoteStore:
         """Calls made again after a slave's not-master answer (for metrics and tests)."""
         self._move_waiters: list[defer.Deferred] = []
         self.own = OwnAppends()
-        """The entries this proxy's appends made in the queues it watches: reads of them need no call."""
+        """The entries this proxy's appends made in the queues it watches, and those its news carried: reads of
+        them need no call."""
         peer.on_event(self._event)
         peer.on_connected(self._reconnected)
 
@@ -216,10 +218,12 @@ class RemoteStore:
             return
         self.events_received += 1
         try:
-            queue, end = store_codec.unpack(body, tuple[str, int])
+            queue, end, entries = store_codec.unpack_queue_news(body)
         except store_codec.CodecError:
             log.warning("remote_store_bad_event peer=%s", self.peer.peer_id)
             return
+        if entries is not None and entries.next.queue == queue:  # the news' own entries: read without a call
+            self.own.add_read(entries)
         self.own.news(queue, end)  # before the watchers read
         self._tell(queue)
 
