@@ -93,6 +93,18 @@ class OwnAppends:
         self._bytes = 0
         self._ends.clear()
 
+    def forget(self, queue: str) -> None:
+        """Drop what is kept of ``queue`` (its last watch here went: no news of it comes any more, so its end as
+        the last news told would soon be stale, and a read at that end answered empty though entries came)."""
+        runs = self._runs.pop(queue, None)
+        self._ends.pop(queue, None)
+        if runs is None:
+            return
+        self._order = deque(kept for kept in self._order if kept[0] != queue)
+        for _first, _group, messages in runs:
+            self._entries -= len(messages)
+            self._bytes -= sum(map(_size_of, map(_record_of, messages)))
+
     def news(self, queue: str, end: int) -> None:
         """The broker's news of ``queue``: its entries now end at ``end`` (-1: unknown, so nothing kept for it
         answers a read any more until an append of ours tells again)."""

@@ -127,3 +127,19 @@ def test_entries_that_do_not_follow_one_another_are_not_kept():
         own.add_read(bad)
         own.news(Q, 7)
         assert own.read(api.QueuePosition(Q, "g1", 2), 1) is None
+
+
+def test_a_forgotten_queue_answers_nothing_and_frees_its_share_of_the_bound():
+    """forget drops a queue's runs and end, and what they counted: the bound then keeps the other queues' runs."""
+    own = OwnAppends(max_entries=6)
+    own.add_read(_read_result([0, 1, 2], 3))
+    own.news(Q, 3)
+    other = "%LMQ%other"
+    messages, results = _batch(2, queues=(other,))
+    own.add(messages, results, api.IndexedAppend("g1", 7, (50, 50), {other: 0}))
+    own.forget(Q)
+    assert own.read(api.QueuePosition(Q, "g1", 3), 10) is None
+    assert own.read(api.QueuePosition(Q, "g1", 0), 1) is None
+    messages, results = _batch(4, queues=(other,))
+    own.add(messages, results, api.IndexedAppend("g1", 7, (50,) * 4, {other: 2}))  # 6 entries: nothing evicted
+    assert len(own.read(api.QueuePosition(other, "g1", 0), 6).messages) == 6

@@ -443,3 +443,21 @@ def test_queue_news_frames_round_trip_and_refuse_bad_shapes():
     for bad in ([], ["q"], ["q", "7"], [1, 7], ["q", 7, "x"], ["q", 7, [], 1]):
         with pytest.raises(store_codec.CodecError):
             store_codec.unpack_queue_news(msgpack.packb(bad))
+
+
+def test_a_queue_watched_again_reads_what_came_while_it_was_not(rig):
+    """Entries kept from a queue's news are dropped with its last watch: watched again (a persistent session back),
+    a read at the end the old news named gets what was appended meanwhile, not an empty answer."""
+    a, _pa = rig.proxy("proxy-a")
+    c, _pc = rig.proxy("proxy-c")
+    q = rig.wait(a.add_filter("back/#"))
+    watch = rig.wait(a.watch_queue(q, lambda _q: None))
+    (start,) = rig.wait(a.end_positions(q))
+    rig.wait(c.append_batch((publish("back/1"),)))
+    first = rig.wait(a.read_queue(start, 10))
+    assert [m.record.topic for m in first.messages] == ["back/1"]
+    rig.wait(a.unwatch_queue(watch))
+    rig.wait(c.append_batch((publish("back/2"),)))  # no news of it to a: a watches nothing
+    rig.wait(a.watch_queue(q, lambda _q: None))
+    again = rig.wait(a.read_queue(first.next, 10))
+    assert [m.record.topic for m in again.messages] == ["back/2"]
