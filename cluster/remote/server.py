@@ -224,7 +224,9 @@ class StoreServer:
         if end.offset <= told:
             return  # its own append's answer (or an earlier news) gave it all of this news already
         start = max(told, held.sent.get(queue, -1))
-        if start < 0 or start >= end.offset:  # nothing new it may see yet (a confirm offset passed): the proxy reads
+        # Bare, and the proxy reads: nothing new it may see yet (a confirm offset passed), or its connection's
+        # write buffer is full (a proxy that does not keep up is not sent every entry it may never read).
+        if start < 0 or start >= end.offset or protocol.write_paused:
             held.sent[queue] = end.offset
             self._send_event(protocol, queue, end.offset, None)
             return
@@ -252,28 +254,30 @@ class StoreServer:
                       end: int) -> None:
         if protocol.gone or self._connections.get(protocol) is not held:
             return
-        if entries is None:
-            held.sent[queue] = end
-        elif not entries.messages:  # none it may see yet (past a confirm offset): told bare, from here again
-            entries = None
-        else:
+        if entries is not None and entries.messages and self._send_event(protocol, queue, end, entries):
             # Only entries a read showed: past a master's confirm offset the end counts entries nobody may see yet,
             # and their news, once it passes, must not be taken for known.
             reached = entries.next.offset
             held.sent[queue] = reached
             if reached > held.told.get(queue, -1):
                 held.told[queue] = reached
-        self._send_event(protocol, queue, end, entries)
+            return
+        if entries is None:  # the read failed, or was not one run: the next news' entries start at this end
+            held.sent[queue] = end
+        # (an empty read: none it may see yet, past a confirm offset; the next news' entries start here again)
+        self._send_event(protocol, queue, end, None)
 
-    def _send_event(self, protocol, queue: str, end: int, entries: api.ReadResult | None) -> None:
+    def _send_event(self, protocol, queue: str, end: int, entries: api.ReadResult | None) -> bool:
+        """Send the news; whether it carried ``entries`` (False if there were none or they could not be packed)."""
         try:
             body = store_codec.pack_queue_news(queue, end, entries)
         except store_codec.CodecError as exc:  # the store broke the interface: told bare, the proxy reads
             log.error("queue_news_unpackable queue=%s reason=%s", queue, exc)
-            body = store_codec.pack_queue_news(queue, end)
+            return False
         protocol.send_event(QUEUE_EVENT, body)
         if self.metrics is not None:
             self.metrics.events += 1
+        return entries is not None
 
     @staticmethod
     def _end_position(positions) -> api.QueuePosition | None:

@@ -461,3 +461,23 @@ def test_a_queue_watched_again_reads_what_came_while_it_was_not(rig):
     rig.wait(a.watch_queue(q, lambda _q: None))
     again = rig.wait(a.read_queue(first.next, 10))
     assert [m.record.topic for m in again.messages] == ["back/2"]
+
+
+def test_a_connection_whose_writes_back_up_gets_news_without_entries(rig):
+    """While a proxy's connection has its write buffer full (the transport paused it), its news is bare and the proxy
+    reads what it wants; once resumed, the news carries the entries that came after."""
+    a, _pa = rig.proxy("proxy-a")
+    to_a = rig.pumps[-1].server  # the broker's end of a's connection
+    c, _pc = rig.proxy("proxy-c")
+    q = rig.wait(a.add_filter("slow/#"))
+    rig.wait(a.watch_queue(q, lambda _q: None))
+    (start,) = rig.wait(a.end_positions(q))
+    calls = _read_calls(rig)
+    to_a.pauseProducing()
+    rig.wait(c.append_batch((publish("slow/1"),)))
+    first = rig.wait(a.read_queue(start, 10))
+    assert [m.record.topic for m in first.messages] == ["slow/1"] and _read_calls(rig) == calls + 1
+    to_a.resumeProducing()
+    rig.wait(c.append_batch((publish("slow/2"),)))
+    second = rig.wait(a.read_queue(first.next, 10))
+    assert [m.record.topic for m in second.messages] == ["slow/2"] and _read_calls(rig) == calls + 1
