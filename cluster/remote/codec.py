@@ -42,8 +42,8 @@ from store import api
 from store.record import Message, Record, RecordKind
 
 __all__ = ["CodecError", "OPERATIONS", "Operation", "decode", "encode", "pack", "pack_append_answer", "pack_call",
-           "pack_error", "pack_result", "store_error", "unpack", "unpack_append_answer", "unpack_call", "unpack_error",
-           "unpack_result"]
+           "pack_error", "pack_queue_news", "pack_result", "store_error", "unpack", "unpack_append_answer", "unpack_call",
+           "unpack_error", "unpack_queue_news", "unpack_result"]
 
 
 class CodecError(ValueError):
@@ -741,6 +741,30 @@ def unpack_append_answer(data: bytes) -> tuple[tuple[api.AppendResult, ...], api
     except CodecError as exc:
         raise CodecError(f"append_batch: result: {exc}") from None
     return results, indexed
+
+
+def pack_queue_news(queue: str, end: int, entries: api.ReadResult | None = None) -> bytes:
+    """A watched queue's news event: ``[queue, end offset]``, and with ``entries`` (the news' own entries, read
+    from where the connection's last news ended) ``[queue, end offset, read result]``."""
+    try:
+        value = [encode(queue, str), encode(end, int)]
+        if entries is not None:
+            value.append(encode(entries, api.ReadResult))
+        return _packb(value)
+    except CodecError as exc:
+        raise CodecError(f"queue news: {exc}") from None
+
+
+def unpack_queue_news(data: bytes) -> tuple[str, int, api.ReadResult | None]:
+    """(queue, end offset, entries or None) of a frame ``pack_queue_news`` made."""
+    value = _unpackb(data)
+    if type(value) is not list or len(value) not in (2, 3) or type(value[0]) is not str or type(value[1]) is not int:
+        raise CodecError("queue news is [queue, end offset] or [queue, end offset, read result]")
+    try:
+        entries = decode(value[2], api.ReadResult) if len(value) == 3 else None
+    except CodecError as exc:
+        raise CodecError(f"queue news: {exc}") from None
+    return value[0], value[1], entries
 
 
 def _error_classes() -> dict[str, type[api.StoreError]]:

@@ -1,5 +1,9 @@
 """``OwnAppends``: the entries a proxy's own appends made in the queues it watches, to answer reads without a call.
 
+It keeps the entries a broker's news carried the same way (``add_read``): a
+publisher on another proxy, read by a session here at the tail, then costs no
+read either.
+
 A proxy stores what its clients publish and, in a fan-in, reads the very same
 messages back for its subscribers: a second round trip that carries every
 message's bytes back to where they came from. A broker's answer to
@@ -49,6 +53,7 @@ _qm_position, _qm_record = (_QM.__dict__[f].__set__ for f in ("position", "recor
 
 
 _queues_of, _status_of, _size_of = attrgetter("queues"), attrgetter("status"), attrgetter("size")
+_record_of = attrgetter("record")
 _OK = api.AppendStatus.PUT_OK  # compared by identity (countOf): an Enum member hashes in Python
 
 
@@ -65,14 +70,18 @@ def _queued(queue: str, group: str, first: int, records: list) -> tuple:
 
 
 class OwnAppends:
-    """``OwnAppends(max_entries, max_bytes)``: ``add`` after each answered append, ``news`` with each queue event,
-    ``read`` for each read of a session."""
+    """``OwnAppends(max_entries, max_bytes)``: ``add`` after each answered append, ``add_read`` with the entries
+    of a queue event, ``news`` with each queue event, ``read`` for each read of a session."""
 
     def __init__(self, max_entries: int = MAX_ENTRIES, max_bytes: int = MAX_BYTES) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self._bytes = 0
         self._runs: dict[str, deque] = {}  # queue -> runs [(first offset, group, messages)], oldest first
+        # queue -> (first offset, group) -> the newest run starting there: a read that goes on past one run finds
+        # the next in one lookup (each news or append is a run: a walk over all of them cost a live reader as much
+        # as a round trip)
+        self._starts: dict[str, dict[tuple[int, str], tuple]] = {}
         self._order: deque = deque()  # (queue, count, record bytes) per run kept, oldest first: what eviction drops
         self._entries = 0
         # queue -> its end as the last news told (entries before it exist), for the queues with runs only: news
@@ -83,10 +92,24 @@ class OwnAppends:
     def clear(self) -> None:
         """Forget everything (a new connection: the broker may have changed, and its news with it)."""
         self._runs.clear()
+        self._starts.clear()
         self._order.clear()
         self._entries = 0
         self._bytes = 0
         self._ends.clear()
+
+    def forget(self, queue: str) -> None:
+        """Drop what is kept of ``queue`` (its last watch here went: no news of it comes any more, so its end as
+        the last news told would soon be stale, and a read at that end answered empty though entries came)."""
+        runs = self._runs.pop(queue, None)
+        self._starts.pop(queue, None)
+        self._ends.pop(queue, None)
+        if runs is None:
+            return
+        self._order = deque(kept for kept in self._order if kept[0] != queue)
+        for _first, _group, messages in runs:
+            self._entries -= len(messages)
+            self._bytes -= sum(map(_size_of, map(_record_of, messages)))
 
     def news(self, queue: str, end: int) -> None:
         """The broker's news of ``queue``: its entries now end at ``end`` (-1: unknown, so nothing kept for it
@@ -134,9 +157,26 @@ class OwnAppends:
         return [Record(r.offset, size, m.kind, m.qos, m.retain, ts, m.born_ts or ts, m.topic, m.client_id,
                        m.properties, m.body) for m, r, size in zip(messages, results, indexed.sizes)]
 
+    def add_read(self, result: api.ReadResult) -> None:
+        """Keep the entries a news event carried (``result``: a run of one queue and group, offsets one after
+        another, as the broker's read answered them); a run that is not so is not kept."""
+        messages = result.messages
+        if not messages or result.lost:
+            return
+        start, nxt = messages[0].position, result.next
+        first = start.offset
+        if nxt.offset != first + len(messages) or nxt.queue != start.queue or nxt.group != start.group \
+                or messages[-1].position.offset != nxt.offset - 1:
+            return
+        self._keep_run(start.queue, start.group, first, tuple(messages), list(map(_record_of, messages)))
+
     def _keep(self, queue: str, group: str, first: int, records: list) -> int:
-        messages = _queued(queue, group, first, records)
-        self._runs.setdefault(queue, deque()).append((first, group, messages))
+        return self._keep_run(queue, group, first, _queued(queue, group, first, records), records)
+
+    def _keep_run(self, queue: str, group: str, first: int, messages: tuple, records: list) -> int:
+        run = (first, group, messages)
+        self._runs.setdefault(queue, deque()).append(run)
+        self._starts.setdefault(queue, {})[first, group] = run
         size = sum(map(_size_of, records))
         self._order.append((queue, len(messages), size))
         self._entries += len(messages)
@@ -145,9 +185,13 @@ class OwnAppends:
             old, count, size = self._order.popleft()
             self._bytes -= size
             runs = self._runs[old]
-            runs.popleft()
+            gone = runs.popleft()
+            starts = self._starts[old]
+            if starts.get(gone[:2]) is gone:
+                del starts[gone[:2]]
             if not runs:
                 del self._runs[old]
+                del self._starts[old]
                 self._ends.pop(old, None)
             self._entries -= count
         return first + len(messages)
@@ -160,26 +204,31 @@ class OwnAppends:
         offset, group = position.offset, position.group
         out: list = []
         end = None
-        for first, run_group, messages in reversed(runs):  # a live reader is at one of the newest runs
-            if first <= offset < first + len(messages) and run_group == group:
-                out.extend(messages[offset - first:offset - first + max_count])
-                end = offset + len(out)
-                break
+        starts = self._starts[position.queue]
+        run = starts.get((offset, group))  # a reader that read the run before whole starts at this one
+        if run is not None:
+            out.extend(run[2][:max_count])
+            end = offset + len(out)
+        elif offset == self._ends.get(position.queue) == runs[-1][0] + len(runs[-1][2]) and runs[-1][1] == group:
+            # At the end of our newest run, which the news says is the queue's end: nothing more now (news of
+            # anything after it is still to come, and wakes the reader). Asked first: a caught-up session asks it
+            # after every acknowledgement, and the walk below passes every run kept.
+            self.answered += 1
+            return api.ReadResult((), position, 0)
+        else:
+            for first, run_group, messages in reversed(runs):  # a live reader is at one of the newest runs
+                if first <= offset < first + len(messages) and run_group == group:
+                    out.extend(messages[offset - first:offset - first + max_count])
+                    end = offset + len(out)
+                    break
         if end is None:
-            last_first, last_group, last = runs[-1]
-            if offset == self._ends.get(position.queue) == last_first + len(last) and last_group == group:
-                # At the end of our newest run, which the news says is the queue's end: nothing more now (news
-                # of anything after it is still to come, and wakes the reader).
-                self.answered += 1
-                return api.ReadResult((), position, 0)
             return None
-        if len(out) < max_count:  # runs that follow on where this one stops (batches in a row)
-            for first, run_group, messages in runs:
-                if first == end and run_group == group:
-                    out.extend(messages[:max_count - len(out)])
-                    end = position.offset + len(out)
-                    if len(out) == max_count:
-                        break
+        while len(out) < max_count:  # runs that follow on where this one stops (batches in a row)
+            run = starts.get((end, group))
+            if run is None or not run[2]:
+                break
+            out.extend(run[2][:max_count - len(out)])
+            end = position.offset + len(out)
         if len(out) < max_count and end < self._ends.get(position.queue, 0):
             return None  # the news told of entries past ours: only the broker has them all
         self.answered += 1

@@ -16,11 +16,18 @@ a proxy that reconnects registers its interest and watches again
 (``NotFound``).
 
 ``watch_queue`` becomes an event stream on the caller's connection: the news of
-a watched queue is sent as an ``EVENT`` frame (topic ``queue``, body ``[queue
-name, its end offset]``, -1 when the store cannot say) to the connections that
-watch it and no other, one frame per queue per connection per tick however many
-watches or appends there were. A watch belongs to the connection that made it
-(another one cannot unwatch it) and is dropped when that connection goes.
+a watched queue is sent as an ``EVENT`` frame (topic ``queue``, body
+``codec.pack_queue_news``: ``[queue name, its end offset]``, -1 when the store
+cannot say) to the connections that watch it and no other, as the store tells
+it: the store names each queue once per drained batch (or confirm offset
+passed), so the news is merged already and waiting a tick only delayed it. The
+frame carries the news' own entries (up to ``MAX_NEWS_ENTRIES``, from where the
+connection's last news or append answer ended, as a ``read_queue`` of the store
+would answer them, so nothing a reader could not see): a proxy whose session is
+at the tail delivers them without reading them back, which was a second round
+trip on every message from a publisher on another proxy. A watch belongs to the
+connection that made it (another one cannot unwatch it) and is dropped when that
+connection goes.
 
 ``append_batch`` from a connection that watches queues is answered with where
 the batch's records went in those queues, when the store can say and readers
@@ -46,6 +53,8 @@ log = logging.getLogger("twistmq.cluster.remote.server")
 
 QUEUE_EVENT = "queue"
 """Topic of the event frame that carries a watched queue's news: ``[queue, end offset]``."""
+MAX_NEWS_ENTRIES = 256
+"""Entries one news frame carries at most (a reader at the tail takes a drained batch's; more are read)."""
 SESSION_EVENT = "session"
 """Topic of the event frame telling a session's old holder that another took it over: ``[client id, epoch]``."""
 STORE_PREFIX = "store."
@@ -57,15 +66,15 @@ def request_type(operation: str) -> str:
 
 
 class _ConnectionWatches:
-    """The watches and filter interest one connection holds, and the queues with news not yet sent to it."""
+    """The watches and filter interest one connection holds, and how far its news has told it of each queue."""
 
     def __init__(self) -> None:
         self.watches: dict[int, api.Watch] = {}
         self.watched: dict[str, int] = {}  # queue -> watches of it this connection holds
-        self.told: dict[str, int] = {}  # queue -> the end its append answers told it (news up to there is known)
+        # queue -> the end up to which it holds the entries (its append answers', its news'): news up to there is known
+        self.told: dict[str, int] = {}
+        self.sent: dict[str, int] = {}  # queue -> where the entries of the last news sent to it ended
         self.filters: dict[str, int] = {}  # topic filter -> references this connection took
-        self.dirty: dict[str, None] = {}  # insertion-ordered set
-        self.flush = None
 
 
 class StoreServer:
@@ -179,6 +188,9 @@ class StoreServer:
             else:
                 held.watches[watch.watch_id] = watch
                 held.watched[watch.queue] = held.watched.get(watch.queue, 0) + 1
+                if watch.queue not in held.sent:  # its news carries the entries from here on
+                    self.store.end_positions(watch.queue).addCallbacks(self._end_position, lambda _f: None) \
+                        .addCallback(self._news_from, held, watch.queue)
             return watch
 
         return d.addCallback(registered)
@@ -194,43 +206,90 @@ class StoreServer:
         else:
             held.watched.pop(watch.queue, None)
             held.told.pop(watch.queue, None)
+            held.sent.pop(watch.queue, None)
         return self.store.unwatch_queue(watch)
 
     def _news(self, protocol, queue: str) -> None:
         held = self._connections.get(protocol)
         if held is None:
             return
-        held.dirty[queue] = None
-        if held.flush is None:
-            held.flush = self.clock.callLater(0, self._send_news, protocol, held)
+        self.store.end_positions(queue).addCallbacks(self._end_position, lambda _f: None).addCallback(
+            self._send_news, protocol, held, queue)
 
-    def _send_news(self, protocol, held: _ConnectionWatches) -> None:
-        held.flush = None
-        dirty, held.dirty = held.dirty, {}
-        for queue in dirty:
-            self.store.end_positions(queue).addCallbacks(self._end_offset, lambda _f: -1).addCallback(
-                self._send_end, protocol, held, queue)
-
-    def _send_end(self, end: int, protocol, held: _ConnectionWatches, queue: str) -> None:
-        if 0 <= end <= held.told.get(queue, -1):
-            return  # its own append's answer told it all of this news already
-        protocol.send_event(QUEUE_EVENT, store_codec.pack((queue, end), tuple[str, int]))
-        if self.metrics is not None:
-            self.metrics.events += 1
+    def _send_news(self, end: api.QueuePosition | None, protocol, held: _ConnectionWatches, queue: str) -> None:
+        if end is None:  # the store cannot say: bare news, the proxy reads
+            self._send_event(protocol, queue, -1, None)
+            return
+        told = held.told.get(queue, -1)
+        if end.offset <= told:
+            return  # its own append's answer (or an earlier news) gave it all of this news already
+        start = max(told, held.sent.get(queue, -1))
+        # Bare, and the proxy reads: nothing new it may see yet (a confirm offset passed), or its connection's
+        # write buffer is full (a proxy that does not keep up is not sent every entry it may never read).
+        if start < 0 or start >= end.offset or protocol.write_paused:
+            held.sent[queue] = end.offset
+            self._send_event(protocol, queue, end.offset, None)
+            return
+        count = min(end.offset - start, MAX_NEWS_ENTRIES)
+        read = self.store.read_queue(api.QueuePosition(queue, end.group, start), count)
+        read.addCallbacks(self._run_from, lambda _f: None, callbackArgs=(start,)).addCallback(
+            self._send_entries, protocol, held, queue, end.offset)
 
     @staticmethod
-    def _end_offset(positions) -> int:
+    def _news_from(end: api.QueuePosition | None, held: _ConnectionWatches, queue: str) -> None:
+        if end is not None and queue in held.watched:
+            held.sent.setdefault(queue, end.offset)
+
+    @staticmethod
+    def _run_from(result: api.ReadResult, start: int) -> api.ReadResult | None:
+        """``result`` if its entries follow one another from ``start`` (the proxy indexes them so; none at all is
+        such a run too), else None."""
+        messages = result.messages
+        if result.lost or (messages and messages[0].position.offset != start) \
+                or result.next.offset != start + len(messages):
+            return None
+        return result
+
+    def _send_entries(self, entries: api.ReadResult | None, protocol, held: _ConnectionWatches, queue: str,
+                      end: int) -> None:
+        if protocol.gone or self._connections.get(protocol) is not held:
+            return
+        if entries is not None and entries.messages and self._send_event(protocol, queue, end, entries):
+            # Only entries a read showed: past a master's confirm offset the end counts entries nobody may see yet,
+            # and their news, once it passes, must not be taken for known.
+            reached = entries.next.offset
+            held.sent[queue] = reached
+            if reached > held.told.get(queue, -1):
+                held.told[queue] = reached
+            return
+        if entries is None:  # the read failed, or was not one run: the next news' entries start at this end
+            held.sent[queue] = end
+        # (an empty read: none it may see yet, past a confirm offset; the next news' entries start here again)
+        self._send_event(protocol, queue, end, None)
+
+    def _send_event(self, protocol, queue: str, end: int, entries: api.ReadResult | None) -> bool:
+        """Send the news; whether it carried ``entries`` (False if there were none or they could not be packed)."""
+        try:
+            body = store_codec.pack_queue_news(queue, end, entries)
+        except store_codec.CodecError as exc:  # the store broke the interface: told bare, the proxy reads
+            log.error("queue_news_unpackable queue=%s reason=%s", queue, exc)
+            return False
+        protocol.send_event(QUEUE_EVENT, body)
+        if self.metrics is not None:
+            self.metrics.events += 1
+        return entries is not None
+
+    @staticmethod
+    def _end_position(positions) -> api.QueuePosition | None:
         """The queue's end in this group (an upper bound of what readers may see: entries past a confirm offset
-        count), or -1 when unknown."""
-        return positions[0].offset if len(positions) == 1 else -1
+        count), or None when unknown."""
+        return positions[0] if len(positions) == 1 else None
 
     def connection_lost(self, protocol) -> None:
         """Drop every watch and every filter interest the connection held."""
         held = self._connections.pop(protocol, None)
         if held is None:
             return
-        if held.flush is not None and held.flush.active():
-            held.flush.cancel()
         for watch in held.watches.values():
             self.store.unwatch_queue(watch).addErrback(
                 lambda f, w=watch: log.warning("unwatch_failed queue=%s reason=%s", w.queue, f.getErrorMessage()))

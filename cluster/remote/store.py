@@ -17,7 +17,8 @@ proxy moved this store to the master's address (``moved``), or after ``wait_conn
 native and MQTT clients never see that answer.
 
 ``watch_queue``'s callback stays here: the broker sends an event frame naming
-the queue, and every local callback watching that queue is called. After a
+the queue (and carrying the news' entries, kept in ``own`` for the reads it
+wakes), and every local callback watching that queue is called. After a
 reconnect the watches are registered again (the broker dropped them with the
 old connection) and each callback is called once, since news may have been
 missed in between; the ``Watch`` a caller holds stays valid.
@@ -83,6 +84,7 @@ class RemoteStore:
         self.events_received = 0  # queue news frames from the broker (a proxy watching nothing gets none)
         self._ids = itertools.count(1)
         self._watches: dict[int, tuple[str, Callable[[str], None], api.Watch]] = {}  # local id -> (queue, cb, remote)
+        self._watching: dict[str, int] = {}  # queue -> local watches of it (what ``own`` may keep entries of)
         self._filters: dict[str, int] = {}  # topic filter -> add_filter references held
         self.moves = 0
         """Times the proxy pointed this store at another broker of its group (``moved``)."""
@@ -90,7 +92,8 @@ class RemoteStore:
         """Calls made again after a slave's not-master answer (for metrics and tests)."""
         self._move_waiters: list[defer.Deferred] = []
         self.own = OwnAppends()
-        """The entries this proxy's appends made in the queues it watches: reads of them need no call."""
+        """The entries this proxy's appends made in the queues it watches, and those its news carried: reads of
+        them need no call."""
         peer.on_event(self._event)
         peer.on_connected(self._reconnected)
 
@@ -194,6 +197,7 @@ class RemoteStore:
         def registered(remote: api.Watch) -> api.Watch:
             local = api.Watch(queue, next(self._ids))
             self._watches[local.watch_id] = (queue, callback, remote)
+            self._watching[queue] = self._watching.get(queue, 0) + 1
             return local
 
         return self._call("watch_queue", (queue, callback), {}).addCallback(registered)
@@ -204,6 +208,12 @@ class RemoteStore:
         if held is None or held[0] != watch.queue:
             return defer.fail(api.NotFound(f"no watch {getattr(watch, 'watch_id', watch)!r}"))
         del self._watches[watch.watch_id]
+        left = self._watching.get(watch.queue, 0) - 1
+        if left > 0:
+            self._watching[watch.queue] = left
+        else:  # no news of it comes any more: what own knows of it would go stale
+            self._watching.pop(watch.queue, None)
+            self.own.forget(watch.queue)
         return self._call("unwatch_queue", (held[2],), {}).addErrback(self._gone_with_connection)
 
     @staticmethod
@@ -216,10 +226,14 @@ class RemoteStore:
             return
         self.events_received += 1
         try:
-            queue, end = store_codec.unpack(body, tuple[str, int])
+            queue, end, entries = store_codec.unpack_queue_news(body)
         except store_codec.CodecError:
             log.warning("remote_store_bad_event peer=%s", self.peer.peer_id)
             return
+        if queue not in self._watching:  # unwatched since it was sent: nothing of it is kept
+            return
+        if entries is not None and entries.next.queue == queue:  # the news' own entries: read without a call
+            self.own.add_read(entries)
         self.own.news(queue, end)  # before the watchers read
         self._tell(queue)
 
@@ -260,8 +274,11 @@ class RemoteStore:
         if indexed is not None and len(results) == len(messages):
             # The answer is the news of our entries: the broker sends no event of them to this connection.
             for queue, end in self.own.add(messages, results, indexed).items():
-                self.own.news(queue, end)
-                self._tell(queue)
+                if queue in self._watching:
+                    self.own.news(queue, end)
+                    self._tell(queue)
+                else:  # unwatched while the append was on its way
+                    self.own.forget(queue)
         return results
 
     def _answer_lost(self, failure):

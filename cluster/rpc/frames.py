@@ -45,7 +45,7 @@ __all__ = ["Call", "Challenge", "Error", "Event", "FrameDecoder", "FrameError", 
 
 MAX_VARINT_BYTES = 5  # 35 bits: any length a sane cap allows
 
-RPC_VERSION = 7
+RPC_VERSION = 8
 """The RPC protocol version (frames and the store codec's schema): peers must speak the same. 2: ``add_filter``
 takes ``restoring``; a native request is the store operation ``native_request`` (no ``native.request`` type).
 3: ``read_queue``'s result is packed compactly (queue and group once). 4: the handshake proves ``[cluster] secret``
@@ -53,7 +53,8 @@ both ways (HELLO carries a nonce; CHALLENGE and PROOF). 5: the store operations 
 ``delete_will`` (wills stored in their group). 6: ``append_batch``'s result is packed compactly (each distinct
 tuple of queues once, then flat rows). 7: ``append_batch``'s result is packed by columns (offsets, queue set
 indexes; statuses and reasons only when a message was not stored) and may end with where the records went in
-the caller's watched queues; a queue's news event carries its end offset."""
+the caller's watched queues; a queue's news event carries its end offset. 8: a queue's news event may carry its
+entries (``[queue, end, read result]``)."""
 
 NONCE_SIZE = 16
 """Bytes of each side's handshake nonce."""

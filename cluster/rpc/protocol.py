@@ -88,6 +88,10 @@ class RpcProtocol(protocol.Protocol):
         self._heartbeat: task.LoopingCall | None = None
         self._handshake_timer = None
         self._last_heard = 0.0
+        self._registered = False  # as the transport's producer
+        self.write_paused = False
+        """The transport's write buffer is past its high-water mark: a sender that may send less (a broker's news
+        without its entries) does."""
 
     @property
     def is_open(self) -> bool:
@@ -106,6 +110,10 @@ class RpcProtocol(protocol.Protocol):
         set_no_delay = getattr(self.transport, "setTcpNoDelay", None)
         if set_no_delay is not None:
             set_no_delay(True)
+        register = getattr(self.transport, "registerProducer", None)
+        if register is not None:
+            register(self, True)  # pauseProducing/resumeProducing tell write_paused
+            self._registered = True
         self.conn = Connection(self._local_now(), self.client, self.settings.max_frame,
                                self.settings.secret.encode("utf-8"))
         self._last_heard = self.clock.seconds()
@@ -162,7 +170,7 @@ class RpcProtocol(protocol.Protocol):
         elif not closed.clean:
             log.warning("rpc_closed_by_peer %s reason=%s", self.describe(), closed.reason)
         self._flush()
-        self.transport.loseConnection()
+        self._lose()
         if not self.opened.called:
             self.opened.callback(None)
 
@@ -170,6 +178,22 @@ class RpcProtocol(protocol.Protocol):
         data = self.conn.data_to_send() if self.conn is not None else b""
         if data and self.transport is not None:
             self.transport.write(data)
+
+    def _lose(self) -> None:
+        # A transport does not close while the producer registered on it is paused: it is unregistered first.
+        if self._registered:
+            self._registered = False
+            self.transport.unregisterProducer()
+        self.transport.loseConnection()
+
+    def pauseProducing(self) -> None:
+        self.write_paused = True
+
+    def resumeProducing(self) -> None:
+        self.write_paused = False
+
+    def stopProducing(self) -> None:
+        self.write_paused = True
 
     def connectionLost(self, reason=protocol.connectionDone) -> None:
         self._cancel_handshake_timer()
@@ -266,7 +290,7 @@ class RpcProtocol(protocol.Protocol):
             self.conn.goodbye(reason)
             self._flush()
             if self.transport is not None:
-                self.transport.loseConnection()
+                self._lose()
         return self.when_lost()
 
     # -- calls in ---------------------------------------------------------------------------------------

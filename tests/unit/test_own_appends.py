@@ -95,3 +95,51 @@ def test_record_bytes_bound_what_is_kept():
         own.add(messages, results, _indexed(2, first=2 * k))
     assert own.read(api.QueuePosition(Q, "g1", 0), 10) is None
     assert [m.position.offset for m in own.read(api.QueuePosition(Q, "g1", 2), 10).messages] == [2, 3, 4, 5]
+
+
+def _read_result(offsets, next_offset: int, group: str = "g1", lost: int = 0) -> api.ReadResult:
+    from store.record import Record
+    messages = tuple(api.QueuedMessage(api.QueuePosition(Q, group, o),
+                                       Record(2000 + o, 40, RecordKind.MQTT_PUBLISH, 1, False, 5, 5, "dev/x/temp",
+                                              "pub", {}, b"%d" % o)) for o in offsets)
+    return api.ReadResult(messages, api.QueuePosition(Q, group, next_offset), lost)
+
+
+def test_entries_a_news_carried_answer_reads_and_join_our_runs():
+    """A news event's run of entries answers reads as our own appends do, and follows on from them."""
+    own = OwnAppends()
+    messages, results = _batch(2)
+    own.add(messages, results, _indexed(2, first=0))
+    carried = _read_result([2, 3, 4], 5)
+    own.add_read(carried)
+    own.news(Q, 5)
+    read = own.read(api.QueuePosition(Q, "g1", 0), 10)
+    assert [m.position.offset for m in read.messages] == [0, 1, 2, 3, 4] and read.next.offset == 5
+    assert read.messages[2:] == carried.messages
+    assert own.read(api.QueuePosition(Q, "g1", 5), 10).messages == ()  # at the end the news named
+
+
+def test_entries_that_do_not_follow_one_another_are_not_kept():
+    """A carried run with a gap, a loss or a next position that does not follow its last entry is not kept: a
+    read of it goes to the broker."""
+    for bad in (_read_result([2, 4], 5), _read_result([2, 3], 4, lost=1), _read_result([2, 3], 7)):
+        own = OwnAppends()
+        own.add_read(bad)
+        own.news(Q, 7)
+        assert own.read(api.QueuePosition(Q, "g1", 2), 1) is None
+
+
+def test_a_forgotten_queue_answers_nothing_and_frees_its_share_of_the_bound():
+    """forget drops a queue's runs and end, and what they counted: the bound then keeps the other queues' runs."""
+    own = OwnAppends(max_entries=6)
+    own.add_read(_read_result([0, 1, 2], 3))
+    own.news(Q, 3)
+    other = "%LMQ%other"
+    messages, results = _batch(2, queues=(other,))
+    own.add(messages, results, api.IndexedAppend("g1", 7, (50, 50), {other: 0}))
+    own.forget(Q)
+    assert own.read(api.QueuePosition(Q, "g1", 3), 10) is None
+    assert own.read(api.QueuePosition(Q, "g1", 0), 1) is None
+    messages, results = _batch(4, queues=(other,))
+    own.add(messages, results, api.IndexedAppend("g1", 7, (50,) * 4, {other: 2}))  # 6 entries: nothing evicted
+    assert len(own.read(api.QueuePosition(other, "g1", 0), 6).messages) == 6

@@ -345,3 +345,20 @@ def test_calls_in_flight_share_one_timeout_sweep_and_each_keeps_its_own_timeout(
     clock.advance(4.5)
     assert all(isinstance(outcome(d).value, CallTimeout) for d in calls)
     assert len(clock.getDelayedCalls()) == before  # nothing pending: no sweep left behind
+
+
+def test_a_full_write_buffer_is_told_and_a_paused_connection_still_closes():
+    """The protocol is its transport's streaming producer: write_paused follows the transport's pause and resume,
+    and stop() unregisters it first, so a connection closed while paused closes (Twisted waits for a paused one)."""
+    from twisted.internet.testing import StringTransport
+    c = client(task.Clock())
+    transport = StringTransport()
+    c.makeConnection(transport)
+    assert transport.producer is c and transport.streaming
+    c.pauseProducing()
+    assert c.write_paused
+    c.resumeProducing()
+    assert not c.write_paused
+    c.pauseProducing()
+    c.stop()
+    assert transport.producer is None and transport.disconnecting

@@ -1,12 +1,16 @@
 """The broker-side store server: notify as event frames only to the connections that watch a queue,
-merged per tick, dropped with their connection (RemoteStore on both ends, in memory, on a task.Clock)."""
+sent as the store tells it with the news' entries, dropped with their connection (RemoteStore on both ends, in
+memory, on a task.Clock)."""
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 from twisted.internet import task
 from twisted.test import iosim
 
+from cluster.remote import codec as store_codec
+from cluster.remote import server as server_module
 from cluster.remote.server import StoreServer
 from cluster.remote.store import RemoteStore
 from cluster.rpc.dispatch import Dispatcher
@@ -250,15 +254,18 @@ def test_a_proxy_reads_its_own_appends_without_a_call(rig):
     assert [r.ok for r in results] == [True] * 4
     mine = rig.wait(a.read_queue(start, 10))
     assert _read_calls(rig) == 0 and a.own.answered == 1
-    theirs = rig.wait(b.read_queue(start, 10))  # b appended nothing: its read is the broker's answer
-    assert _read_calls(rig) == 1
-    assert mine == theirs and len(mine.messages) == 3
+    theirs = rig.wait(b.read_queue(start, 10))  # b appended nothing: its news carried the entries
+    assert _read_calls(rig) == 0 and b.own.answered == 1
+    broker = rig.wait(rig.server.store.read_queue(start, 10))  # what a read of the broker answers
+    assert mine == theirs == broker and len(mine.messages) == 3
     assert [m.record.topic for m in mine.messages] == ["own/1", "own/2", "own/3"]
 
 
-def test_a_read_past_the_own_entries_goes_to_the_broker(rig):
+def test_a_read_past_the_own_entries_goes_to_the_broker(rig, monkeypatch):
     """Entries another proxy appended after ours (told by the news) are not hidden: a read wanting more than our
-    own run is the broker's, and both proxies' appends in one drain get their right queue offsets."""
+    own run and the news' entries is the broker's, and both proxies' appends in one drain get their right queue
+    offsets."""
+    monkeypatch.setattr(server_module, "MAX_NEWS_ENTRIES", 1)  # the news carries b1 only
     a, _pa = rig.proxy("proxy-a")
     b, _pb = rig.proxy("proxy-b")
     q = rig.wait(a.add_filter("mix/#"))
@@ -291,8 +298,9 @@ def test_nothing_past_the_confirm_offset_is_told(rig):
     assert early.messages == () and a.own.answered == 0 and _read_calls(rig) == 1
     store.set_confirm_offset(store.commit_log.max_offset)
     rig.settle()
-    late = rig.wait(a.read_queue(start, 10))
-    assert [m.record.topic for m in late.messages] == ["held/1", "held/2"] and _read_calls(rig) == 2
+    late = rig.wait(a.read_queue(start, 10))  # the news of the confirm offset passing carried them
+    assert [m.record.topic for m in late.messages] == ["held/1", "held/2"] and _read_calls(rig) == 1
+    assert late == rig.wait(rig.server.store.read_queue(start, 10))
 
 
 def test_the_broker_keeps_only_the_bytes_for_a_proxy_that_reads_its_own_appends(rig):
@@ -345,3 +353,131 @@ def test_an_append_whose_answer_is_lost_tells_every_watcher(rig):
     rig.clock.advance(SETTINGS.call_timeout + 0.5)  # the connection carried nothing meanwhile: no answer came
     assert out and out[0].check(CallTimeout)
     assert heard == [q]
+
+
+def test_news_reaches_another_proxy_in_the_tick_its_append_is_answered(rig):
+    """The news of an append goes to a watching proxy with the answer to the proxy that appended, not a reactor
+    tick later (a publisher and a subscriber on two proxies waited that tick on every message)."""
+    a, _pa = rig.proxy("proxy-a")
+    c, _pc = rig.proxy("proxy-c")
+    q = rig.wait(a.add_filter("tick/#"))
+    heard: list = []
+    rig.wait(a.watch_queue(q, heard.append))
+    answered: list = []
+    c.append_batch((publish("tick/1"),)).addCallback(answered.append)
+    for pump in rig.pumps:
+        pump.flush()  # the call reaches the broker
+    reactor_turn(rig.clock)  # the store's drain: the record is written and answered
+    for pump in rig.pumps:
+        pump.flush()  # what the broker wrote in that turn reaches the proxies
+    assert answered and heard == [q]
+
+
+def reactor_turn(clock: task.Clock) -> None:
+    """Run the calls due now as one reactor iteration does: those they schedule wait for the next one (Clock.advance
+    would run them too)."""
+    for call in [c for c in clock.getDelayedCalls() if c.getTime() <= clock.seconds()]:
+        if call.active():
+            func, args, kw = call.func, call.args, call.kw
+            call.cancel()
+            func(*args, **kw)
+
+
+def test_news_carries_its_entries_to_another_proxy(rig):
+    """A proxy that did not append the entries gets them with their news: its session's read of them, and the read
+    at the end after them, are answered without a call and equal the broker's answers."""
+    a, _pa = rig.proxy("proxy-a")
+    c, _pc = rig.proxy("proxy-c")
+    q = rig.wait(a.add_filter("push/#"))
+    rig.wait(a.watch_queue(q, lambda _q: None))
+    (start,) = rig.wait(a.end_positions(q))
+    calls = _read_calls(rig)
+    rig.wait(c.append_batch((publish("push/1"), publish("push/2"), publish("other/1"), publish("push/3"))))
+    got = rig.wait(a.read_queue(start, 10))
+    assert [m.record.topic for m in got.messages] == ["push/1", "push/2", "push/3"]
+    assert got == rig.wait(rig.server.store.read_queue(start, 10))
+    after = rig.wait(a.read_queue(got.next, 10))
+    assert after.messages == () and after.next == got.next
+    assert _read_calls(rig) == calls and a.own.answered == 2
+    rig.wait(c.append_batch((publish("push/4"),)))  # the next news carries the next entries only
+    more = rig.wait(a.read_queue(got.next, 10))
+    assert [m.record.topic for m in more.messages] == ["push/4"] and _read_calls(rig) == calls
+
+
+def test_news_carries_no_entry_past_the_confirm_offset(rig):
+    """On a master, news released as the confirm offset passes one batch carries that batch's entries and none of
+    the next one's, though the queue's end counts them; the next release carries the rest (its news has the
+    same end: it is not taken for known)."""
+    a, _pa = rig.proxy("proxy-a")
+    c, _pc = rig.proxy("proxy-c")
+    q = rig.wait(a.add_filter("conf/#"))
+    heard: list = []
+    rig.wait(a.watch_queue(q, heard.append))
+    (start,) = rig.wait(a.end_positions(q))
+    store = rig.parts.store
+    store.set_confirm_offset(store.commit_log.max_offset)  # a master whose slaves hold nothing newer
+    rig.wait(c.append_batch((publish("conf/1"),)))
+    first_end = store.commit_log.max_offset
+    rig.wait(c.append_batch((publish("conf/2"),)))
+    assert heard == [] and rig.wait(a.read_queue(start, 10)).messages == ()
+    calls = _read_calls(rig)
+    store.set_confirm_offset(first_end)
+    rig.settle()
+    assert heard == [q]
+    assert [m.record.topic for m in a.own.read(start, 1).messages] == ["conf/1"]
+    assert a.own.read(start, 10) is None  # the end says 2 entries, the news showed 1: the rest is the broker's
+    assert [m.record.topic for m in rig.wait(a.read_queue(start, 10)).messages] == ["conf/1"]
+    assert _read_calls(rig) == calls + 1
+    store.set_confirm_offset(store.commit_log.max_offset)
+    rig.settle()
+    assert heard == [q, q]
+    whole = rig.wait(a.read_queue(start, 10))
+    assert [m.record.topic for m in whole.messages] == ["conf/1", "conf/2"] and _read_calls(rig) == calls + 1
+
+
+def test_queue_news_frames_round_trip_and_refuse_bad_shapes():
+    """The news frame is [queue, end] or [queue, end, read result]; anything else is a CodecError."""
+    assert store_codec.unpack_queue_news(store_codec.pack_queue_news("q", 7)) == ("q", 7, None)
+    empty = api.ReadResult((), api.QueuePosition("q", "g", 7), 0)
+    assert store_codec.unpack_queue_news(store_codec.pack_queue_news("q", 7, empty)) == ("q", 7, empty)
+    for bad in ([], ["q"], ["q", "7"], [1, 7], ["q", 7, "x"], ["q", 7, [], 1]):
+        with pytest.raises(store_codec.CodecError):
+            store_codec.unpack_queue_news(msgpack.packb(bad))
+
+
+def test_a_queue_watched_again_reads_what_came_while_it_was_not(rig):
+    """Entries kept from a queue's news are dropped with its last watch: watched again (a persistent session back),
+    a read at the end the old news named gets what was appended meanwhile, not an empty answer."""
+    a, _pa = rig.proxy("proxy-a")
+    c, _pc = rig.proxy("proxy-c")
+    q = rig.wait(a.add_filter("back/#"))
+    watch = rig.wait(a.watch_queue(q, lambda _q: None))
+    (start,) = rig.wait(a.end_positions(q))
+    rig.wait(c.append_batch((publish("back/1"),)))
+    first = rig.wait(a.read_queue(start, 10))
+    assert [m.record.topic for m in first.messages] == ["back/1"]
+    rig.wait(a.unwatch_queue(watch))
+    rig.wait(c.append_batch((publish("back/2"),)))  # no news of it to a: a watches nothing
+    rig.wait(a.watch_queue(q, lambda _q: None))
+    again = rig.wait(a.read_queue(first.next, 10))
+    assert [m.record.topic for m in again.messages] == ["back/2"]
+
+
+def test_a_connection_whose_writes_back_up_gets_news_without_entries(rig):
+    """While a proxy's connection has its write buffer full (the transport paused it), its news is bare and the proxy
+    reads what it wants; once resumed, the news carries the entries that came after."""
+    a, _pa = rig.proxy("proxy-a")
+    to_a = rig.pumps[-1].server  # the broker's end of a's connection
+    c, _pc = rig.proxy("proxy-c")
+    q = rig.wait(a.add_filter("slow/#"))
+    rig.wait(a.watch_queue(q, lambda _q: None))
+    (start,) = rig.wait(a.end_positions(q))
+    calls = _read_calls(rig)
+    to_a.pauseProducing()
+    rig.wait(c.append_batch((publish("slow/1"),)))
+    first = rig.wait(a.read_queue(start, 10))
+    assert [m.record.topic for m in first.messages] == ["slow/1"] and _read_calls(rig) == calls + 1
+    to_a.resumeProducing()
+    rig.wait(c.append_batch((publish("slow/2"),)))
+    second = rig.wait(a.read_queue(first.next, 10))
+    assert [m.record.topic for m in second.messages] == ["slow/2"] and _read_calls(rig) == calls + 1
