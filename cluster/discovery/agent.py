@@ -36,6 +36,7 @@ from twisted.internet import defer, task
 
 from cluster.discovery.ids import SnowflakeIds, zone_number
 from cluster.discovery.members import MemberRecord
+from cluster.rpc.peer import call_each
 
 log = logging.getLogger("twistmq.discovery")
 
@@ -164,26 +165,21 @@ class MemberAgent(service.Service):
         generation = self.generation
         body = msgpack.packb({"cluster_id": record.cluster_id, "node_id": record.node_id,
                               "generation": generation, "healthy": bool(self.health())})
-        for index, peer in enumerate(self.controllers):
-            if index in self._beating:
-                continue
-            self._beating.add(index)
-            d = peer.call("controller.heartbeat", body, HEARTBEAT_TIMEOUT * self.heartbeat_interval)
-            d.addCallbacks(self._renewed, self._not_renewed, callbackArgs=(index,), errbackArgs=(peer, generation))
-            d.addBoth(lambda result, index=index: self._beating.discard(index) or result)
-            d.addErrback(lambda failure: log.error("member_heartbeat_failed error=%s", failure.getTraceback()))
+        call_each(self.controllers, "controller.heartbeat", body, HEARTBEAT_TIMEOUT * self.heartbeat_interval,
+                  self._beating, self._renewed, lambda failure, index: self._not_renewed(failure, index, generation))
 
     def _renewed(self, answer: bytes, index: int) -> None:
         self._turn = index  # the leader: registration, goodbye and metadata reads go there first
         self._saw_version(msgpack.unpackb(answer, raw=False)["version"])
 
-    def _not_renewed(self, failure, peer, generation: int) -> None:
+    def _not_renewed(self, failure, index: int, generation: int) -> None:
         code = getattr(failure.value, "code", None)
         if code in _REGISTER_AGAIN and generation == self.generation:
             log.warning("member_lease_lost code=%s generation=%d: registering again", code, self.generation)
             self.generation = 0
             return
-        log.debug("member_controller_unavailable controller=%s reason=%s", peer.peer_id, failure.getErrorMessage())
+        log.debug("member_controller_unavailable controller=%s reason=%s", self.controllers[index].peer_id,
+                  failure.getErrorMessage())
 
     def _failed(self, failure) -> bool:
         """Handle a failed call; True when another controller should be tried now."""

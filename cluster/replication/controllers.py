@@ -33,6 +33,7 @@ from twisted.application import service
 from twisted.internet import defer, task
 
 from cluster.replication.role import ReplicaRole
+from cluster.rpc.peer import call_each
 
 log = logging.getLogger("twistmq.ha")
 
@@ -111,21 +112,15 @@ class ReplicaAgent(service.Service):
 
     def _heartbeat_all(self) -> None:
         body = msgpack.packb({"group": self.group, "broker": self.broker, "max_offset": self._max_offset()})
-        for index, peer in enumerate(self.controllers):
-            if index in self._beating:
-                continue
-            self._beating.add(index)
-            d = peer.call("controller.broker_heartbeat", body, HEARTBEAT_TIMEOUT * self.heartbeat_interval)
-            d.addCallbacks(self._heard_from, self._not_heard_from, callbackArgs=(index,), errbackArgs=(peer,))
-            d.addBoth(lambda result, index=index: self._beating.discard(index) or result)
-            d.addErrback(lambda failure: log.error("replica_agent_heartbeat_failed error=%s", failure.getTraceback()))
+        call_each(self.controllers, "controller.broker_heartbeat", body, HEARTBEAT_TIMEOUT * self.heartbeat_interval,
+                  self._beating, self._heard_from, self._not_heard_from)
 
     def _heard_from(self, body: bytes, index: int) -> None:
         self._turn = index  # the leader: registration and AlterSyncStateSet go there first
         self._answered(body)
 
-    def _not_heard_from(self, failure, peer) -> None:
-        log.debug("replica_agent_controller_unavailable controller=%s reason=%s", peer.peer_id,
+    def _not_heard_from(self, failure, index: int) -> None:
+        log.debug("replica_agent_controller_unavailable controller=%s reason=%s", self.controllers[index].peer_id,
                   failure.getErrorMessage())
 
     def _done(self, _result) -> None:

@@ -158,6 +158,26 @@ class PeerClient(service.Service):
             listener(topic, body)
 
 
+def call_each(peers: list, request_type: str, body: bytes, timeout: float, unanswered: set[int],
+              answered: Callable[[bytes, int], None], failed: Callable[[object, int], None]) -> None:
+    """The same call to every peer at once, skipping a peer whose previous one is still out (``unanswered``
+    holds their indexes and is kept up to date here); ``answered(body, index)`` or ``failed(failure, index)``
+    for each, and an error in either is logged.
+
+    For heartbeats to the controllers: whichever of them leads hears it in this beat, however often the lead
+    moved, and one that does not answer (stopped, its connection open) holds up no beat and piles up no calls.
+    """
+    for index, peer in enumerate(peers):
+        if index in unanswered:
+            continue
+        unanswered.add(index)
+        d = peer.call(request_type, body, timeout)
+        d.addCallbacks(answered, failed, callbackArgs=(index,), errbackArgs=(index,))
+        d.addBoth(lambda result, index=index: unanswered.discard(index) or result)
+        d.addErrback(lambda failure: log.error("call_each_handler_failed type=%s error=%s", request_type,
+                                               failure.getTraceback()))
+
+
 class Peers(service.MultiService):
     """One ``PeerClient`` per peer; ``call`` one of them, or ``call_any`` of several."""
 
