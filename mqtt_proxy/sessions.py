@@ -173,12 +173,15 @@ class SessionRegistry:
         # MQTT-3.1.4-3: claim the session first, so a holder elsewhere is fenced off before we read its state.
         # An id assigned here is new: nobody else can hold it.
         epoch = 0
+        claimed = None
         if assigned is None:
             self._connecting[client_id] = self._connecting.get(client_id, 0) + 1
         try:
             if assigned is None:
                 try:
-                    epoch = yield self.store.claim_session(client_id, self.holder, identity)
+                    # the claim and the stored session in one call (read after the claim fenced its old holder)
+                    claimed = yield self.store.claim_and_get(client_id, self.holder, identity)
+                    epoch = claimed.epoch
                 except NotAuthorized:
                     self._refuse_foreign(conn, client_id, identity, "another")
                     return
@@ -199,7 +202,7 @@ class SessionRegistry:
                     self.take_over(session)
                     session = self.sessions.get(client_id)  # a non-persistent session ended with the old link
             elif assigned is None:
-                session = yield self._load(client_id, epoch, packet.clean_start, identity)
+                session = yield self._loaded(claimed.session, client_id, epoch, packet.clean_start, identity)
                 if session is not None and not self._owned_by(session, identity):
                     # Stored by another identity since the check before the claim: kept as it was.
                     self._schedule_expiry(session, self.now_ms())
@@ -346,23 +349,13 @@ class SessionRegistry:
         self.store.release_session(client_id, epoch).addErrback(
             lambda f: log.warning("session_release_failed client=%s error=%s", client_id, f.getErrorMessage()))
 
-    def _load(self, client_id: str, epoch: int, clean_start: bool, identity: str) -> defer.Deferred:
-        """The stored session of ``client_id`` (held elsewhere before, or by nobody since a restart), or None.
+    def _loaded(self, state: SessionState | None, client_id: str, epoch: int, clean_start: bool, identity: str):
+        """The stored session ``state`` of ``client_id`` (held elsewhere before, or by nobody since a restart) made
+        live here, or None.
 
         A clean start by its owner deletes what was stored instead (another identity's is loaded and kept).
         A new client id (nothing stored: the common case) costs no generator of its own.
         """
-        return self.store.get_session(client_id).addCallbacks(
-            self._loaded, self._load_failed, callbackArgs=(client_id, epoch, clean_start, identity),
-            errbackArgs=(client_id,))
-
-    @staticmethod
-    def _load_failed(failure, client_id: str) -> None:
-        failure.trap(StoreError)
-        log.error("session_load_failed client=%s error=%s", client_id, failure.value)
-        return None
-
-    def _loaded(self, state: SessionState | None, client_id: str, epoch: int, clean_start: bool, identity: str):
         return None if state is None else self._load_stored(state, client_id, epoch, clean_start, identity)
 
     @defer.inlineCallbacks

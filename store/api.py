@@ -388,6 +388,18 @@ class SessionState:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimedSession:
+    """What ``claim_and_get`` answers: the claim and what it found."""
+
+    epoch: int
+    """The new claim's epoch, as ``claim_session`` fires with it."""
+    session: SessionState | None
+    """The stored session, as ``get_session`` gives it after the claim (None: nothing stored)."""
+    taken_from: str = ""
+    """The holder whose claim this one replaced (empty: nobody held the id)."""
+
+
+@dataclass(frozen=True, slots=True)
 class WillState:
     """A client's will as its proxy decided it at CONNECT: what its group publishes if the holder is lost.
 
@@ -430,6 +442,14 @@ class Sessions(Protocol):
         node's front end) may keep that holder's claim of an id nobody else
         holds in memory until the session's first write: it fences only
         writers that die with that memory (``cluster.local.sessions``).
+        """
+
+    def claim_and_get(self, client_id: str, holder: str, owner: str = "") -> defer.Deferred[ClaimedSession]:
+        """``claim_session``, then ``get_session``, in one call: a CONNECT's first question to the store.
+
+        Fails as ``claim_session`` does (nothing read then). ``taken_from`` says whether anybody held
+        the id, so a store spread over groups may leave a fresh id's other groups to be claimed at its
+        first write there (``cluster.remote.routed_store``).
         """
 
     def release_session(self, client_id: str, epoch: int) -> defer.Deferred[None]:

@@ -127,6 +127,12 @@ class LocalSessions:
     def claim_session(self, client_id: str, holder: str, owner: str = "") -> defer.Deferred:
         return self._claim(client_id, holder, owner, keep_will=False)
 
+    def claim_and_get(self, client_id: str, holder: str, owner: str = "") -> defer.Deferred:
+        claim = self.claims.get(client_id) if isinstance(client_id, str) else None
+        taken_from = claim[0] if claim is not None else ""
+        return self._claim(client_id, holder, owner, keep_will=False).addCallback(
+            lambda epoch: api.ClaimedSession(epoch, self._stored_state(client_id), taken_from))
+
     def adopt(self, client_id: str, holder: str) -> defer.Deferred:
         """Claim ``client_id`` for ``holder`` (the group itself, taking over from a lost holder), keeping the
         claim's owner and the stored will; fires with the new epoch."""
@@ -269,9 +275,12 @@ class LocalSessions:
 
     # -- the interface ----------------------------------------------------------------------------
 
-    def get_session(self, client_id: str) -> defer.Deferred:
+    def _stored_state(self, client_id: str) -> api.SessionState | None:
         stored = self._db.load(client_id)
-        return defer.succeed(None if stored is None else self._state(stored))
+        return None if stored is None else self._state(stored)
+
+    def get_session(self, client_id: str) -> defer.Deferred:
+        return defer.succeed(self._stored_state(client_id))
 
     def list_sessions(self) -> defer.Deferred:
         stored = self._db.load_all()

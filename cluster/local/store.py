@@ -240,6 +240,10 @@ class LocalStore:
         return self._sessions.claim_session(client_id, holder, owner)
 
     @_typed
+    def claim_and_get(self, client_id: str, holder: str, owner: str = "") -> defer.Deferred:
+        return self._sessions.claim_and_get(client_id, holder, owner)
+
+    @_typed
     def release_session(self, client_id: str, epoch: int) -> defer.Deferred:
         return self._sessions.release_session(client_id, epoch)
 

@@ -58,6 +58,27 @@ def _gathered(ds: list[defer.Deferred]) -> defer.Deferred:
     return defer.DeferredList(ds, consumeErrors=True).addCallback(done)
 
 
+def _hand_to(result, waiter: defer.Deferred) -> None:
+    """Give a shared Deferred's result to one of its waiters (the shared one keeps none: it is handled there)."""
+    waiter.callback(result)  # a Failure errbacks the waiter
+
+
+@dataclasses.dataclass(eq=False)
+class _Claim:
+    """This store's claim of a client id: its home epoch and the epoch of each group it was made in."""
+
+    home_epoch: int
+    epochs: dict[str, int]
+    holder: str
+    owner: str
+    lazy: bool
+    """The groups not in ``epochs`` are claimed at the session's first write there (a fresh id), not missed."""
+    skipped: set[str] = dataclasses.field(default_factory=set)
+    """Groups a first-write claim could not reach (missed, as an unreachable group at the claim is)."""
+    claiming: dict[str, defer.Deferred] = dataclasses.field(default_factory=dict)
+    """Group -> its first-write claim on its way."""
+
+
 class RoutedStore:
     """``store.api.Store`` over ``{group: Store}`` (see the module doc)."""
 
@@ -76,7 +97,7 @@ class RoutedStore:
         self.virtual_queues = {name: tuple(dict.fromkeys(targets)) for name, targets in (virtual_queues or {}).items()}
         self._watch_ids = itertools.count(1)
         self._watches: dict[int, tuple[str, list[tuple[api.Store, api.Watch]]]] = {}
-        self._claims: dict[str, tuple[int, dict[str, int]]] = {}  # client id -> (home epoch, group -> epoch)
+        self._claims: dict[str, _Claim] = {}  # client id -> this store's last claim of it
         self._outbound_group: dict[tuple[str, int], str] = {}  # (client id, packet id) -> group of its position
         self._will_group: dict[str, str] = {}  # client id -> the group its stored will is in (its topic's)
 
@@ -200,10 +221,17 @@ class RoutedStore:
     # A session lives in its client id's group (the home: meta, QoS 2 ids, the claim that fences older
     # holders). Each group a subscription's filter spans also keeps that subscription with its own position,
     # the outbound messages read from it and a copy of the session's meta, so that group's broker holds the
-    # filter's interest and its retention keeps what the session owes while no proxy holds it. A claim is
-    # made in every group; the front end sees the home group's epoch and this store carries each group's,
-    # until the session is released. A group the claim could not reach is not read for the session (it
-    # would only keep the CONNECT waiting a second call timeout), and writes to it are not waited for.
+    # filter's interest and its retention keeps what the session owes while no proxy holds it. The front end
+    # sees the home group's epoch; this store carries each group's, until the session is released.
+    #
+    # A CONNECT claims at home first (``claim_and_get``: the claim and the stored session in one call). An id
+    # somebody held, or with a stored session, is then claimed in every other group at once, so its old holder
+    # is fenced everywhere before anything is read. A fresh id (nobody held it, nothing stored: most CONNECTs)
+    # has nothing in the other groups and no holder there to fence: each is claimed just before the session's
+    # first write to it, so a connect costs one call per group the session uses, not one per group. A group a
+    # claim could not reach is not read for the session (it would only keep the CONNECT waiting a second call
+    # timeout); its writes carry epoch 0, which passes only where nobody ever claimed the session, and are not
+    # waited for where they go to every group.
 
     @property
     def claims(self) -> int:
@@ -215,60 +243,127 @@ class RoutedStore:
             raise api.InvalidArgument(f"client id must be a string, not {type(client_id).__name__}")
         return self.table.group_of_client(client_id)
 
+    def _current(self, client_id: str, epoch: int) -> _Claim | None:
+        """This store's claim of ``client_id`` if ``epoch`` is its home epoch."""
+        claim = self._claims.get(client_id)
+        return claim if claim is not None and claim.home_epoch == epoch else None
+
     def _epoch_in(self, client_id: str, group: str, epoch: int) -> int:
         """The epoch to write ``group`` with, for a writer holding home epoch ``epoch``."""
-        claims = self._claims.get(client_id)
-        if claims is not None and claims[0] == epoch:
-            return claims[1].get(group, 0)  # 0: the group could not be reached when the session was claimed
+        claim = self._current(client_id, epoch)
+        if claim is not None:
+            return claim.epochs.get(group, 0)  # 0: the group could not be reached when the session was claimed
         # Not this proxy's last claim: the home group judges it; elsewhere it must not pass a newer claim.
         return epoch if group == self._home(client_id) else 0
 
+    def _in(self, client_id: str, group: str, epoch: int, call: Callable[[api.Store, int], defer.Deferred],
+            missed_unwaited: str = "") -> defer.Deferred:
+        """``call(group's store, the epoch to write it with)``; a group the claim left for the first write is
+        claimed first. Raises StoreError for an unknown group.
+
+        ``missed_unwaited`` (the operation's name): if that claim cannot reach the group, the write is still
+        tried there but not waited for (as a group missed at the CONNECT's claim is, by ``put_session``).
+        """
+        store = self._group(group)
+        claim = self._current(client_id, epoch)
+        if claim is None or not claim.lazy or group in claim.epochs or group in claim.skipped:
+            return defer.maybeDeferred(call, store, self._epoch_in(client_id, group, epoch))
+        shared = claim.claiming.get(group)
+        if shared is None:
+            shared = claim.claiming[group] = defer.maybeDeferred(
+                store.claim_session, client_id, claim.holder, claim.owner).addCallbacks(
+                self._first_claimed, self._first_missed, callbackArgs=(client_id, group, claim),
+                errbackArgs=(client_id, group, claim))
+        waiter = defer.Deferred()
+        shared.addBoth(_hand_to, waiter)
+
+        def claimed(there: int):
+            d = defer.maybeDeferred(call, store, there)
+            if missed_unwaited and group in claim.skipped:
+                d.addErrback(self._write_missed, group, client_id, missed_unwaited)
+                return None
+            return d
+
+        return waiter.addCallback(claimed)
+
+    def _first_claimed(self, there: int, client_id: str, group: str, claim: _Claim) -> int:
+        claim.claiming.pop(group, None)
+        if self._claims.get(client_id) is not claim:  # released (or claimed again) while this claim was on its way
+            self.groups[group].release_session(client_id, there).addErrback(self._release_failed, group, client_id)
+            raise api.Fenced(f"session {client_id!r} was released while group {group!r} was being claimed")
+        claim.epochs[group] = there
+        return there
+
+    def _first_missed(self, failure, client_id: str, group: str, claim: _Claim) -> int:
+        claim.claiming.pop(group, None)
+        failure.trap(api.Unavailable)
+        log.warning("session_claim_skipped group=%s client=%s reason=%s", group, client_id, failure.getErrorMessage())
+        claim.skipped.add(group)
+        return 0
+
     def _write(self, client_id: str, groups, name: str, *args, epoch: int) -> defer.Deferred:
         try:
-            targets = [(g, self._group(g)) for g in groups]
-            epochs = [self._epoch_in(client_id, g, epoch) for g, _ in targets]
+            ds = [self._in(client_id, g, epoch, lambda store, there: getattr(store, name)(client_id, *args, there))
+                  for g in groups]
         except api.StoreError as exc:
             return defer.fail(exc)
-        ds = [defer.maybeDeferred(getattr(store, name), client_id, *args, e) for (_, store), e in zip(targets, epochs)]
         return _gathered(ds).addCallback(lambda _: None)
 
     def _spanned(self, client_id: str, topic_filter: str) -> tuple[str, ...]:
         return self.table.groups_of_filter(topic_filter)
 
     def claim_session(self, client_id: str, holder: str, owner: str = "") -> defer.Deferred:
-        """Claim in the home group (it must answer) and in every other group that can be reached now.
+        """``claim_and_get``'s epoch."""
+        return self.claim_and_get(client_id, holder, owner).addCallback(lambda claimed: claimed.epoch)
 
-        A group that cannot be reached does not keep the client out: its writes there carry epoch 0 until
-        the next claim, so they pass only if nobody ever claimed the session there, and are fenced (the
-        client is disconnected, reconnects and claims again) if another holder did.
-        """
+    def claim_and_get(self, client_id: str, holder: str, owner: str = "") -> defer.Deferred:
+        """Claim at home (it must answer), then, unless the id is fresh, in every other group that can be reached
+        now, reading each group's part of a stored session with its claim (see the section's comment)."""
         try:
             home = self._home(client_id)
+            home_store = self._group(home)
         except api.StoreError as exc:
             return defer.fail(exc)
+        others = tuple(g for g in self.table.groups if g != home)
 
-        def one(group: str) -> defer.Deferred:
-            d = defer.maybeDeferred(self.groups[group].claim_session, client_id, holder, owner)
-            if group != home:
-                d.addErrback(self._claim_missed, group, client_id)
-            return d
+        def at_home(found: api.ClaimedSession):
+            fresh = found.session is None and not found.taken_from
+            if fresh or not others:
+                self._claims[client_id] = _Claim(found.epoch, {home: found.epoch}, holder, owner, lazy=bool(others))
+                return found
+            ds = [defer.maybeDeferred(self.groups[g].claim_and_get, client_id, holder, owner).addErrback(
+                self._claim_missed, g, client_id) for g in others]
+            return defer.DeferredList(ds, consumeErrors=True).addCallback(everywhere, found)
 
-        def claimed(results):
-            epochs = {g: e for g, (_, e) in zip(self.table.groups, results) if e is not None}
-            self._claims[client_id] = (epochs[home], epochs)
-            return epochs[home]
+        def everywhere(results, found: api.ClaimedSession):
+            failure = _first_error(results)
+            if failure is not None:  # refused by another group: the client is refused, its claims are nobody's
+                self._release_all(client_id, {home: found.epoch} | {
+                    g: c.epoch for g, (ok, c) in zip(others, results) if ok and c is not None})
+                return failure
+            epochs = {home: found.epoch}
+            parts = [(home, found.session)]
+            for group, (_ok, there) in zip(others, results):
+                if there is not None:
+                    epochs[group] = there.epoch
+                    parts.append((group, there.session))
+            self._claims[client_id] = _Claim(found.epoch, epochs, holder, owner, lazy=False)
+            if found.session is None:
+                return found
+            if len(epochs) < len(self.table.groups):
+                log.warning("session_part_skipped groups=%s client=%s reason=unreachable at its claim",
+                            ",".join(sorted(g for g in self.table.groups if g not in epochs)), client_id)
+            return api.ClaimedSession(found.epoch, self._merge(client_id, parts), found.taken_from)
 
-        def home_failed(failure, ds):
-            # the client is refused: the claims other groups made are nobody's
-            for group, d in zip(self.table.groups, ds):
-                if group != home:
-                    d.addCallback(lambda e, g=group: e and self.groups[g].release_session(client_id, e))
-                    d.addErrback(lambda f, g=group: log.warning("session_release_failed group=%s client=%s "
-                                                                "reason=%s", g, client_id, f.getErrorMessage()))
-            return failure
+        return defer.maybeDeferred(home_store.claim_and_get, client_id, holder, owner).addCallback(at_home)
 
-        ds = [one(g) for g in self.table.groups]
-        return _gathered(ds).addCallbacks(claimed, home_failed, errbackArgs=(ds,))
+    def _release_all(self, client_id: str, epochs: dict[str, int]) -> defer.Deferred:
+        return _gathered([defer.maybeDeferred(self.groups[g].release_session, client_id, e).addErrback(
+            self._release_failed, g, client_id) for g, e in epochs.items()]).addCallback(lambda _: None)
+
+    @staticmethod
+    def _release_failed(failure, group: str, client_id: str) -> None:
+        log.warning("session_release_failed group=%s client=%s reason=%s", group, client_id, failure.getErrorMessage())
 
     def release_session(self, client_id: str, epoch: int) -> defer.Deferred:
         """Release the claim in each group it was made in (only the home group's if ``epoch`` is not this
@@ -277,10 +372,10 @@ class RoutedStore:
             home = self._home(client_id)
         except api.StoreError as exc:
             return defer.fail(exc)
-        claims = self._claims.get(client_id)
-        if claims is not None and claims[0] == epoch:
+        claim = self._current(client_id, epoch)
+        if claim is not None:
             del self._claims[client_id]
-            epochs = claims[1]
+            epochs = claim.epochs  # a claim still on its way is released when it lands (``_first_claimed``)
         else:
             epochs = {home: epoch}
         for key in [k for k in self._outbound_group if k[0] == client_id]:
@@ -291,10 +386,12 @@ class RoutedStore:
 
     def _missed(self, client_id: str, epoch: int) -> frozenset[str]:
         """The groups this store's last claim of ``client_id`` (home epoch ``epoch``) could not reach."""
-        claims = self._claims.get(client_id)
-        if claims is None or claims[0] != epoch:
+        claim = self._current(client_id, epoch)
+        if claim is None:
             return frozenset()
-        return frozenset(g for g in self.table.groups if g not in claims[1])
+        if claim.lazy:
+            return frozenset(claim.skipped)
+        return frozenset(g for g in self.table.groups if g not in claim.epochs)
 
     @staticmethod
     def _claim_missed(failure, group: str, client_id: str):
@@ -326,16 +423,18 @@ class RoutedStore:
     def get_session(self, client_id: str) -> defer.Deferred:
         """The home group's part first; the other groups' only if it has one (without it they are not a session).
 
-        Most CONNECTs find no session: one read, not one per group.
+        A session this store claims is read where the claim was made (a fresh id's groups not claimed yet have
+        nothing of it).
         """
         try:
             home = self._home(client_id)
             store = self._group(home)
         except api.StoreError as exc:
             return defer.fail(exc)
-        claims = self._claims.get(client_id)
-        missed = self._missed(client_id, claims[0]) if claims is not None else frozenset()
-        others = tuple(g for g in self.table.groups if g != home and g not in missed)
+        claim = self._claims.get(client_id)
+        missed = self._missed(client_id, claim.home_epoch) if claim is not None else frozenset()
+        others = tuple(g for g in self.table.groups if g != home and g not in missed
+                       and (claim is None or g in claim.epochs))
 
         def home_read(state):
             if state is None:
@@ -367,15 +466,14 @@ class RoutedStore:
         if not isinstance(meta, api.SessionMeta):
             return defer.fail(api.InvalidArgument(f"expected a SessionMeta, got {type(meta).__name__}"))
         # every group keeps the meta: a group's part of a session is listed and restored with it
-        try:
-            targets = [(g, self._group(g)) for g in self.table.groups]
-            epochs = [self._epoch_in(meta.client_id, g, epoch) for g, _ in targets]
-        except api.StoreError as exc:
-            return defer.fail(exc)
         missed = self._missed(meta.client_id, epoch)
         waited = []
-        for (group, store), e in zip(targets, epochs):
-            d = defer.maybeDeferred(store.put_session, meta, e)
+        for group in self.table.groups:
+            try:
+                d = self._in(meta.client_id, group, epoch, lambda store, there: store.put_session(meta, there),
+                             missed_unwaited="put_session")
+            except api.StoreError as exc:
+                return defer.fail(exc)
             if group in missed:  # down at the claim: tried, not waited for (it would fail after a call timeout)
                 d.addErrback(self._write_missed, group, meta.client_id, "put_session")
             else:
@@ -398,17 +496,20 @@ class RoutedStore:
                 f"expected a SubscriptionState, got {type(subscription).__name__}"))
         try:
             groups = self._spanned(client_id, subscription.topic_filter)
-            epochs = {g: self._epoch_in(client_id, g, epoch) for g in groups}
+            for group in groups:
+                self._group(group)
+                self._epoch_in(client_id, group, epoch)
         except (api.StoreError, ValueError) as exc:
             return defer.fail(exc if isinstance(exc, api.StoreError) else api.InvalidArgument(str(exc)))
-        ds = []
+        parts = []
         for group in groups:
             own = tuple(p for p in subscription.positions if p.group == group)
             if subscription.share_group is None and not own:
                 return defer.fail(api.InvalidArgument(
                     f"subscription {subscription.key!r} has no position in group {group!r}, which its filter spans"))
-            part = dataclasses.replace(subscription, positions=own)
-            ds.append(defer.maybeDeferred(self._group(group).put_subscription, client_id, part, epochs[group]))
+            parts.append((group, dataclasses.replace(subscription, positions=own)))
+        ds = [self._in(client_id, group, epoch, lambda store, there, part=part: store.put_subscription(
+            client_id, part, there)) for group, part in parts]
         return _gathered(ds).addCallback(lambda _: None)
 
     def delete_subscription(self, client_id: str, key: str, epoch: int) -> defer.Deferred:
@@ -448,8 +549,8 @@ class RoutedStore:
 
     def claim_epochs(self, client_id: str) -> dict[str, int]:
         """Group -> the epoch of this store's last claim of ``client_id`` there (empty: none held)."""
-        claims = self._claims.get(client_id)
-        return dict(claims[1]) if claims is not None else {}
+        claim = self._claims.get(client_id)
+        return dict(claim.epochs) if claim is not None else {}
 
     def will_group(self, client_id: str) -> str | None:
         """The group this store put ``client_id``'s will in (None: none stored through it)."""

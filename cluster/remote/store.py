@@ -305,6 +305,9 @@ class RemoteStore:
     def claim_session(self, client_id: str, holder: str, owner: str = "") -> defer.Deferred[int]:
         return self._call("claim_session", (client_id, holder, owner), {})
 
+    def claim_and_get(self, client_id: str, holder: str, owner: str = "") -> defer.Deferred[api.ClaimedSession]:
+        return self._call("claim_and_get", (client_id, holder, owner), {})
+
     def release_session(self, client_id: str, epoch: int) -> defer.Deferred[None]:
         return self._call("release_session", (client_id, epoch), {})
 

@@ -45,7 +45,7 @@ __all__ = ["Call", "Challenge", "Error", "Event", "FrameDecoder", "FrameError", 
 
 MAX_VARINT_BYTES = 5  # 35 bits: any length a sane cap allows
 
-RPC_VERSION = 8
+RPC_VERSION = 9
 """The RPC protocol version (frames and the store codec's schema): peers must speak the same. 2: ``add_filter``
 takes ``restoring``; a native request is the store operation ``native_request`` (no ``native.request`` type).
 3: ``read_queue``'s result is packed compactly (queue and group once). 4: the handshake proves ``[cluster] secret``

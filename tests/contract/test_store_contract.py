@@ -241,6 +241,18 @@ def test_claims_bump_the_epoch_and_name_the_holder(store):
     assert (s.epoch, s.holder) == (second, "proxy-2")
 
 
+def test_claim_and_get_claims_then_reads_and_names_the_holder_it_took_from(store):
+    """claim_and_get fires the new epoch, the session stored (None for a new id) and who held the id before."""
+    first = store.wait(store.store.claim_and_get("c1", "proxy-1"))
+    assert first.session is None and first.taken_from == "" and first.epoch >= 1
+    store.wait(store.store.put_session(api.SessionMeta("c1", 60, 5, None), first.epoch))
+    second = store.wait(store.store.claim_and_get("c1", "proxy-2"))
+    assert second.epoch > first.epoch and second.taken_from == "proxy-1"
+    assert second.session.meta == api.SessionMeta("c1", 60, 5, None)
+    assert (second.session.epoch, second.session.holder) == (second.epoch, "proxy-2")
+    assert isinstance(store.error(store.store.put_session(api.SessionMeta("c1", 1, 5, None), first.epoch)), api.Fenced)
+
+
 def test_writes_with_an_older_epoch_are_fenced(store):
     """After a takeover every write of the old holder fails with Fenced (code "fenced") and changes nothing."""
     start = subscribe(store, "f/+")

@@ -178,6 +178,115 @@ def test_a_takeover_fences_the_old_holder_in_every_group(cluster):
         assert isinstance(err, api.Fenced), p.group
 
 
+class _Calls:
+    """A group's store that records every call made to it (each goes on to the real one)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.calls = inner, []
+
+    def __getattr__(self, name):
+        attr = getattr(self.inner, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            self.calls.append(name)
+            return attr(*args, **kwargs)
+        return call
+
+
+def _split(cluster, cid):
+    home = cluster.table.group_of_client(cid)
+    other = "g1" if home == "g2" else "g2"
+    counted = _Calls(cluster.store.groups[other])
+    return home, other, counted, RoutedStore(cluster.table, {home: cluster.store.groups[home], other: counted})
+
+
+def test_a_fresh_client_id_costs_its_other_group_nothing_until_its_first_write_there(cluster):
+    """CONNECT to release of a fresh id calls its home group only; a write spanning the other group claims it
+    there first, and the release lets both claims go."""
+    cid = "fresh-9"
+    home, other, counted, routed = _split(cluster, cid)
+    claimed = cluster.wait(routed.claim_and_get(cid, "proxy-1"))
+    assert claimed.session is None and claimed.taken_from == "" and counted.calls == []
+    cluster.wait(routed.release_session(cid, claimed.epoch))
+    assert counted.calls == [] and cluster.store.groups[home].claims == 0
+    epoch = cluster.wait(routed.claim_session(cid, "proxy-1"))
+    cluster.wait(routed.put_session(api.SessionMeta(cid, 3600, 5), epoch))
+    assert counted.calls == ["claim_session", "put_session"]
+    queue = cluster.wait(routed.add_filter("+/fresh/#"))
+    positions = cluster.wait(routed.end_positions(queue))
+    cluster.wait(routed.put_subscription(cid, api.SubscriptionState("+/fresh/#", 1, positions), epoch))
+    assert counted.calls.count("claim_session") == 1  # claimed once, at the first write
+    (sub,) = cluster.wait(routed.get_session(cid)).subscriptions
+    assert sorted(p.group for p in sub.positions) == ["g1", "g2"]
+    cluster.wait(routed.delete_session(cid, epoch))
+    cluster.wait(routed.release_session(cid, epoch))
+    assert [cluster.store.groups[g].claims for g in (home, other)] == [0, 0]
+
+
+def test_a_held_id_is_claimed_everywhere_at_once_and_its_parts_come_with_the_claims(cluster):
+    """A second proxy's claim of a stored session fences the first in both groups and reads each group's part
+    in its claim's answer, with no separate read."""
+    old_epoch, positions = _subscribed(cluster, "held-1", "+/chk/#", holder="proxy-1")
+    home, other, counted, routed = _split(cluster, "held-1")
+    claimed = cluster.wait(routed.claim_and_get("held-1", "proxy-2"))
+    assert claimed.taken_from == "proxy-1" and counted.calls == ["claim_and_get"]
+    (sub,) = claimed.session.subscriptions
+    assert set(sub.positions) == set(positions)
+    for p in positions:
+        err = cluster.error(cluster.store.put_outbound("held-1", api.OutboundState(9, "+/chk/#", p, 1), old_epoch))
+        assert isinstance(err, api.Fenced), p.group
+
+
+def test_a_fresh_ids_old_holder_is_fenced_where_it_wrote_when_another_proxy_claims_it(cluster):
+    """proxy-1 holds a fresh id that wrote only in its other group; proxy-2's claim finds it held and claims every
+    group, so proxy-1's next write there is Fenced."""
+    cid = "fresh-11"
+    home, other, _counted, _ = _split(cluster, cid)
+    first = cluster.store
+    epoch = cluster.wait(first.claim_session(cid, "proxy-1"))
+    topic = next(f"t{i}/w" for i in range(64) if cluster.table.group_of_topic(f"t{i}/w") == other)
+    will = api.WillState(Message(topic, b"bye"))
+    cluster.wait(first.put_will(cid, will, epoch))
+    assert cluster.store.groups[other].claims == 1
+    second = RoutedStore(cluster.table, cluster.store.groups)
+    assert cluster.wait(second.claim_and_get(cid, "proxy-2")).taken_from == "proxy-1"
+    assert isinstance(cluster.error(first.put_will(cid, will, epoch)), api.Fenced)
+
+
+class _SlowClaims:
+    """A group's store whose claims answer one second late."""
+
+    def __init__(self, inner, clock) -> None:
+        self.inner, self.clock = inner, clock
+
+    def claim_session(self, *args):
+        return task.deferLater(self.clock, 1.0, lambda: None).addCallback(
+            lambda _: self.inner.claim_session(*args))
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_first_write_claim_that_lands_after_the_release_is_let_go_and_its_write_fenced(cluster):
+    """The session is released while its claim of the other group is on its way: that claim is released when it
+    lands and the write that waited for it fails Fenced, so no claim or state is left there."""
+    cid = "fresh-12"
+    home = cluster.table.group_of_client(cid)
+    other = "g1" if home == "g2" else "g2"
+    routed = RoutedStore(cluster.table, {home: cluster.store.groups[home],
+                                         other: _SlowClaims(cluster.store.groups[other], cluster.clock)})
+    epoch = cluster.wait(routed.claim_session(cid, "proxy-1"))
+    out = []
+    routed.put_session(api.SessionMeta(cid, 3600, 5), epoch).addBoth(out.append)
+    routed.release_session(cid, epoch)
+    cluster.clock.advance(1.0)
+    assert len(out) == 1 and out[0].check(api.Fenced)
+    assert cluster.store.groups[other].claims == 0
+    assert SessionStore(cluster.parts_by_group[other].kv).load(cid) is None
+
+
 def test_retained_messages_merge_across_groups(cluster):
     """Retained messages of a spanning filter come from every group, in topic order."""
     store = cluster.store

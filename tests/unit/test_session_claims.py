@@ -296,26 +296,27 @@ def test_proxy_churn_leaves_no_claims_on_either_side(two):
     assert [g.claims for g in two.groups.values()] == [0, 0]
 
 
-def test_a_group_down_at_the_claim_costs_the_connect_one_call_timeout(two):
-    """With g1 unreachable a g2 client's claim waits one call timeout; its load and meta write wait for no
-    second one; a client whose session lives in g1 is refused."""
+def test_a_group_down_costs_a_fresh_session_one_call_timeout_at_its_first_write_there(two):
+    """With g1 unreachable a fresh g2 client's CONNECT claims in g2 alone; its first meta write waits one call
+    timeout for g1's claim, later writes wait for none; a client whose session lives in g1 is refused."""
     store, clock = two.store, two.clock
     store.groups["g1"] = down = Unreachable(clock)
     cid = _homed(store.table, "g2", "dev")
-    claimed = []
-    store.claim_session(cid, "proxy-1").addCallback(claimed.append)
+    epoch = two.wait(store.claim_session(cid, "proxy-1"))
+    assert down.calls == [] and two.wait(store.get_session(cid)) is None
+    written = []
+    store.put_session(api.SessionMeta(cid, 60, 5, None), epoch).addCallback(written.append)
     clock.advance(CALL_TIMEOUT)
-    (epoch,) = claimed
-    assert two.wait(store.get_session(cid)) is None  # settles on zero-length clock steps only
-    two.wait(store.put_session(api.SessionMeta(cid, 60, 5, None), epoch))
-    assert down.calls == ["claim_session", "put_session"]  # the meta is still offered to g1
-    assert two.wait(store.get_session(cid)).meta.expiry_s == 60
+    assert written == [None] and down.calls == ["claim_session", "put_session"]  # the meta is still offered to g1
+    two.wait(store.put_session(api.SessionMeta(cid, 90, 5, None), epoch))  # not waited for: g1 was missed
+    assert down.calls == ["claim_session", "put_session", "put_session"]
+    assert two.wait(store.get_session(cid)).meta.expiry_s == 90
     refused = []
     store.claim_session(_homed(store.table, "g1", "dev"), "proxy-1").addErrback(refused.append)
     clock.advance(CALL_TIMEOUT)
     assert refused and refused[0].check(api.Unavailable)
     clock.advance(0)
-    assert two.groups["g2"].claims == 1  # the refused client's claim in g2 was released
+    assert two.groups["g2"].claims == 1  # only the g2 client's: the refused one claimed nowhere else
 
 
 def test_an_unwritten_claim_still_fences_and_a_restart_never_hands_its_epoch_out_again(tmp_path, monkeypatch):
