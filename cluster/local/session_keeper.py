@@ -135,6 +135,9 @@ class SessionKeeper:
         # absences counted while it was a slave (proxies dial the master, not it) are not absences: each holder
         # gets a lease and the start grace from now to reach it
         self.absences = Absences(self.absences.lease)
+        # the lives seen meanwhile got their first epochs from the claims as a slave had them: unknown again until
+        # they connect to this master (an eviction takes all a holder has here meanwhile, as one naming no life)
+        self._lives.clear()
         self.start()
 
     # -- who is there ---------------------------------------------------------------------------------

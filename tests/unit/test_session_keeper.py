@@ -294,6 +294,23 @@ def test_an_evicted_life_that_is_still_connected_loses_all_it_holds(broker):
     assert sorted(broker.wills()) == ["c1", "c2"] and broker.keeper.takeovers == 2
 
 
+def test_a_keeper_restarted_on_becoming_master_knows_a_holders_life_again_once_it_connects(broker):
+    """The lives seen before the keeper restarts as master are forgotten: an old life's eviction then takes
+    everything, until the new life connects to the master and its claims from then on are its own."""
+    broker.keeper.member_up("proxy-1", "life-2")
+    broker.connect("c1")
+    broker.keeper.restart()
+    broker.keeper.metadata(_evicted("life-1"))
+    broker.advance(2 * TICK)
+    assert broker.wills() == ["c1"]
+    broker.keeper.metadata(_evicted("life-2", joined=True))
+    broker.keeper.member_up("proxy-1", "life-2")
+    epoch = broker.connect("c2")
+    broker.keeper.metadata(_evicted("life-1"))
+    broker.advance(2 * TICK)
+    assert broker.wills() == ["c1"] and broker.keeper.sessions.claims["c2"] == ("proxy-1", epoch)
+
+
 def test_deadlines_survive_a_broker_restart_and_what_came_due_meanwhile_is_done_at_start(broker):
     """Taken over, then the broker restarts: the will (delay 10) and the expiry (20 s) are re-armed from what was
     stored; a restart after both came due publishes and expires at start."""
