@@ -91,7 +91,7 @@ class LeaseTable:
         self._members: dict[str, MemberRecord] = {}
         self._renewed: dict[str, float] = {}  # node id -> last renew time (joined members only)
         self._left: dict[str, float] = {}  # node id -> when its lease ended
-        self._pending: set[str] = set()  # members with an evict check on the wheel
+        self._pending: dict[str, float] = {}  # member -> when its check on the wheel is due (the earliest one)
         self._generation = generation
         self.refused = 0
         """Registers and heartbeats refused (for metrics)."""
@@ -105,7 +105,8 @@ class LeaseTable:
 
     @property
     def checks_pending(self) -> int:
-        """Evict checks on the wheel: one per listed member at most, whatever the heartbeat rate."""
+        """Checks on the wheel: one per listed member, whatever the heartbeat rate (and, for a while, a later one
+        an earlier check replaced)."""
         return len(self._wheel)
 
     def members(self) -> list[MemberRecord]:
@@ -152,9 +153,7 @@ class LeaseTable:
         else:
             self._renewed.pop(record.node_id, None)
             self._left[record.node_id] = now
-            if record.node_id not in self._pending:
-                self._pending.add(record.node_id)
-                self._wheel.schedule(record.node_id, now, self.timings.forget_after)
+            self._check(record.node_id, now, self.timings.forget_after)
 
     def heartbeat(self, cluster_id: str, node_id: str, generation: int, now: float,
                   healthy: bool = True) -> list:
@@ -198,18 +197,26 @@ class LeaseTable:
 
     def _renew(self, node_id: str, now: float) -> None:
         self._renewed[node_id] = now
-        if node_id not in self._pending:
-            self._pending.add(node_id)
-            self._wheel.schedule(node_id, now, self.timings.lease)
+        self._check(node_id, now, self.timings.lease)
+
+    def _check(self, node_id: str, now: float, delay: float) -> None:
+        """A check of *node_id* due within *delay*: the one pending stays if it comes no later (a renewing
+        member adds none), else an earlier one is scheduled. The later one stays on the wheel and is passed over
+        when it comes (``tick``): a member evicted and registered again within ``forget_after`` has its forget
+        check pending, and must still be evicted one lease after it goes silent again, not when that comes."""
+        due = now + delay
+        pending = self._pending.get(node_id)
+        if pending is not None and pending <= due:
+            return
+        self._pending[node_id] = due
+        self._wheel.schedule(node_id, now, delay)
 
     def _end(self, node_id: str, now: float, reason: str) -> list:
         member = dataclasses.replace(self._members[node_id], joined=False)
         self._members[node_id] = member
         self._renewed.pop(node_id, None)
         self._left[node_id] = now
-        if node_id not in self._pending:
-            self._pending.add(node_id)
-            self._wheel.schedule(node_id, now, self.timings.forget_after)
+        self._check(node_id, now, self.timings.forget_after)
         log.info("member_left node_id=%s reason=%s generation=%d", node_id, reason, member.generation)
         return [MemberLeft(member, reason)]
 
@@ -217,7 +224,10 @@ class LeaseTable:
         """Run the evict checks due by *now*: the wheel's work for the ticks that passed."""
         events: list = []
         for node_id in self._wheel.advance(now):
-            self._pending.discard(node_id)
+            due = self._pending.get(node_id)
+            if due is None or due > now + self.timings.tick:
+                continue  # a later check an earlier one replaced (``_check``), or one already run this tick
+            del self._pending[node_id]
             member = self._members.get(node_id)
             if member is None:
                 continue
@@ -227,13 +237,11 @@ class LeaseTable:
                     self.evicted += 1
                     events.extend(self._end(node_id, now, "evicted"))
                 else:
-                    self._pending.add(node_id)
-                    self._wheel.schedule(node_id, now, self.timings.lease - idle)
+                    self._check(node_id, now, self.timings.lease - idle)
                 continue
             gone_for = now - self._left[node_id]
             if gone_for < self.timings.forget_after - 1e-9:
-                self._pending.add(node_id)
-                self._wheel.schedule(node_id, now, self.timings.forget_after - gone_for)
+                self._check(node_id, now, self.timings.forget_after - gone_for)
             elif not member.seed:
                 del self._members[node_id]
                 del self._left[node_id]

@@ -52,6 +52,10 @@ class MemberRecord:
     """When its last register or heartbeat arrived (seconds since the Unix epoch, the controller's clock)."""
     generation: int = 0
     """Its lease generation: a new one per registration; a heartbeat naming another one is refused."""
+    boot: str = ""
+    """Its process life (random, drawn at start; also in its RPC HELLO): a broker keeps the sessions a proxy
+    restarted under the same id claims when its old life is evicted (a generation comes only with a register,
+    which may follow the new life's claims)."""
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

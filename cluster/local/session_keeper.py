@@ -9,6 +9,13 @@ proxy held here, the lease being the test of loss:
 - the proxy has had no RPC connection to this broker for a lease (``member_up``/``member_down``,
   counted by ``cluster.discovery.absence``; at start every holder on record is away until it
   connects), or the controllers evicted it (``metadata``: listed with ``joined`` false);
+- an eviction names the life it ends (the member record's ``boot``, the process's, also in the HELLO of
+  its connections): a proxy killed and started again under the same id within a lease has connected and
+  claimed its returning clients' sessions before its old life's lease ran out. The claims its new life
+  made are not the old life's to lose: the keeper notes the group's next claim epoch when a new life first
+  connects, the old one (dead: the same id) claims nothing after that, so the eviction of an earlier life
+  takes over only the claims below that epoch. An eviction of the life that is connected (a proxy stopped
+  with its connections open, or cut off from the controllers) takes everything, as one naming no life does;
 - a holder may hand a session over itself, by claiming it in the group's name (``group_holder``): a
   proxy that closed the sessions of a group it had lost for a lease does so once the group is back.
 
@@ -79,7 +86,8 @@ class SessionKeeper:
         self.absences = Absences(lease)
         self._epochs: dict[str, int] = {}  # client id -> the epoch this group claimed it with
         self._connections: dict[str, int] = {}  # member id -> its open RPC connections to this broker
-        self._evicted: set[str] = set()  # proxies the controllers' metadata lists as not joined
+        self._evicted: dict[str, str] = {}  # proxies the controllers' metadata lists as not joined -> the life evicted
+        self._lives: dict[str, tuple[str, int]] = {}  # proxy -> its last life (boot) to connect, the next epoch then
         self._loop: task.LoopingCall | None = None
         self.copies = SessionDeadlines()  # when the copies of lost holders' sessions homed elsewhere are dropped
         self._copy_claims: dict[str, tuple[str, int]] = {}  # client id -> its claim (holder, epoch) at the loss
@@ -127,14 +135,21 @@ class SessionKeeper:
         # absences counted while it was a slave (proxies dial the master, not it) are not absences: each holder
         # gets a lease and the start grace from now to reach it
         self.absences = Absences(self.absences.lease)
+        # the lives seen meanwhile got their first epochs from the claims as a slave had them: unknown again until
+        # they connect to this master (an eviction takes all a holder has here meanwhile, as one naming no life)
+        self._lives.clear()
         self.start()
 
     # -- who is there ---------------------------------------------------------------------------------
 
-    def member_up(self, member: str) -> None:
-        """An RPC connection from ``member`` opened."""
+    def member_up(self, member: str, boot: str = "") -> None:
+        """An RPC connection from ``member`` opened; ``boot`` is the life (process) it comes from."""
         self._connections[member] = self._connections.get(member, 0) + 1
         self.absences.seen(member)
+        if boot and self._lives.get(member, ("", 0))[0] != boot:
+            # a new life of it: every claim it makes gets this epoch or a later one (module doc)
+            self._lives[member] = (boot, self.sessions.next_epoch)
+            log.info("member_life holder=%s boot=%s first_epoch=%d", member, boot, self._lives[member][1])
 
     def member_down(self, member: str) -> None:
         """An RPC connection from ``member`` closed; with its last one its absence starts."""
@@ -146,22 +161,36 @@ class SessionKeeper:
         self.absences.gone(member, self.clock.seconds())
 
     def metadata(self, metadata: dict) -> None:
-        """The controllers' metadata: a proxy listed as not joined (evicted) is lost."""
-        evicted = set()
+        """The controllers' metadata: a proxy listed as not joined (evicted) is lost, in the life it names."""
+        evicted: dict[str, str] = {}
         for member in metadata.get("members", ()):
-            if isinstance(member, dict) and member.get("node_type") == "proxy" and member.get("joined") is False:
-                evicted.add(member.get("node_id"))
-        for node_id in sorted(evicted - self._evicted):
-            self.take_over(node_id, "evicted")
+            if isinstance(member, dict) and member.get("node_type") == "proxy" and member.get("joined") is False \
+                    and isinstance(member.get("node_id"), str):
+                boot = member.get("boot")
+                evicted[member["node_id"]] = boot if isinstance(boot, str) else ""
+        for node_id in sorted(evicted):
+            if self._evicted.get(node_id) != evicted[node_id]:
+                self.take_over(node_id, "evicted", self._first_epoch_after(node_id, evicted[node_id]))
         self._evicted = evicted
+
+    def _first_epoch_after(self, member: str, boot: str) -> int | None:
+        """The first epoch of the life of ``member`` that connected after life ``boot`` (which claims nothing
+        from then on: it is dead), or None when that is the life connected last or either is unknown."""
+        life = self._lives.get(member)
+        if not boot or life is None or life[0] == boot:
+            return None
+        return life[1]
 
     # -- taking over ---------------------------------------------------------------------------------
 
-    def take_over(self, holder: str, why: str) -> int:
-        """Take over every session ``holder`` holds here; returns how many."""
-        mine = [cid for cid, (h, _e) in self.sessions.claims.items() if h == holder]
-        if mine:
-            log.info("sessions_taken_over holder=%s reason=%s sessions=%d", holder, why, len(mine))
+    def take_over(self, holder: str, why: str, before: int | None = None) -> int:
+        """Take over every session ``holder`` holds here (only the claims of an epoch below ``before``, if given:
+        a later life's are its own); returns how many."""
+        held = [(cid, e) for cid, (h, e) in self.sessions.claims.items() if h == holder]
+        mine = [cid for cid, e in held if before is None or e < before]
+        if mine or len(held) > len(mine):
+            log.info("sessions_taken_over holder=%s reason=%s sessions=%d kept_of_later_life=%d", holder, why,
+                     len(mine), len(held) - len(mine))
         taken = copies = 0
         for cid in mine:
             stored = self.db.has_session(cid)

@@ -114,6 +114,12 @@ class LocalSessions:
             self._next_epoch = self._epoch_mark + 1
         return self._claims
 
+    @property
+    def next_epoch(self) -> int:
+        """The epoch of the next claim: every claim made from now on has this one or a later one."""
+        self.claims  # noqa: B018 - read the claims and the mark first: the counter resumes above them
+        return self._next_epoch
+
     def reload(self) -> None:
         """Read the claims, their owners, the wills and the epoch mark from the KV again on next use: a slave's
         KV follows its master's through replication while these stay as first read, so a broker that becomes

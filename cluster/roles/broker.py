@@ -233,7 +233,7 @@ class BrokerParts:
         self.keeper = SessionKeeper(self.local, local_store.session_claims, SessionStore(self.state.session_log),
                                     cluster.group, reactor, cfg.discovery.lease, cfg.discovery.wheel_tick, homed_here(cluster),
                                     start_grace=MAX_RETRY_DELAY)
-        self.rpc.on_opened(lambda p: p.peer.role == "proxy" and self.keeper.member_up(p.peer.node_id))
+        self.rpc.on_opened(lambda p: p.peer.role == "proxy" and self.keeper.member_up(p.peer.node_id, p.peer.boot))
         self.rpc.on_closed(lambda p: p.peer.role == "proxy" and self.keeper.member_down(p.peer.node_id))
         collectors = [self.metrics] + ([BridgeCollector(self.bridges.rows)] if self.bridges is not None else [])
         api = AdminAPI(served_by(routes(), "broker"), BrokerHandlers(cluster.node_id, self._epoch), cfg.admin.token)

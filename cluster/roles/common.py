@@ -9,6 +9,7 @@ reload; ``node`` and ``broker`` hold a store, and run its bridges
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 
 from twisted.internet import endpoints
@@ -255,6 +256,11 @@ def rpc_server_listeners(reactor, cfg, descriptions, node_type: str, health, reg
             for listener in listeners]
 
 
+BOOT = secrets.token_hex(8)
+"""This process's life: in its member record and in the HELLO of its connections to brokers, so a broker tells
+the connections (and the claims) of a member restarted under the same id from those of its evicted old life."""
+
+
 def default_node_id(data_dir: str) -> str:
     """A member id when none is configured: the data directory's name, else (none, or /) the host name."""
     return (os.path.basename(os.path.normpath(data_dir)) if data_dir else "") or socket.gethostname()
@@ -283,7 +289,8 @@ def member_agent(reactor, cfg, node_type: str, listeners, health) -> MemberAgent
         return MemberRecord(cluster.cluster_id, cluster.node_id, node_type, zone=cluster.zone,
                             version=twistmq_version(), rpc_address=rpc,
                             addresses={**{key: addr for key, addr in bound if key != "rpc"}, **cluster.advertise},
-                            group=cluster.group if node_type == "broker" else "", healthy=bool(health()))
+                            group=cluster.group if node_type == "broker" else "", healthy=bool(health()),
+                            boot=BOOT)
 
     return MemberAgent(reactor, controllers, record, cfg.discovery.heartbeat_interval, health)
 

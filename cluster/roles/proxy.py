@@ -44,6 +44,7 @@ from cluster.remote.routed_store import RoutedStore
 from cluster.remote.server import SESSION_EVENT
 from cluster.remote.store import RemoteStore
 from cluster.roles.common import (
+    BOOT,
     NodeOptions,
     client_security,
     mongodb_pool,
@@ -150,7 +151,7 @@ class ProxyParts:
         cluster = self.cfg.cluster
         settings = RpcSettings(cluster.call_timeout, cluster.heartbeat_interval, cluster.max_frame_bytes,
                                cluster.secret)
-        hello = Hello(cluster.cluster_id, cluster.node_id, "proxy", RPC_VERSION)
+        hello = Hello(cluster.cluster_id, cluster.node_id, "proxy", RPC_VERSION, boot=BOOT)
         peer = PeerClient(peer_id, endpoints.clientFromString(self.reactor, address), hello, settings, self.reactor,
                           health=health)
         self.peers.append(peer)

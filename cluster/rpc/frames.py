@@ -4,7 +4,7 @@ On the wire a frame is ``varint(length) + msgpack array`` (Turms' RPC framing,
 msgpack instead of hand-packed fields). Every array starts with the frame type
 and a request id (0 where none applies)::
 
-    HELLO      [0, 0, cluster_id, node_id, role, version, healthy, nonce]       client -> server, first frame
+    HELLO      [0, 0, cluster_id, node_id, role, version, healthy, nonce, boot] client -> server, first frame
     CHALLENGE  [8, 0, cluster_id, node_id, role, version, healthy, nonce, mac]  server -> client: its identity,
                                                                                  nonce and proof of the secret
     PROOF      [9, 0, mac]                                                      client -> server: its proof
@@ -20,8 +20,9 @@ The handshake is a mutual challenge (``cluster.rpc.connection``): each side
 sends a random nonce and answers the other's with ``mac`` (``handshake_mac``:
 HMAC-SHA256 keyed by ``[cluster] secret`` over both nonces and both
 identities), the server first, so a client never proves anything to a server
-that has not proved the secret itself. A HELLO of version 2 or older (no
-nonce) still decodes, so that the version check can name the mismatch.
+that has not proved the secret itself. A HELLO of version 8 or older (no
+boot, or no nonce either) still decodes, so that the version check can name
+the mismatch.
 
 ``body`` is opaque bytes (the store codec's frames, a native request): this
 layer never looks inside. ``FrameDecoder`` turns bytes into frames and raises
@@ -35,7 +36,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgpack
 
@@ -54,7 +55,8 @@ both ways (HELLO carries a nonce; CHALLENGE and PROOF). 5: the store operations 
 tuple of queues once, then flat rows). 7: ``append_batch``'s result is packed by columns (offsets, queue set
 indexes; statuses and reasons only when a message was not stored) and may end with where the records went in
 the caller's watched queues; a queue's news event carries its end offset. 8: a queue's news event may carry its
-entries (``[queue, end, read result]``)."""
+entries (``[queue, end, read result]``). 9: HELLO carries the client's ``boot`` (its process life), so a broker
+tells a proxy restarted under the same id from its evicted previous life."""
 
 NONCE_SIZE = 16
 """Bytes of each side's handshake nonce."""
@@ -89,6 +91,9 @@ class Hello:
     healthy: bool = True
     nonce: bytes = b""
     """The sender's random handshake nonce (``NONCE_SIZE`` bytes) that the other side's proof covers."""
+    boot: str = field(default="", kw_only=True)  # keyword-only: ``Challenge`` adds ``mac`` after ``nonce``
+    """The client's process life: drawn at its start, as its member record's ``boot`` (sent in HELLO only; a
+    CHALLENGE leaves it empty)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +186,8 @@ def handshake_mac(secret: bytes, side: str, client: Hello, server: Hello) -> byt
     """HMAC-SHA256 keyed by the cluster secret over who proves (``side``: "client" or "server"), both nonces and
     both identities. An empty secret is still a key: both ends must agree there is none."""
     message = msgpack.packb(["twistmq-rpc", side, client.cluster_id, client.version,
-                             client.node_id, client.role, client.nonce, server.node_id, server.role, server.nonce],
+                             client.node_id, client.role, client.nonce, server.node_id, server.role, server.nonce,
+                             client.boot],
                             use_bin_type=True)
     return hmac.new(secret, message, hashlib.sha256).digest()
 
@@ -194,7 +200,7 @@ def _array(frame: Frame) -> list:
     if isinstance(frame, Challenge):  # before Hello: it is a subclass
         return [FrameType.CHALLENGE, 0, *_identity(frame), frame.nonce, frame.mac]
     if isinstance(frame, Hello):
-        return [FrameType.HELLO, 0, *_identity(frame), frame.nonce]
+        return [FrameType.HELLO, 0, *_identity(frame), frame.nonce, frame.boot]
     if isinstance(frame, Proof):
         return [FrameType.PROOF, 0, frame.mac]
     if isinstance(frame, HelloOk):
@@ -222,7 +228,7 @@ def encode(frame: Frame) -> bytes:
 
 # (frame type) -> the Python types of the fields after [type, request id], and how to build the frame
 _SHAPES = {
-    FrameType.HELLO: ((str, str, str, int, bool, bytes), lambda rid, a: Hello(*a)),
+    FrameType.HELLO: ((str, str, str, int, bool, bytes, str), lambda rid, a: Hello(*a[:6], boot=a[6])),
     FrameType.CHALLENGE: ((str, str, str, int, bool, bytes, bytes), lambda rid, a: Challenge(*a)),
     FrameType.PROOF: ((bytes,), lambda rid, a: Proof(*a)),
     FrameType.HELLO_OK: ((), lambda rid, a: HelloOk()),
@@ -248,8 +254,10 @@ def _frame(payload: bytes) -> Frame:
         raise FrameError(f"unknown frame type {array[0]}") from None
     types, build = _SHAPES[kind]
     fields = array[2:]
-    if kind is FrameType.HELLO and len(fields) == len(types) - 1:
-        fields = [*fields, b""]  # a version 2 HELLO (no nonce): decoded, so the version check names the mismatch
+    if kind is FrameType.HELLO and len(types) - 2 <= len(fields) < len(types):
+        # a HELLO of version 8 or older (no boot; 2 or older: no nonce either): decoded, so the version check
+        # names the mismatch
+        fields = [*fields, *(b"", "")[len(fields) - len(types):]]
     if len(fields) != len(types) or any(type(v) is not t for v, t in zip(fields, types)):
         raise FrameError(f"malformed {kind.name} frame")
     if not 0 <= array[1] < 1 << 63:

@@ -13,7 +13,7 @@ peer silent for ``HEARTBEATS_MISSED`` intervals is dropped. The state
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from twisted.internet import defer, protocol, task
@@ -122,7 +122,7 @@ class RpcProtocol(protocol.Protocol):
 
     def _local_now(self) -> Hello:
         me = self.local
-        return Hello(me.cluster_id, me.node_id, me.role, me.version, self.health())
+        return replace(me, healthy=self.health())  # the rest as given (its boot too)
 
     def dataReceived(self, data: bytes) -> None:
         self._last_heard = self.clock.seconds()

@@ -257,3 +257,19 @@ def test_adopted_records_get_a_lease_from_the_takeover():
     assert MemberForgotten("p3") in driven.events
     listed, _ = table.register(_record("p4"), driven.clock.seconds())
     assert listed.generation == (7 << 32) + 1
+
+
+def test_a_member_evicted_then_back_is_evicted_one_lease_after_it_goes_silent_again():
+    """Evicted, registered again well within forget_after, then silent: evicted one lease later, not when the
+    forget check of its first eviction comes due."""
+    driven = Driven()
+    driven.table.register(_record(), 0.0)
+    driven.run(3.2)
+    assert not driven.table.member("p1").joined
+    driven.run(1.0)
+    back, _ = driven.table.register(_record(), driven.clock.seconds())
+    driven.events.clear()
+    driven.run(3.2)
+    assert [type(e) for e in driven.events] == [MemberLeft] and not driven.table.member("p1").joined
+    driven.run(10.0)
+    assert driven.table.member("p1") is None  # forgotten forget_after after its second eviction

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgpack
 import pytest
 from hypothesis import given, settings
@@ -149,6 +151,27 @@ def test_a_version_2_hello_without_a_nonce_is_refused_for_its_version():
     old = msgpack.packb([0, 0, "twistmq", "p-old", "proxy", 2, True])
     (closed,) = server_conn().receive(frames.encode_varint(len(old)) + old)
     assert "RPC version 2 not spoken (this node speaks 1)" in closed.reason
+
+
+def test_a_version_8_hello_without_a_boot_is_refused_for_its_version():
+    """A HELLO of version 8 (eight fields: a nonce, no boot) is refused naming the version, not as malformed."""
+    old = msgpack.packb([0, 0, "twistmq", "p-old", "proxy", 8, True, b"\x01" * frames.NONCE_SIZE], use_bin_type=True)
+    (closed,) = server_conn().receive(frames.encode_varint(len(old)) + old)
+    assert "RPC version 8 not spoken (this node speaks 1)" in closed.reason
+
+
+def test_the_clients_boot_reaches_the_server_and_is_covered_by_its_proof():
+    """The client's process life (``boot``) is the server's view of its peer once open; a HELLO whose boot was
+    changed on the way fails the client's proof."""
+    client, server = client_conn(Hello("twistmq", "proxy-1", "proxy", 1, boot="life-2")), server_conn()
+    _, (opened,) = handshake(client, server)
+    assert opened.peer.boot == "life-2" and server.peer.boot == "life-2"
+    client, server = client_conn(Hello("twistmq", "proxy-1", "proxy", 1, boot="life-2")), server_conn()
+    client.data_to_send()
+    server.receive(frames.encode(dataclasses.replace(client.local, boot="life-1")))  # changed on the way
+    client.receive(server.data_to_send())
+    (closed,) = server.receive(client.data_to_send())
+    assert "did not prove the cluster secret" in closed.reason
 
 
 def test_a_call_before_the_handshake_is_refused():

@@ -25,6 +25,7 @@ from cluster.rpc.frames import (
 
 SAMPLES = [
     Hello("c", "n1", "proxy", 1, True, b"n" * 16),
+    Hello("c", "n1", "proxy", 1, True, b"n" * 16, boot="5f3a"),
     Challenge("c", "b1", "broker", 1, False, b"m" * 16, b"h" * 32),
     Proof(b"p" * 32),
     HelloOk(),

@@ -65,6 +65,18 @@ def test_a_call_is_answered_and_counted():
     assert broker.dispatcher.metrics.calls["echo"] == 1 and broker.dispatcher.metrics.connections == 1
 
 
+def test_the_clients_boot_reaches_the_servers_open_listener():
+    """A client protocol made with a process's ``boot`` says it in its HELLO: the server's ``on_opened`` listener
+    (a broker's session keeper) sees it as the peer's."""
+    clock = task.Clock()
+    broker = Broker(clock)
+    opened = []
+    broker.factory.on_opened(lambda p: opened.append(p.peer))
+    c = RpcProtocol(Hello("twistmq", "p1", "proxy", 1, boot="life-2"), True, SETTINGS, clock)
+    broker.connect(c)
+    assert c.is_open and [(p.node_id, p.boot) for p in opened] == [("p1", "life-2")]
+
+
 def test_errors_and_unknown_request_types_are_answered_and_the_connection_stays():
     """A handler's StoreError keeps its code; an unknown request type gets an error frame; calls go on."""
     clock = task.Clock()

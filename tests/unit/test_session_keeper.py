@@ -256,6 +256,61 @@ def test_an_evicted_proxys_sessions_are_taken_over(broker):
     assert broker.wills() == ["c1"] and broker.keeper.takeovers == 1
 
 
+def _evicted(boot: str, joined: bool = False) -> dict:
+    return {"version": 5, "members": [{"node_id": "proxy-1", "node_type": "proxy", "joined": joined, "boot": boot}]}
+
+
+def test_an_evicted_old_life_leaves_the_claims_its_restarted_successor_made(broker):
+    """A proxy killed and restarted under the same id within a lease reclaims a client's session before its old
+    life's eviction arrives: that eviction takes over only what the old life still holds, and the new life's
+    writes are not fenced; the new life's own eviction later takes the rest."""
+    broker.keeper.member_up("proxy-1", "life-1")
+    broker.connect("back")
+    broker.connect("gone")
+    broker.keeper.member_down("proxy-1")  # SIGKILL
+    broker.keeper.member_up("proxy-1", "life-2")  # the same id, started again
+    epoch = broker.connect("back")  # its client came back to it
+    broker.keeper.metadata(_evicted("life-1"))  # the old life's lease ran out
+    broker.advance(2 * TICK)
+    claims = broker.keeper.sessions.claims
+    assert broker.wills() == ["gone"] and claims["gone"][0] == group_holder(GROUP)
+    assert claims["back"] == ("proxy-1", epoch)
+    broker.h.wait(broker.h.store.put_session(api.SessionMeta("back", 5, 5, None, "anonymous"), epoch))
+    broker.keeper.metadata(_evicted("life-2", joined=True))  # the new life registered
+    broker.keeper.metadata(_evicted("life-2"))  # then stopped (SIGSTOP, connections open): evicted in turn
+    broker.advance(2 * TICK)
+    assert broker.wills() == ["gone", "back"] and claims["back"][0] == group_holder(GROUP)
+
+
+def test_an_evicted_life_that_is_still_connected_loses_all_it_holds(broker):
+    """A proxy stopped with its connections open (or cut off from the controllers only) is evicted in the life
+    that is connected: every session it holds here is taken over, however recent its claim."""
+    broker.keeper.member_up("proxy-1", "life-1")
+    broker.connect("c1")
+    broker.advance(LEASE)
+    broker.connect("c2")
+    broker.keeper.metadata(_evicted("life-1"))
+    broker.advance(2 * TICK)
+    assert sorted(broker.wills()) == ["c1", "c2"] and broker.keeper.takeovers == 2
+
+
+def test_a_keeper_restarted_on_becoming_master_knows_a_holders_life_again_once_it_connects(broker):
+    """The lives seen before the keeper restarts as master are forgotten: an old life's eviction then takes
+    everything, until the new life connects to the master and its claims from then on are its own."""
+    broker.keeper.member_up("proxy-1", "life-2")
+    broker.connect("c1")
+    broker.keeper.restart()
+    broker.keeper.metadata(_evicted("life-1"))
+    broker.advance(2 * TICK)
+    assert broker.wills() == ["c1"]
+    broker.keeper.metadata(_evicted("life-2", joined=True))
+    broker.keeper.member_up("proxy-1", "life-2")
+    epoch = broker.connect("c2")
+    broker.keeper.metadata(_evicted("life-1"))
+    broker.advance(2 * TICK)
+    assert broker.wills() == ["c1"] and broker.keeper.sessions.claims["c2"] == ("proxy-1", epoch)
+
+
 def test_deadlines_survive_a_broker_restart_and_what_came_due_meanwhile_is_done_at_start(broker):
     """Taken over, then the broker restarts: the will (delay 10) and the expiry (20 s) are re-armed from what was
     stored; a restart after both came due publishes and expires at start."""
