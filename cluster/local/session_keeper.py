@@ -16,6 +16,13 @@ proxy held here, the lease being the test of loss:
   connects, the old one (dead: the same id) claims nothing after that, so the eviction of an earlier life
   takes over only the claims below that epoch. An eviction of the life that is connected (a proxy stopped
   with its connections open, or cut off from the controllers) takes everything, as one naming no life does;
+- a new life of a proxy connects while the keeper knows an earlier one (the same id, another boot): the earlier
+  process is dead, so its claims (those below the new life's first epoch) are taken over at once, before that
+  connection's first call is served. A proxy back before its lease ran out (and its registration, which
+  spares it the eviction) would otherwise restore its old life's sessions itself: the restore skips a session
+  the group holds, and the will its old life's client left, lost with its connection, is published. A life
+  the keeper never saw (the broker restarted, or became master, since) tells nothing: then only an eviction
+  or the lease does (a new process back in time restores those sessions itself, as a node does after a restart);
 - a holder may hand a session over itself, by claiming it in the group's name (``group_holder``): a
   proxy that closed the sessions of a group it had lost for a lease does so once the group is back.
 
@@ -146,10 +153,15 @@ class SessionKeeper:
         """An RPC connection from ``member`` opened; ``boot`` is the life (process) it comes from."""
         self._connections[member] = self._connections.get(member, 0) + 1
         self.absences.seen(member)
-        if boot and self._lives.get(member, ("", 0))[0] != boot:
+        earlier = self._lives.get(member)
+        if boot and (earlier is None or earlier[0] != boot):
             # a new life of it: every claim it makes gets this epoch or a later one (module doc)
             self._lives[member] = (boot, self.sessions.next_epoch)
             log.info("member_life holder=%s boot=%s first_epoch=%d", member, boot, self._lives[member][1])
+            if earlier is not None and self._loop is not None and self._loop.running:
+                # the life seen before is dead (one process per id): its sessions are lost now, whether or not
+                # its lease ran out (a slave's stopped keeper takes nothing: its master does)
+                self.take_over(member, "restarted", before=self._lives[member][1])
 
     def member_down(self, member: str) -> None:
         """An RPC connection from ``member`` closed; with its last one its absence starts."""

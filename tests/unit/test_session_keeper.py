@@ -294,6 +294,51 @@ def test_an_evicted_life_that_is_still_connected_loses_all_it_holds(broker):
     assert sorted(broker.wills()) == ["c1", "c2"] and broker.keeper.takeovers == 2
 
 
+def test_a_proxy_restarted_before_its_lease_ran_out_loses_its_old_lifes_sessions(broker):
+    """A proxy SIGKILLed and back under its id at once (no absence, no eviction): its new life's first connection
+    ends the old one, whose sessions the group takes over before the new life's restore lists them; their wills
+    go out after their delay (a clean session's at once, its claim with it), their expiry counts from then, and
+    a client back within its will delay cancels its will (MQTT 5 3.1.2.8)."""
+    broker.keeper.member_up("proxy-1", "life-1")
+    broker.connect("late", expiry=30, will_delay=5)
+    broker.connect("clean", expiry=None, will_delay=5, subscribe=None)
+    broker.connect("back", expiry=30, will_delay=5)
+    broker.keeper.member_down("proxy-1")  # SIGKILL
+    broker.advance(TICK)
+    broker.keeper.member_up("proxy-1", "life-2")  # the same id, started again within the lease
+    listed = {s.meta.client_id: s.holder for s in broker.h.wait(broker.h.store.list_sessions())}
+    assert listed == {"late": group_holder(GROUP), "back": group_holder(GROUP)}  # the restore leaves them be
+    broker.advance(2 * TICK)
+    assert broker.wills() == ["clean"] and "clean" not in broker.keeper.sessions.claims
+    epoch = broker.claim("back", "proxy-1")  # its client came back to the new process
+    broker.advance(5)
+    assert broker.wills() == ["clean", "late"]
+    assert broker.keeper.sessions.claims["back"] == ("proxy-1", epoch)
+    broker.advance(30 - 5 - 2 * TICK)
+    assert broker.h.wait(broker.h.store.get_session("late")) is not None
+    broker.advance(4 * TICK)
+    assert broker.h.wait(broker.h.store.get_session("late")) is None
+    assert broker.h.wait(broker.h.store.get_session("back")).holder == "proxy-1"
+    assert broker.wills() == ["clean", "late"]
+
+
+def test_a_proxy_reconnecting_in_the_same_life_or_to_a_slave_loses_nothing(broker):
+    """Another connection of the life the keeper knows is no restart; a keeper stopped (its broker a slave)
+    takes nothing over, and after it restarts as master the first life it sees is no restart either."""
+    broker.keeper.member_up("proxy-1", "life-1")
+    broker.connect("c1")
+    broker.keeper.member_down("proxy-1")
+    broker.keeper.member_up("proxy-1", "life-1")
+    broker.keeper.member_up("proxy-1", "life-1")  # a second connection
+    broker.keeper.stop()
+    broker.keeper.member_up("proxy-1", "life-2")
+    broker.keeper.restart()
+    broker.keeper.member_up("proxy-1", "life-3")
+    broker.advance(2 * LEASE)
+    assert broker.wills() == [] and broker.keeper.takeovers == 0
+    assert broker.keeper.sessions.claims["c1"][0] == "proxy-1"
+
+
 def test_a_keeper_restarted_on_becoming_master_knows_a_holders_life_again_once_it_connects(broker):
     """The lives seen before the keeper restarts as master are forgotten: an old life's eviction then takes
     everything, until the new life connects to the master and its claims from then on are its own."""
