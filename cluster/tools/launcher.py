@@ -261,6 +261,11 @@ def up(root: str, groups: int = 1, proxies: int = 2, replicas: int = 1, controll
     root = os.path.abspath(root)
     if os.path.exists(os.path.join(root, "cluster.json")):
         raise LaunchError(f"{root}/cluster.json exists: run `./dev cluster down {root}` first, or pick another DIR")
+    if os.path.exists(os.path.join(root, "cluster.json.down")):
+        # a new cluster (its own id, ports and shape) would start on the old one's data: its controllers' Raft
+        # state names the old masters, and a broker of another shape waits as a slave of one that is gone
+        raise LaunchError(f"{root} holds the data of a cluster brought down there ({root}/cluster.json.down): "
+                          f"remove the directory or pick another DIR")
     os.makedirs(root, exist_ok=True)
     cluster_id = "local-" + secrets.token_hex(4)
     procs = plan(root, groups, proxies, shared_port, cluster_id, controllers, replicas, admin)

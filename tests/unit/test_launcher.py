@@ -81,6 +81,17 @@ def test_bad_counts_are_refused_with_a_reason(tmp_path):
     assert launcher.main(["up", str(tmp_path / "c"), "--replicas", "0"]) == 2
 
 
+def test_a_directory_a_cluster_was_brought_down_in_is_refused(tmp_path):
+    """A new cluster is not started on an old one's data (its controllers would name the old masters); nothing
+    starts and the message says what to do."""
+    root = tmp_path / "c"
+    root.mkdir()
+    (root / "cluster.json.down").write_text("{}")
+    with pytest.raises(launcher.LaunchError, match="remove the directory or pick another DIR"):
+        launcher.up(str(root))
+    assert sorted(p.name for p in root.iterdir()) == ["cluster.json.down"]
+
+
 def test_replicas_make_a_master_and_its_slaves_per_group_each_with_an_ha_port(tmp_path):
     """--replicas 3: each group has three brokers with rpc, http and ha ports; the first is the master, the
     others replicate from its ha port, and the membership lists the master first."""
