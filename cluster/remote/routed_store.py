@@ -496,11 +496,8 @@ class RoutedStore:
                 f"expected a SubscriptionState, got {type(subscription).__name__}"))
         try:
             groups = self._spanned(client_id, subscription.topic_filter)
-            for group in groups:
-                self._group(group)
-                self._epoch_in(client_id, group, epoch)
-        except (api.StoreError, ValueError) as exc:
-            return defer.fail(exc if isinstance(exc, api.StoreError) else api.InvalidArgument(str(exc)))
+        except ValueError as exc:
+            return defer.fail(api.InvalidArgument(str(exc)))
         parts = []
         for group in groups:
             own = tuple(p for p in subscription.positions if p.group == group)
@@ -508,8 +505,11 @@ class RoutedStore:
                 return defer.fail(api.InvalidArgument(
                     f"subscription {subscription.key!r} has no position in group {group!r}, which its filter spans"))
             parts.append((group, dataclasses.replace(subscription, positions=own)))
-        ds = [self._in(client_id, group, epoch, lambda store, there, part=part: store.put_subscription(
-            client_id, part, there)) for group, part in parts]
+        try:
+            ds = [self._in(client_id, group, epoch, lambda store, there, part=part: store.put_subscription(
+                client_id, part, there)) for group, part in parts]
+        except api.StoreError as exc:
+            return defer.fail(exc)
         return _gathered(ds).addCallback(lambda _: None)
 
     def delete_subscription(self, client_id: str, key: str, epoch: int) -> defer.Deferred:
