@@ -60,3 +60,15 @@ def wait_for(check, timeout: float = 15.0, what: str = "the condition"):
 def close(client: mqtt.Client) -> None:
     client.disconnect()
     client.loop_stop()
+
+
+_TABLE_ROWS = """
+return Array.from(document.querySelectorAll("#" + arguments[0] + " tbody tr"),
+                  row => [row.dataset.clientId, Object.assign({}, row.dataset)]);
+"""
+
+
+def table_rows(browser, table_id: str) -> dict[str, dict]:
+    """The data attributes of a dashboard table's rows by client id, read in one script: the page redraws its
+    tables every few seconds, so row elements found in one call may be stale by the next."""
+    return dict(browser.execute_script(_TABLE_ROWS, table_id))

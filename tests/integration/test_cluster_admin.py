@@ -21,7 +21,7 @@ import pytest
 
 from cluster.routing import SlotTable
 from cluster.tools import launcher
-from tests.integration.admin_support import call, validate
+from tests.integration.admin_support import call, table_rows, validate
 from tests.integration.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -214,11 +214,8 @@ def test_the_admin_dashboard_shows_the_clients_of_both_proxies(cluster, clients,
              "the overview link to be hidden")
     browser.get(f"http://127.0.0.1:{cluster.one('admin')['ports']['http']}/dashboard/#clients")
 
-    def listed():
-        ids = {row.get_attribute("data-client-id")
-               for row in browser.find_elements(By.CSS_SELECTOR, "#clients-table tbody tr")}
-        return {"dash-one", "dash-two"} <= ids
-    wait_for(listed, "both proxies' clients on the clients page")
+    wait_for(lambda: {"dash-one", "dash-two"} <= set(table_rows(browser, "clients-table")),
+             "both proxies' clients on the clients page")
     error = browser.find_element(By.ID, "error")  # a refresh may meet a busy proxy; never a route it lacks
     assert error.get_attribute("hidden") is not None or "no route" not in error.text
 

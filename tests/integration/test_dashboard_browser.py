@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.integration.admin_support import close, paho, wait_for
+from tests.integration.admin_support import close, paho, table_rows, wait_for
 from tests.integration.node import NodeProcess
 
 pytestmark = pytest.mark.slow
@@ -91,12 +91,6 @@ return n;
 """
 
 
-def _rows(browser, table_id):
-    from selenium.webdriver.common.by import By
-    return {row.get_attribute("data-client-id"): row
-            for row in browser.find_elements(By.CSS_SELECTOR, f"#{table_id} tbody tr")}
-
-
 def test_overview_chart_shows_the_traffic(node, browser, publisher, tmp_path):
     """While a publisher runs, the overview's msg/s chart has drawn non-zero "in" values; a screenshot is kept."""
     from selenium.webdriver.common.by import By
@@ -129,13 +123,12 @@ def test_clients_page_lists_ids_and_kick_disconnects(node, browser):
     bystander = paho(node.port("mqtt"), "dash-bystander")
     browser.get(f"http://127.0.0.1:{node.port('http')}/dashboard/#clients")
     rows = wait_for(lambda: (lambda r: r if {"dash-victim", "dash-bystander"} <= set(r) else None)(
-        _rows(browser, "clients-table")), timeout=20, what="both client ids on the clients page")
-    assert rows["dash-victim"].get_attribute("data-connected") == "true"
+        table_rows(browser, "clients-table")), timeout=20, what="both client ids on the clients page")
+    assert rows["dash-victim"]["connected"] == "true"
     browser.find_element(By.CSS_SELECTOR, 'button.kick[data-client-id="dash-victim"]').click()
     wait_for(lambda: victim.disconnects, timeout=20, what="the kicked client to be disconnected")
     victim.loop_stop()
-    wait_for(lambda: _rows(browser, "clients-table").get("dash-victim") is not None and
-             _rows(browser, "clients-table")["dash-victim"].get_attribute("data-connected") == "false",
+    wait_for(lambda: table_rows(browser, "clients-table").get("dash-victim", {}).get("connected") == "false",
              timeout=20, what="the page to show the kicked client offline")
     assert not bystander.disconnects, "only the kicked client was disconnected"
     close(bystander)
