@@ -119,10 +119,11 @@ class MQTTFrontEnd:
 
 def build_front_end(store: Store, clock, config: MQTTConfig, limits: LimitsConfig, auth=None, acl=None,
                     holder: str = "node", read_cache: ReadCache | None = None, deliver_latency=None,
-                    log_connections: bool = True) -> MQTTFrontEnd:
+                    log_connections: bool = True, left_wills: bool = False) -> MQTTFrontEnd:
     """Delivery pump, router, registry, publisher and front end over ``store``; ``holder`` claims sessions;
     ``deliver_latency`` (an object with ``observe(seconds)``) hears publish-to-deliver times;
-    ``log_connections``: log each client's connect and disconnect (``[log] connection_messages``)."""
+    ``log_connections``: log each client's connect and disconnect (``[log] connection_messages``); ``left_wills``:
+    the restore publishes the wills the holder's last life left (``SessionRegistry.restore``)."""
     acl = acl or ACL.allow_all()
     stats = BrokerStats()
     read_cache = read_cache or ReadCache(store)
@@ -132,5 +133,5 @@ def build_front_end(store: Store, clock, config: MQTTConfig, limits: LimitsConfi
     router = SubscriptionRouter(store, ctx, acl, limits)
     publisher = Publisher(inbound, store, acl, config, limits, stats, clock)
     registry = SessionRegistry(ctx, router, inbound, auth or AllowAll(), acl, config, limits, holder, publisher,
-                               log_connections)
+                               log_connections, left_wills)
     return MQTTFrontEnd(registry, router, publisher)

@@ -274,6 +274,31 @@ class Publisher:
         else:
             self.inbound.submit(message, published)
 
+    def publish_stored_will(self, client_id: str, will: WillState) -> defer.Deferred:
+        """Publish a will stored at its client's CONNECT whose connection went with the process that held it (a
+        node's crash): as the publish decision took it then (``will_state``), born now. Fires with None once the
+        store answered; a refusal is counted and logged."""
+        message = rec.published_later(will.message, self.now_ms())
+        done: defer.Deferred = defer.Deferred()
+
+        def published(result):
+            log.info("will_published client=%s topic=%s status=%s", client_id, message.topic,
+                     getattr(getattr(result, "status", None), "name", "PUT_OK"))
+            done.callback(None)
+
+        def failed(failure):
+            self.stats.messages_dropped += 1
+            log.warning("will_denied client=%s topic=%s reason=store: %s", client_id, message.topic,
+                        failure.getErrorMessage())
+            done.callback(None)
+
+        if message.retain and message.body:  # the route ``will_state``'s verdict gave it (``WillState``)
+            self.inbound.flush()
+            self.store.put_retained(message).addCallbacks(published, failed)
+        else:
+            self.inbound.submit(message, published)
+        return done
+
     def publish_as_operator(self, topic: str, payload: bytes, qos: int, retain: bool):
         """An admin publish: the same decision (the ACL aside: the operator is not a client) and the same store
         interface as a client's; fires with the store's AppendResult, or fails with ``PublishRefused`` or the

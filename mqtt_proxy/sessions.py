@@ -24,7 +24,7 @@ from mqtt_proxy.inbound import InboundBatcher
 from mqtt_proxy.router import SubscriptionRouter
 from mqtt_proxy.session import Session
 from mqtt_proxy.session_state import NEVER_EXPIRES, PeerError, ScheduleWill
-from store.api import NotAuthorized, Owed, SessionMeta, SessionState, Sessions, StoreError
+from store.api import NotAuthorized, Owed, SessionMeta, SessionState, Sessions, StoreError, WillState
 
 log = logging.getLogger("twistmq.mqtt.broker")  # the logger name is a stable, greppable part of the log lines
 
@@ -51,7 +51,7 @@ class SessionRegistry:
 
     def __init__(self, ctx: SessionContext, router: SubscriptionRouter, inbound: InboundBatcher, auth, acl: ACL,
                  config: MQTTConfig, limits: LimitsConfig, holder: str = "node", publisher=None,
-                 log_connections: bool = True) -> None:
+                 log_connections: bool = True, left_wills: bool = False) -> None:
         self.ctx = ctx
         self.router = router
         self.store: Sessions = ctx.sessions  # claims, session state
@@ -70,6 +70,9 @@ class SessionRegistry:
         # Off, the routine connect and disconnect lines are not even made: a record each (the caller's frame
         # looked up) was a share of a connect storm, only for the log's filter to drop it.
         self.log_connections = log_connections
+        # Whether ``restore`` publishes the wills this holder's last life left: a node's (no one else will); a
+        # proxy's are published by its broker groups, which take a lost proxy's sessions over.
+        self.left_wills = left_wills
 
     def now_ms(self) -> int:
         return int(self.clock.seconds() * 1000)
@@ -78,29 +81,82 @@ class SessionRegistry:
 
     @defer.inlineCallbacks
     def restore(self):
-        """Bring back the persistent sessions this holder held (before listeners open)."""
+        """Bring back the persistent sessions this holder held (before listeners open), and with ``left_wills``
+        publish the wills its last life's connections left: they went with the process, unannounced.
+
+        Such a will goes out after its Will Delay Interval, counted from its client's disconnect if that came
+        before the restart, else from the restart (the crash's time is not known), or when its session ends if
+        that is sooner; its client's return first cancels it. A will of a session that was not persistent goes
+        out at once, its claim released after it is stored.
+        """
+        left = {}
+        if self.left_wills:
+            wills = yield self.store.list_wills()
+            left = {held.client_id: held for held in wills if held.holder in ("", self.holder)}
         stored = yield self.store.list_sessions()
         now = self.now_ms()
-        restored = expired = 0
+        restored = 0
+        ended = []
         for state in stored:
             meta = state.meta
             if state.holder not in ("", self.holder) or meta.client_id in self.sessions:
                 continue  # held by another proxy: it comes back when its client connects here
             if meta.disconnected_at_ms is not None and meta.expiry_s != NEVER_EXPIRES \
                     and meta.disconnected_at_ms + meta.expiry_s * 1000 <= now:
-                try:
-                    yield self.store.delete_session(meta.client_id, state.epoch)
-                except StoreError as exc:
-                    log.warning("session_expire_failed client=%s error=%s", meta.client_id, exc)
-                else:
-                    self._release(meta.client_id, state.epoch)
-                expired += 1
+                ended.append(state)
                 continue
             session = yield self._revive(state)
             self.sessions[meta.client_id] = session
             self._schedule_expiry(session, meta.disconnected_at_ms or now)
+            held = left.pop(meta.client_id, None)
+            if held is not None:
+                self._arm_left_will(session, held.will, meta.disconnected_at_ms or now)
             restored += 1
-        log.info("sessions_restored sessions=%d expired=%d", restored, expired)
+        # The wills go out once every restored subscription's filter interest is back, so they reach them.
+        for state in ended:  # sessions that ended while the process was down
+            cid = state.meta.client_id
+            held = left.pop(cid, None)
+            if held is not None:  # due at the session's end at the latest
+                yield self.publisher.publish_stored_will(cid, held.will)
+            try:
+                yield self.store.delete_session(cid, state.epoch)
+            except StoreError as exc:
+                log.warning("session_expire_failed client=%s error=%s", cid, exc)
+            else:
+                self._release(cid, state.epoch)
+        published = [self.publisher.publish_stored_will(held.client_id, held.will).addCallback(
+            self._left_will_published, held.client_id, held.epoch) for held in left.values()]
+        yield defer.gatherResults(published)
+        log.info("sessions_restored sessions=%d expired=%d wills_left=%d", restored, len(ended), len(published))
+
+    def _arm_left_will(self, session: Session, will: WillState, lost_ms: int) -> None:
+        """A restored session's will, left by the connection lost at ``lost_ms``: due after its delay, or at the
+        session's end if that is sooner (``_expire`` then publishes it first)."""
+        due = lost_ms + will.delay_s * 1000
+        end = session.state.expiry_deadline_ms(lost_ms)
+        if end is not None:
+            due = min(due, end)
+        session.will_stored = True
+        session.will_call = self.clock.callLater(max(0.0, (due - self.now_ms()) / 1000), self._left_will_due,
+                                                 session, will)
+
+    def _left_will_due(self, session: Session, will: WillState) -> None:
+        session.will_call = None
+        epoch = session.epoch
+
+        def stored(_):
+            # unless its client came back meanwhile (then the claim dropped it) or the session ended (its release did)
+            if self.sessions.get(session.client_id) is session and session.epoch == epoch and session.conn is None:
+                self._will_done(session)
+
+        self.publisher.publish_stored_will(session.client_id, will).addCallback(stored)
+
+    def _left_will_published(self, _, client_id: str, epoch: int) -> defer.Deferred:
+        """The will of a session that did not persist is out: the store forgets it, and the claim it was kept under."""
+        d = self.store.delete_will(client_id, epoch)
+        d.addCallback(lambda _: self._release(client_id, epoch))
+        d.addErrback(lambda f: log.warning("will_delete_failed client=%s error=%s", client_id, f.getErrorMessage()))
+        return d
 
     @defer.inlineCallbacks
     def _revive(self, state: SessionState):
@@ -496,11 +552,12 @@ class SessionRegistry:
         if session.conn is not None or self.sessions.get(session.client_id) is not session:
             return
         log.info("session_expired client=%s", session.client_id)
-        if session.will_call is not None and session.will_call.active():
-            session.will_call.cancel()
-            for action in session.state.expired():  # MQTT-3.1.3-9: the will goes out when the session ends first
-                self._publish_will(session.client_id, action.will, session.acl_username)
-            self._will_done(session)
+        call = session.will_call
+        if call is not None and call.active():
+            due, args = call.func, call.args  # MQTT-3.1.3-9: the will goes out when the session ends first
+            call.cancel()
+            session.state.expired()
+            due(*args)
         self.end_session(session)
 
     def end_session(self, session: Session) -> defer.Deferred:

@@ -414,6 +414,18 @@ class WillState:
     """The Will Delay Interval (MQTT 5 3.1.3.2.2): counted from the loss of the connection."""
 
 
+
+@dataclass(frozen=True, slots=True)
+class HeldWill:
+    """A stored will with the claim on record for its client id, as ``list_wills`` gives it."""
+
+    client_id: str
+    will: WillState
+    epoch: int = 0
+    """The epoch of the claim on record (0: none: an id its proxy assigned is never claimed)."""
+    holder: str = ""
+    """Who made that claim (empty: nobody)."""
+
 @runtime_checkable
 class Sessions(Protocol):
     """Durable MQTT session state: each write fires after the state is durable (survives kill -9).
@@ -477,6 +489,10 @@ class Sessions(Protocol):
 
     def list_sessions(self) -> defer.Deferred[tuple[SessionState, ...]]:
         """Every stored session, in client-id order (restore after a restart, admin listings)."""
+
+    def list_wills(self) -> defer.Deferred[tuple[HeldWill, ...]]:
+        """Every stored will, in client-id order, with its claim: a holder back from a crash publishes those its
+        last life's connections left (they went with the process, and no DISCONNECT cancelled them)."""
 
     def put_session(self, meta: SessionMeta, epoch: int) -> defer.Deferred[None]:
         """Create or update a session's existence and expiry."""

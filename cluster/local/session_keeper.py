@@ -322,13 +322,8 @@ class SessionKeeper:
         will = self.db.load_will(client_id)
         if will is None:
             return
-        now = self.now_ms()
-        props = dict(will.properties)
-        if rec.EXPIRES_AT in props and will.born_ts:
-            # the Message Expiry Interval counts from the publish, not from the CONNECT that set the will
-            props[rec.EXPIRES_AT] = str(int(props[rec.EXPIRES_AT]) + max(0, now - will.born_ts))
-        message = rec.Message(will.topic, will.payload, rec.RecordKind.MQTT_PUBLISH, will.qos, will.retain, client_id,
-                              now, props)
+        message = rec.published_later(rec.Message(will.topic, will.payload, rec.RecordKind.MQTT_PUBLISH, will.qos,
+                                                  will.retain, client_id, will.born_ts, will.properties), self.now_ms())
         d = self.store.put_retained(message) if message.retain and message.body else self.store.append(message)
 
         def published(result):

@@ -292,6 +292,16 @@ class LocalSessions:
         stored = self._db.load_all()
         return defer.succeed(tuple(self._state(stored[cid]) for cid in sorted(stored)))
 
+    def list_wills(self) -> defer.Deferred:
+        claims = self.claims
+        out = []
+        for cid, w in sorted(self._db.load_wills().items()):
+            message = rec.Message(w.topic, w.payload, rec.RecordKind.MQTT_PUBLISH, w.qos, w.retain, cid, w.born_ts,
+                                  w.properties)
+            holder, epoch = claims.get(cid, ("", 0))
+            out.append(api.HeldWill(cid, api.WillState(message, w.delay_s), epoch, holder))
+        return defer.succeed(tuple(out))
+
     def put_session(self, meta: api.SessionMeta, epoch: int) -> defer.Deferred:
         self._fence(meta.client_id, epoch)
         return self._db.save_session(meta.client_id, meta.expiry_s, meta.protocol_level, meta.disconnected_at_ms,

@@ -255,6 +255,9 @@ class LocalStore:
     def list_sessions(self) -> defer.Deferred:
         return self._sessions.list_sessions()
 
+    def list_wills(self) -> defer.Deferred:
+        return self._sessions.list_wills()
+
     @_typed
     def put_session(self, meta: api.SessionMeta, epoch: int) -> defer.Deferred:
         return self._sessions.put_session(meta, epoch)

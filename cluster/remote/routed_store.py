@@ -462,6 +462,11 @@ class RoutedStore:
 
         return self._each(groups, lambda s: s.list_sessions()).addCallback(merged)
 
+    def list_wills(self) -> defer.Deferred:
+        """Each group's wills (a will is kept in the group of its topic, with that group's claim of its id)."""
+        return self._each(self.table.groups, lambda s: s.list_wills()).addCallback(
+            lambda rs: tuple(sorted(_concat(rs), key=lambda held: held.client_id)))
+
     def put_session(self, meta: api.SessionMeta, epoch: int) -> defer.Deferred:
         if not isinstance(meta, api.SessionMeta):
             return defer.fail(api.InvalidArgument(f"expected a SessionMeta, got {type(meta).__name__}"))

@@ -317,6 +317,9 @@ class RemoteStore:
     def list_sessions(self) -> defer.Deferred[tuple[api.SessionState, ...]]:
         return self._call("list_sessions", (), {})
 
+    def list_wills(self) -> defer.Deferred[tuple[api.HeldWill, ...]]:
+        return self._call("list_wills", (), {})
+
     def put_session(self, meta: api.SessionMeta, epoch: int) -> defer.Deferred[None]:
         return self._call("put_session", (meta, epoch), {})
 

@@ -85,7 +85,7 @@ class NodeParts:
         deliver_latency = Histogram()
         self.mqtt = build_front_end(self.local_store, reactor, mqtt, cfg.limits, auth, acl, holder=NODE_HOLDER,
                                     deliver_latency=deliver_latency,
-                                    log_connections=cfg.log.connection_messages)
+                                    log_connections=cfg.log.connection_messages, left_wills=True)
         # Retention keeps what sessions and shared groups still owe (native consumers and retained messages:
         # StoreParts).
         self.store.retention.add_holder(self.mqtt.owed)

@@ -46,7 +46,7 @@ __all__ = ["Call", "Challenge", "Error", "Event", "FrameDecoder", "FrameError", 
 
 MAX_VARINT_BYTES = 5  # 35 bits: any length a sane cap allows
 
-RPC_VERSION = 9
+RPC_VERSION = 10
 """The RPC protocol version (frames and the store codec's schema): peers must speak the same. 2: ``add_filter``
 takes ``restoring``; a native request is the store operation ``native_request`` (no ``native.request`` type).
 3: ``read_queue``'s result is packed compactly (queue and group once). 4: the handshake proves ``[cluster] secret``
@@ -56,7 +56,8 @@ tuple of queues once, then flat rows). 7: ``append_batch``'s result is packed by
 indexes; statuses and reasons only when a message was not stored) and may end with where the records went in
 the caller's watched queues; a queue's news event carries its end offset. 8: a queue's news event may carry its
 entries (``[queue, end, read result]``). 9: HELLO carries the client's ``boot`` (its process life), so a broker
-tells a proxy restarted under the same id from its evicted previous life."""
+tells a proxy restarted under the same id from its evicted previous life; the store operation ``claim_and_get``.
+10: the store operation ``list_wills``."""
 
 NONCE_SIZE = 16
 """Bytes of each side's handshake nonce."""

@@ -335,6 +335,30 @@ def test_a_will_is_written_with_the_claims_epoch_and_an_older_holders_is_fenced(
     store.wait(store.store.release_session("w", new))
 
 
+def test_list_wills_gives_each_stored_will_with_its_claim(store):
+    """list_wills: every stored will, in client-id order, with the holder and epoch of its claim; a will
+    deleted or released is not listed."""
+    props = {"exp": "1700000060000", "ct": "text/plain"}
+    will = api.WillState(Message("will/b", b"bye", RecordKind.MQTT_PUBLISH, 1, True, "lw-b", 1_700_000_000_000,
+                                 props), 7)
+    b = _claim(store, "lw-b", "proxy-1")
+    a = _claim(store, "lw-a", "proxy-2")
+    gone = _claim(store, "lw-c", "proxy-1")
+    store.wait(store.store.put_will("lw-b", will, b))
+    store.wait(store.store.put_will("lw-a", api.WillState(Message("will/a", b"", RecordKind.MQTT_PUBLISH), 0), a))
+    store.wait(store.store.put_will("lw-c", will, gone))
+    store.wait(store.store.release_session("lw-c", gone))
+    held = [h for h in store.wait(store.store.list_wills()) if h.client_id.startswith("lw-")]
+    assert [(h.client_id, h.holder, h.epoch) for h in held] == [("lw-a", "proxy-2", a), ("lw-b", "proxy-1", b)]
+    m = held[1].will.message
+    assert (m.topic, m.body, m.qos, m.retain, m.born_ts, dict(m.properties), held[1].will.delay_s) == \
+        ("will/b", b"bye", 1, True, 1_700_000_000_000, props, 7)
+    store.wait(store.store.delete_will("lw-a", a))
+    assert [h.client_id for h in store.wait(store.store.list_wills()) if h.client_id.startswith("lw-")] == ["lw-b"]
+    for cid, epoch in (("lw-a", a), ("lw-b", b)):
+        store.wait(store.store.release_session(cid, epoch))
+
+
 def test_a_claim_by_another_identity_is_refused_and_fences_nobody(store):
     """A session claimed, or stored, by one identity is not claimed by another: NotAuthorized, the holder kept."""
     epoch = store.wait(store.store.claim_session("owned", "proxy-1", "user:alice"))

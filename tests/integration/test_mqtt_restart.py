@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mqtt_proxy.codec import (
-    Properties, PubAck, PubComp, Publish, PubRec, PubRel, SubAck, Subscribe, Subscription, SubscriptionOptions,
+    Properties, PubAck, PubComp, Publish, PubRec, PubRel, SubAck, Subscribe, Subscription, SubscriptionOptions, Will,
 )
 from tests.integration.mqtt_raw import RawClient
 from tests.integration.node import NodeProcess
@@ -173,3 +173,37 @@ def test_qos1_in_flight_not_lost_by_kill_right_after_sending(node):
     """QoS 1 PUBLISHes sent and killed at once (entries not written yet) are all sent again after the restart."""
     sent, again = _in_flight_then_kill(node, "r-fresh", 0)
     assert {p.payload for p in again} == {p.payload for p in sent}
+
+
+def test_wills_of_clients_connected_at_a_kill_are_published_when_the_node_starts_again(node):
+    """A paho device with a retained "offline" will and a v5 client with a 3 s will delay are connected when the
+    node is SIGKILLed: after the restart a new subscriber gets the retained will at once and the delayed one
+    after its delay (the connections died with the process, and no DISCONNECT cancelled the wills)."""
+    import paho.mqtt.client as mqtt
+
+    from tests.integration.admin_support import paho
+    from tests.integration.waiting import wait_until
+
+    device = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="r-device", protocol=mqtt.MQTTv311)
+    device.will_set("r-status/device", b"offline", qos=1, retain=True)
+    device.connect("127.0.0.1", node.port())
+    device.loop_start()
+    delayed = RawClient(node.port(), 5)
+    ack = delayed.connect("r-delayed", clean_start=True, properties=PERSIST,
+                          will=Will("r-status/delayed", b"gone", 1, properties=Properties(will_delay_interval=3)))
+    try:
+        assert ack.reason_code == 0
+        wait_until(device.is_connected, 10, what="the paho device to connect")
+        node.kill()
+        node.start()
+        got = []
+        watcher = paho(node.port(), "r-watcher")
+        watcher.on_message = lambda _c, _u, m: got.append((m.topic, m.payload, m.retain))
+        watcher.subscribe("r-status/#", qos=1)
+        wait_until(lambda: len(got) == 2, 15, what="both wills")
+        assert got == [("r-status/device", b"offline", True), ("r-status/delayed", b"gone", False)]
+        watcher.disconnect()
+        watcher.loop_stop()
+    finally:
+        device.loop_stop()
+        delayed.close()

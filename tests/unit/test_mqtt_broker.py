@@ -42,7 +42,7 @@ class Harness:
     """A broker over a real store in a temp dir, with a fake clock and in-memory transports."""
 
     def __init__(self, path, limits=None, store_config=None, executor=None, own_holder="",
-                 log_connections=True) -> None:
+                 log_connections=True, left_wills=False) -> None:
         self.clock = task.Clock()
         self.clock.advance(1_700_000_000)
         self.executor = executor or SynchronousExecutor()
@@ -63,7 +63,7 @@ class Harness:
         self.local = LocalStore(self.store, self.notifier, self.retained, self.timers, SessionStore(self.session_log),
                                 engine, own_holder=own_holder)
         self.broker = build_front_end(self.local, self.clock, MQTTConfig(sys_interval=0), limits or LimitsConfig(),
-                                      log_connections=log_connections)
+                                      log_connections=log_connections, left_wills=left_wills)
         self.factory = MQTTServerFactory(self.broker, self.clock)
 
     def connect(self, client_id, level=5, **kw):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mqtt_proxy.codec import Disconnect, Properties, ReasonCode, Subscribe, Subscription
+from mqtt_proxy.codec import Disconnect, Properties, ReasonCode, Subscribe, Subscription, SubscriptionOptions
 from mqtt_proxy.codec.packets import ConnAck, Will
 from store.session_store import SessionStore
 from tests.unit.test_mqtt_broker import Harness, published
@@ -127,3 +127,104 @@ def test_a_delayed_will_is_cancelled_when_its_client_returns_on_another_proxy(h)
     assert back.received()[0].session_present
     h.tick(10)
     assert published(watcher) == []
+
+
+def _crashed_with(tmp_path, clients):
+    """A node whose clients ``(client id, will, session expiry)`` are connected when it dies: nothing of them is
+    told to the front end (no DISCONNECT, no lost link), as after kill -9. Its persistent watcher of ``will/#``
+    (QoS 1) is restored after the restart, to collect what the restart publishes."""
+    first = Harness(tmp_path)
+    watcher = first.connect("watch", properties=Properties(session_expiry_interval=3600))
+    watcher.send(Subscribe(1, (Subscription("will/#", SubscriptionOptions(qos=1)),)))
+    watcher.lose()
+    for cid, will, expiry in clients:
+        assert isinstance(first.connect(cid, will=will, properties=Properties(session_expiry_interval=expiry))
+                          .received()[0], ConnAck)
+    first.close()
+    return Harness(tmp_path, own_holder="node", left_wills=True)
+
+
+def _watch(h):
+    watcher = h.connect("watch", clean_start=False, properties=Properties(session_expiry_interval=3600))
+    return watcher
+
+
+def test_a_restarted_node_publishes_the_wills_its_crash_left(tmp_path):
+    """After a crash: a clean session's will goes out at restore, its will and claim gone from the store; a
+    persistent session's after its delay, counted from the restart; one whose client returns first never."""
+    h = _crashed_with(tmp_path, [("clean", Will("will/clean", b"c", 1), 0),
+                                 ("slow", Will("will/slow", b"s", 1, properties=Properties(will_delay_interval=30)),
+                                  3600),
+                                 ("back", Will("will/back", b"b", 1, properties=Properties(will_delay_interval=30)),
+                                  3600)])
+    try:
+        h.broker.restore()
+        h.tick()
+        watcher = _watch(h)
+        assert [p.payload for p in published(watcher)] == [b"c"]
+        assert stored_will(h, "clean") is None and "clean" not in h.local.session_claims.claims
+        h.tick(10)
+        h.connect("back", clean_start=False, properties=Properties(session_expiry_interval=3600))
+        h.tick(19)
+        assert published(watcher) == [] and stored_will(h, "slow") is not None
+        h.tick(2)
+        assert [p.payload for p in published(watcher)] == [b"s"]
+        h.tick(60)
+        assert published(watcher) == []
+        assert stored_will(h, "slow") is None and stored_will(h, "back") is None
+    finally:
+        h.close()
+
+
+def test_a_left_will_goes_out_when_its_session_ends_before_its_delay(tmp_path):
+    """A restored session that expires before its will's delay: the will goes out at the expiry, then the
+    session is gone."""
+    h = _crashed_with(tmp_path, [("short", Will("will/short", b"x", properties=Properties(will_delay_interval=600)),
+                                  20)])
+    try:
+        h.broker.restore()
+        h.tick()
+        watcher = _watch(h)
+        h.tick(19)
+        assert published(watcher) == []
+        h.tick(2)
+        assert [p.payload for p in published(watcher)] == [b"x"]
+        assert "short" not in h.broker.sessions and stored_will(h, "short") is None
+    finally:
+        h.close()
+
+
+def test_a_session_that_ended_while_the_node_was_down_has_its_will_published_at_start(tmp_path):
+    """A client lost before the crash whose delayed will was still waiting, and whose session expired during the
+    downtime: the restart publishes the will and deletes the session."""
+    first = Harness(tmp_path)
+    watcher = first.connect("watch", properties=Properties(session_expiry_interval=3600))
+    watcher.send(Subscribe(1, (Subscription("will/#", SubscriptionOptions(qos=1)),)))
+    watcher.lose()
+    first.connect("gone", will=Will("will/gone", b"g", properties=Properties(will_delay_interval=600)),
+                  properties=Properties(session_expiry_interval=10)).lose()
+    first.tick(5)
+    first.close()
+    h = Harness(tmp_path, own_holder="node", left_wills=True)
+    try:
+        h.clock.advance(60)
+        h.broker.restore()
+        h.tick()
+        assert [p.payload for p in published(_watch(h))] == [b"g"]
+        assert "gone" not in h.broker.sessions and stored_will(h, "gone") is None
+        assert SessionStore(h.kv).load("gone") is None
+    finally:
+        h.close()
+
+
+def test_a_front_end_without_left_wills_leaves_them_to_its_groups(tmp_path):
+    """A proxy's restore (``left_wills`` off) publishes nothing: its broker groups' keepers publish a lost
+    life's wills."""
+    h = _crashed_with(tmp_path, [("clean", Will("will/clean", b"c", 1), 0)])
+    h.broker.registry.left_wills = False
+    try:
+        h.broker.restore()
+        h.tick(60)
+        assert published(_watch(h)) == [] and stored_will(h, "clean") is not None
+    finally:
+        h.close()
