@@ -14,6 +14,8 @@ Key layout (``cid`` is the client id, ``\\x00`` separates it from the rest)::
     c/epoch-mark               -> the claim epochs' high-water mark: no epoch above it was ever handed out
     w/<cid>                    -> the client's will as its proxy's publish decision accepted it (``StoredWill``),
                                   with its due time once its group took the session over from a lost holder
+    l/<holder>                 -> the last life (process) of a holder its group saw connect: {"boot": id,
+                                  "first": the group's first claim epoch then} (``SessionKeeper``)
 
 The KV handed in is a ``store.session_log.SessionLog`` in a broker: each write
 is a commit-log record (so replicas and a rebuilt KV have it) and its Deferred
@@ -279,6 +281,16 @@ class SessionStore:
     def load_wills(self) -> dict[str, StoredWill]:
         """Client id -> its stored will, for every will stored."""
         return {key[2:].decode("utf-8"): self._will(value) for key, value in self.kv.scan(b"w/")}
+
+    # -- holders' lives ---------------------------------------------------------------------------------
+
+    def save_life(self, holder: str, boot: str, first_epoch: int) -> defer.Deferred:
+        return self.kv.put(b"l/" + _cid(holder), json.dumps({"boot": boot, "first": first_epoch}).encode())
+
+    def load_lives(self) -> dict[str, tuple[str, int]]:
+        """Holder -> (boot, first epoch) of its last life on record."""
+        return {key[2:].decode("utf-8"): (d["boot"], d["first"])
+                for key, d in ((k, json.loads(v)) for k, v in self.kv.scan(b"l/"))}
 
     def load_meta(self, client_id: str) -> StoredSession | None:
         """A stored session's meta only (no scan of what is under it), or None."""

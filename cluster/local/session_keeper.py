@@ -20,9 +20,11 @@ proxy held here, the lease being the test of loss:
   process is dead, so its claims (those below the new life's first epoch) are taken over at once, before that
   connection's first call is served. A proxy back before its lease ran out (and its registration, which
   spares it the eviction) would otherwise restore its old life's sessions itself: the restore skips a session
-  the group holds, and the will its old life's client left, lost with its connection, is published. A life
-  the keeper never saw (the broker restarted, or became master, since) tells nothing: then only an eviction
-  or the lease does (a new process back in time restores those sessions itself, as a node does after a restart);
+  the group holds, and the will its old life's client left, lost with its connection, is published. The life
+  a holder connected in last is stored (``l/<holder>``: its boot and first epoch, through the session log), so
+  a broker restarted since, or a slave that became master (its KV followed the master's), knows it too: a log
+  that has a claim of a life has that life's record before it, so a life on record is never one whose claims
+  are newer than the record says;
 - a holder may hand a session over itself, by claiming it in the group's name (``group_holder``): a
   proxy that closed the sessions of a group it had lost for a lease does so once the group is back.
 
@@ -93,8 +95,10 @@ class SessionKeeper:
         self.absences = Absences(lease)
         self._epochs: dict[str, int] = {}  # client id -> the epoch this group claimed it with
         self._connections: dict[str, int] = {}  # member id -> its open RPC connections to this broker
+        self._boots: dict[str, str] = {}  # member id -> the life its last connection opened came from
         self._evicted: dict[str, str] = {}  # proxies the controllers' metadata lists as not joined -> the life evicted
         self._lives: dict[str, tuple[str, int]] = {}  # proxy -> its last life (boot) to connect, the next epoch then
+        # (stored: ``start`` reads those on record)
         self._loop: task.LoopingCall | None = None
         self.copies = SessionDeadlines()  # when the copies of lost holders' sessions homed elsewhere are dropped
         self._copy_claims: dict[str, tuple[str, int]] = {}  # client id -> its claim (holder, epoch) at the loss
@@ -113,6 +117,7 @@ class SessionKeeper:
         """Re-arm the sessions this group held before a restart, expire what came due meanwhile, and count
         every other holder on record away until it connects."""
         now = self.now_ms()
+        self._lives = {**self.db.load_lives(), **self._lives}  # on record, unless one connected here since
         holders: set[str] = set()
         for cid, (holder, epoch) in list(self.sessions.claims.items()):
             if holder == self.holder:
@@ -142,10 +147,12 @@ class SessionKeeper:
         # absences counted while it was a slave (proxies dial the master, not it) are not absences: each holder
         # gets a lease and the start grace from now to reach it
         self.absences = Absences(self.absences.lease)
-        # the lives seen meanwhile got their first epochs from the claims as a slave had them: unknown again until
-        # they connect to this master (an eviction takes all a holder has here meanwhile, as one naming no life)
+        # the lives seen meanwhile got their first epochs from the claims as a slave had them: those on record
+        # (the master's, ``start`` reads them) replace them
         self._lives.clear()
         self.start()
+        for member, boot in sorted(self._boots.items()):  # connected while a slave: known to this master now
+            self._life(member, boot)
 
     # -- who is there ---------------------------------------------------------------------------------
 
@@ -153,15 +160,26 @@ class SessionKeeper:
         """An RPC connection from ``member`` opened; ``boot`` is the life (process) it comes from."""
         self._connections[member] = self._connections.get(member, 0) + 1
         self.absences.seen(member)
+        if boot:
+            self._boots[member] = boot
+        self._life(member, boot)
+
+    def _life(self, member: str, boot: str) -> None:
         earlier = self._lives.get(member)
         if boot and (earlier is None or earlier[0] != boot):
             # a new life of it: every claim it makes gets this epoch or a later one (module doc)
-            self._lives[member] = (boot, self.sessions.next_epoch)
-            log.info("member_life holder=%s boot=%s first_epoch=%d", member, boot, self._lives[member][1])
-            if earlier is not None and self._loop is not None and self._loop.running:
-                # the life seen before is dead (one process per id): its sessions are lost now, whether or not
-                # its lease ran out (a slave's stopped keeper takes nothing: its master does)
-                self.take_over(member, "restarted", before=self._lives[member][1])
+            first = self._lives[member] = (boot, self.sessions.next_epoch)
+            log.info("member_life holder=%s boot=%s first_epoch=%d", member, boot, first[1])
+            if self._running:  # a slave's stopped keeper neither writes nor takes anything: its master does
+                self.db.save_life(member, *first).addErrback(self._failed, "save_life", member)
+                if earlier is not None:
+                    # the life seen before is dead (one process per id): its sessions are lost now, whether or
+                    # not its lease ran out
+                    self.take_over(member, "restarted", before=first[1])
+
+    @property
+    def _running(self) -> bool:
+        return self._loop is not None and self._loop.running
 
     def member_down(self, member: str) -> None:
         """An RPC connection from ``member`` closed; with its last one its absence starts."""
@@ -170,6 +188,7 @@ class SessionKeeper:
             self._connections[member] = left
             return
         self._connections.pop(member, None)
+        self._boots.pop(member, None)
         self.absences.gone(member, self.clock.seconds())
 
     def metadata(self, metadata: dict) -> None:

@@ -216,3 +216,36 @@ def test_a_proxy_restarted_before_its_eviction_has_its_old_clients_wills_publish
         if returned is not None:
             returned.stop()
         watcher.stop()
+
+
+def test_a_proxy_restarted_after_its_brokers_restarted_has_its_old_clients_wills_published(cluster):
+    """SIGKILL proxy 1 holding a clean client with a will, then SIGKILL both brokers and start them again before
+    proxy 1: the brokers never see its old process in their new lives, yet know it from the life they stored,
+    so proxy 1's new process ends it when it connects (``reason=restarted``, not a lease or an eviction) and
+    the will reaches a subscriber on proxy 2."""
+    proxies = [p for p in cluster["processes"] if p["role"] == "proxy"]
+    brokers = [p for p in cluster["processes"] if p["role"] == "broker"]
+    victim, other = proxies
+    watcher = Client("rb-watcher", other["ports"]["mqtt"])
+    watcher.subscribe("will/#")
+    gone = Client("rb-gone", victim["ports"]["mqtt"], will="will/rb-gone", expiry=0)
+    os.kill(victim["pid"], signal.SIGKILL)
+    wait_until(lambda: not launcher.alive(victim["pid"]), 10, what="proxy 1 to die")
+    gone.drop()
+    try:
+        for b in brokers:
+            os.kill(b["pid"], signal.SIGKILL)
+        for b in brokers:
+            wait_until(lambda b=b: not launcher.alive(b["pid"]), 10, what=f"{b['id']} to die")
+        offsets = [log_size(b) for b in brokers]
+        for b in brokers:
+            b["pid"] = launcher.relaunch(cluster["root"], b["id"])["pid"]
+        victim["pid"] = launcher.relaunch(cluster["root"], victim["id"])["pid"]
+        wait_until(lambda: watcher.received("will/rb-gone"), 20, what="the old process's client's will")
+        restarted = f"sessions_taken_over holder={victim['id']} reason=restarted"
+        assert any(logged_since(b, at, restarted) for b, at in zip(brokers, offsets))
+    finally:
+        watcher.stop()
+        for p in brokers + [victim]:
+            if not launcher.alive(p["pid"]):
+                p["pid"] = launcher.relaunch(cluster["root"], p["id"])["pid"]

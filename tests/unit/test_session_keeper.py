@@ -324,36 +324,71 @@ def test_a_proxy_restarted_before_its_lease_ran_out_loses_its_old_lifes_sessions
 
 def test_a_proxy_reconnecting_in_the_same_life_or_to_a_slave_loses_nothing(broker):
     """Another connection of the life the keeper knows is no restart; a keeper stopped (its broker a slave)
-    takes nothing over, and after it restarts as master the first life it sees is no restart either."""
+    takes nothing over, and once master again the life on record connecting is no restart either."""
     broker.keeper.member_up("proxy-1", "life-1")
     broker.connect("c1")
     broker.keeper.member_down("proxy-1")
     broker.keeper.member_up("proxy-1", "life-1")
     broker.keeper.member_up("proxy-1", "life-1")  # a second connection
     broker.keeper.stop()
-    broker.keeper.member_up("proxy-1", "life-2")
+    broker.keeper.member_up("proxy-1", "life-1")
     broker.keeper.restart()
-    broker.keeper.member_up("proxy-1", "life-3")
+    broker.keeper.member_up("proxy-1", "life-1")
     broker.advance(2 * LEASE)
     assert broker.wills() == [] and broker.keeper.takeovers == 0
     assert broker.keeper.sessions.claims["c1"][0] == "proxy-1"
 
 
-def test_a_keeper_restarted_on_becoming_master_knows_a_holders_life_again_once_it_connects(broker):
-    """The lives seen before the keeper restarts as master are forgotten: an old life's eviction then takes
-    everything, until the new life connects to the master and its claims from then on are its own."""
-    broker.keeper.member_up("proxy-1", "life-2")
+def test_a_life_that_connected_while_the_broker_was_a_slave_ends_the_one_on_record_once_it_is_master(broker):
+    """A slave's keeper takes nothing over; when its broker becomes master, a connected holder's life that is not
+    the one on record (the process restarted meanwhile) ends that one, as if it had connected then."""
+    broker.keeper.member_up("proxy-1", "life-1")
     broker.connect("c1")
+    broker.keeper.member_down("proxy-1")
+    broker.keeper.stop()
+    broker.keeper.member_up("proxy-1", "life-2")
+    broker.advance(2 * TICK)
+    assert broker.wills() == []
+    broker.keeper.restart()
+    broker.advance(2 * TICK)
+    assert broker.wills() == ["c1"]
+
+
+def test_a_keeper_restarted_on_becoming_master_knows_the_lives_on_record(broker):
+    """The life a holder connected in last is stored with its first epoch: a keeper restarted as master (its KV
+    the old master's) lets an old life's eviction take only what that life held, and a new life connecting
+    ends the one on record."""
+    broker.keeper.member_up("proxy-1", "life-1")
+    broker.connect("old")
+    broker.keeper.member_up("proxy-1", "life-2")  # the same id started again: "old" taken over
+    broker.advance(2 * TICK)
+    assert broker.wills() == ["old"]
+    epoch = broker.connect("c1")
     broker.keeper.restart()
     broker.keeper.metadata(_evicted("life-1"))
     broker.advance(2 * TICK)
-    assert broker.wills() == ["c1"]
-    broker.keeper.metadata(_evicted("life-2", joined=True))
-    broker.keeper.member_up("proxy-1", "life-2")
-    epoch = broker.connect("c2")
-    broker.keeper.metadata(_evicted("life-1"))
+    assert broker.wills() == ["old"] and broker.keeper.sessions.claims["c1"] == ("proxy-1", epoch)
+    broker.keeper.member_up("proxy-1", "life-3")
     broker.advance(2 * TICK)
-    assert broker.wills() == ["c1"] and broker.keeper.sessions.claims["c2"] == ("proxy-1", epoch)
+    assert broker.wills() == ["old", "c1"]
+
+
+def test_a_broker_restarted_since_a_proxys_old_life_knows_it_when_the_new_life_connects(broker):
+    """A proxy's life connects and claims; the broker restarts (the proxy, down meanwhile, never reconnects in that
+    life); the proxy's new life connects within the start's lease: the old life's sessions are taken over at
+    once (their wills go out), and nothing the new life claims after is."""
+    broker.keeper.member_up("proxy-1", "life-1")
+    broker.connect("gone", expiry=None, subscribe=None)
+    broker.connect("away", expiry=30, will_delay=2)
+    broker.reopen()
+    broker.keeper.member_up("proxy-1", "life-2")
+    listed = {s.meta.client_id: s.holder for s in broker.h.wait(broker.h.store.list_sessions())}
+    assert listed == {"away": group_holder(GROUP)}  # before the new life's restore lists them
+    epoch = broker.connect("new")
+    broker.advance(2 * TICK)
+    assert broker.wills() == ["gone"]
+    broker.advance(2)
+    assert broker.wills() == ["gone", "away"] and broker.keeper.sessions.claims["new"] == ("proxy-1", epoch)
 
 
 def test_deadlines_survive_a_broker_restart_and_what_came_due_meanwhile_is_done_at_start(broker):
