@@ -296,8 +296,7 @@ class RoutedStore:
 
     def _first_missed(self, failure, client_id: str, group: str, claim: _Claim) -> int:
         claim.claiming.pop(group, None)
-        failure.trap(api.Unavailable)
-        log.warning("session_claim_skipped group=%s client=%s reason=%s", group, client_id, failure.getErrorMessage())
+        self._claim_missed(failure, group, client_id)
         claim.skipped.add(group)
         return 0
 
