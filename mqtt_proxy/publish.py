@@ -43,6 +43,8 @@ class PublishRefused(Exception):
 VALID_TOPICS_CACHE = 100_000
 MQTT_PUBLISH = rec.RecordKind.MQTT_PUBLISH
 PUT_OK = AppendStatus.PUT_OK
+_WRITTEN = frozenset({PUT_OK, AppendStatus.FLUSH_SLAVE_TIMEOUT, AppendStatus.FLUSH_DISK_FAILED})
+"""Statuses of an append that is in the log all the same (the client would be asked to send it again)."""
 
 
 class Publisher:
@@ -276,27 +278,29 @@ class Publisher:
 
     def publish_stored_will(self, client_id: str, will: WillState) -> defer.Deferred:
         """Publish a will stored at its client's CONNECT whose connection went with the process that held it (a
-        node's crash): as the publish decision took it then (``will_state``), born now. Fires with None once the
-        store answered; a refusal is counted and logged."""
+        node's crash): as the publish decision took it then (``will_state``), born now. Fires with whether the
+        store wrote it; a refusal is counted and logged (the caller keeps the will stored, to try again)."""
         message = rec.published_later(will.message, self.now_ms())
         done: defer.Deferred = defer.Deferred()
 
-        def published(result):
-            log.info("will_published client=%s topic=%s status=%s", client_id, message.topic,
-                     getattr(getattr(result, "status", None), "name", "PUT_OK"))
-            done.callback(None)
+        def answered(result):
+            status = getattr(result, "status", PUT_OK)
+            if status in _WRITTEN:
+                log.info("will_published client=%s topic=%s status=%s", client_id, message.topic, status.name)
+                done.callback(True)
+            else:
+                refused(status.name)
 
-        def failed(failure):
+        def refused(why: str) -> None:
             self.stats.messages_dropped += 1
-            log.warning("will_denied client=%s topic=%s reason=store: %s", client_id, message.topic,
-                        failure.getErrorMessage())
-            done.callback(None)
+            log.warning("will_denied client=%s topic=%s reason=store: %s", client_id, message.topic, why)
+            done.callback(False)
 
         if message.retain and message.body:  # the route ``will_state``'s verdict gave it (``WillState``)
             self.inbound.flush()
-            self.store.put_retained(message).addCallbacks(published, failed)
+            self.store.put_retained(message).addCallbacks(answered, lambda f: refused(f.getErrorMessage()))
         else:
-            self.inbound.submit(message, published)
+            self.inbound.submit(message, answered)
         return done
 
     def publish_as_operator(self, topic: str, payload: bytes, qos: int, retain: bool):

@@ -144,15 +144,19 @@ class SessionRegistry:
         session.will_call = None
         epoch = session.epoch
 
-        def stored(_):
+        def stored(written: bool):
             # unless its client came back meanwhile (then the claim dropped it) or the session ended (its release did)
-            if self.sessions.get(session.client_id) is session and session.epoch == epoch and session.conn is None:
+            if written and self.sessions.get(session.client_id) is session and session.epoch == epoch \
+                    and session.conn is None:
                 self._will_done(session)
 
         self.publisher.publish_stored_will(session.client_id, will).addCallback(stored)
 
-    def _left_will_published(self, _, client_id: str, epoch: int) -> defer.Deferred:
-        """The will of a session that did not persist is out: the store forgets it, and the claim it was kept under."""
+    def _left_will_published(self, written: bool, client_id: str, epoch: int) -> defer.Deferred | None:
+        """The will of a session that did not persist is out: the store forgets it, and the claim it was kept under
+        (a will the store refused stays, for the next start)."""
+        if not written:
+            return None
         d = self.store.delete_will(client_id, epoch)
         d.addCallback(lambda _: self._release(client_id, epoch))
         d.addErrback(lambda f: log.warning("will_delete_failed client=%s error=%s", client_id, f.getErrorMessage()))

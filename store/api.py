@@ -414,7 +414,6 @@ class WillState:
     """The Will Delay Interval (MQTT 5 3.1.3.2.2): counted from the loss of the connection."""
 
 
-
 @dataclass(frozen=True, slots=True)
 class HeldWill:
     """A stored will with the claim on record for its client id, as ``list_wills`` gives it."""
@@ -425,6 +424,7 @@ class HeldWill:
     """The epoch of the claim on record (0: none: an id its proxy assigned is never claimed)."""
     holder: str = ""
     """Who made that claim (empty: nobody)."""
+
 
 @runtime_checkable
 class Sessions(Protocol):

@@ -94,7 +94,6 @@ class Message:
     properties: Mapping[str, str] = field(default_factory=dict)
 
 
-
 def published_later(message: Message, now_ms: int) -> Message:
     """``message``, made at its ``born_ts`` (a will, at its client's CONNECT), as published at ``now_ms``: born
     then, its absolute expiry moved on by as much, since a Message Expiry Interval counts from the publish."""
@@ -103,6 +102,7 @@ def published_later(message: Message, now_ms: int) -> Message:
         props[EXPIRES_AT] = str(int(props[EXPIRES_AT]) + max(0, now_ms - message.born_ts))
     return Message(message.topic, message.body, message.kind, message.qos, message.retain, message.client_id,
                    now_ms, props)
+
 
 # Not frozen: one is made per message on the hot path, and a frozen dataclass's __init__
 # costs about 7x a plain one. Treat it as immutable all the same.
