@@ -459,7 +459,9 @@ def test_elect_leader_moves_the_leadership(cluster):
 
 def test_controller_with_another_secret_is_not_heard(cluster):
     """A follower restarted with another [cluster] secret learns no leader (pysyncobj's password refuses its
-    traffic) while the other two keep theirs; back with the right secret it follows the leader again."""
+    traffic) while the other two keep theirs; back with the right secret, the three agree on a leader again (not
+    necessarily the same: alone, it raised its term with each election it tried, and pysyncobj has no PreVote,
+    so its return may make the leader step down)."""
     leader = cluster.leader()
     follower = next(i for i in range(3) if i != leader)
     node = cluster.nodes[follower]
@@ -480,7 +482,7 @@ def test_controller_with_another_secret_is_not_heard(cluster):
         node.kill()
         node.extra_args = right_args
     node.start()
-    assert cluster.leader() == leader
+    assert cluster.leader() in range(3)
 
 
 def test_killed_leader_is_replaced_within_two_seconds_and_leases_survive(cluster):
