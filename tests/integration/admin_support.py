@@ -72,3 +72,19 @@ def table_rows(browser, table_id: str) -> dict[str, dict]:
     """The data attributes of a dashboard table's rows by client id, read in one script: the page redraws its
     tables every few seconds, so row elements found in one call may be stale by the next."""
     return dict(browser.execute_script(_TABLE_ROWS, table_id))
+
+
+def click(browser, css: str) -> None:
+    """A real click on the element ``css`` selects, found again if a redraw replaced it between the find and
+    the click (the page redraws its tables every few seconds)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    def attempt():
+        try:
+            browser.find_element(By.CSS_SELECTOR, css).click()
+        except StaleElementReferenceException:
+            return False
+        return True
+
+    wait_for(attempt, what=f"a click on {css}")

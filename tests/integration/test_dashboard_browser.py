@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.integration.admin_support import close, paho, table_rows, wait_for
+from tests.integration.admin_support import click, close, paho, table_rows, wait_for
 from tests.integration.node import NodeProcess
 
 pytestmark = pytest.mark.slow
@@ -117,15 +117,13 @@ def test_overview_chart_shows_the_traffic(node, browser, publisher, tmp_path):
 
 def test_clients_page_lists_ids_and_kick_disconnects(node, browser):
     """The clients page lists the connected paho clients by id; its kick button disconnects one of them."""
-    from selenium.webdriver.common.by import By
-
     victim = paho(node.port("mqtt"), "dash-victim", clean=False, subscribe="v/#")
     bystander = paho(node.port("mqtt"), "dash-bystander")
     browser.get(f"http://127.0.0.1:{node.port('http')}/dashboard/#clients")
     rows = wait_for(lambda: (lambda r: r if {"dash-victim", "dash-bystander"} <= set(r) else None)(
         table_rows(browser, "clients-table")), timeout=20, what="both client ids on the clients page")
     assert rows["dash-victim"]["connected"] == "true"
-    browser.find_element(By.CSS_SELECTOR, 'button.kick[data-client-id="dash-victim"]').click()
+    click(browser, 'button.kick[data-client-id="dash-victim"]')
     wait_for(lambda: victim.disconnects, timeout=20, what="the kicked client to be disconnected")
     victim.loop_stop()
     wait_for(lambda: table_rows(browser, "clients-table").get("dash-victim", {}).get("connected") == "false",
