@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING
 
 from twisted.internet import defer
 
+from store import record as rec
+
 if TYPE_CHECKING:  # the KV is handed in by the composition root; its RocksDB stays on the broker side
     from store.kv import DurableKV
 
@@ -86,6 +88,11 @@ class StoredWill:
     properties: dict[str, str]
     delay_s: int
     due_ms: int | None = None
+
+    def message(self, client_id: str) -> rec.Message:
+        """The will as the message ``client_id`` left, born at its CONNECT."""
+        return rec.Message(self.topic, self.payload, rec.RecordKind.MQTT_PUBLISH, self.qos, self.retain, client_id,
+                           self.born_ts, self.properties)
 
 
 def _cid(client_id: str) -> bytes:

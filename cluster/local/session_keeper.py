@@ -341,8 +341,7 @@ class SessionKeeper:
         will = self.db.load_will(client_id)
         if will is None:
             return
-        message = rec.published_later(rec.Message(will.topic, will.payload, rec.RecordKind.MQTT_PUBLISH, will.qos,
-                                                  will.retain, client_id, will.born_ts, will.properties), self.now_ms())
+        message = rec.published_later(will.message(client_id), self.now_ms())
         d = self.store.put_retained(message) if message.retain and message.body else self.store.append(message)
 
         def published(result):

@@ -296,10 +296,8 @@ class LocalSessions:
         claims = self.claims
         out = []
         for cid, w in sorted(self._db.load_wills().items()):
-            message = rec.Message(w.topic, w.payload, rec.RecordKind.MQTT_PUBLISH, w.qos, w.retain, cid, w.born_ts,
-                                  w.properties)
             holder, epoch = claims.get(cid, ("", 0))
-            out.append(api.HeldWill(cid, api.WillState(message, w.delay_s), epoch, holder))
+            out.append(api.HeldWill(cid, api.WillState(w.message(cid), w.delay_s), epoch, holder))
         return defer.succeed(tuple(out))
 
     def put_session(self, meta: api.SessionMeta, epoch: int) -> defer.Deferred:
